@@ -1,0 +1,366 @@
+"""Public functions with torch's signatures and semantics.
+
+Each function validates its inputs (raising the exception type torch raises,
+with the shapes and dtypes in the message), normalizes them into same-batch
+operands using stride views only (``unsqueeze``, ``expand``, ``view``, ``mT``),
+and calls the autograd op.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .autograd import gemm_op, run_gemm
+from .configs import TileConfig
+from .dispatch import SUPPORTED_DTYPES, UnsupportedInputError, unsupported_reason
+
+Config = TileConfig | dict | None
+Pipeline = str | int | None
+
+
+# ----------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------
+def _shape(t: torch.Tensor) -> str:
+    return str(tuple(t.shape))
+
+
+def _check_tensors(fn: str, **named) -> None:
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: argument '{name}' must be a Tensor, not {type(t).__name__}")
+    tensors = list(named.values())
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        desc = ", ".join(f"{n}: {t.dtype}" for n, t in named.items())
+        raise RuntimeError(f"{fn}: expected all operands to have the same dtype, but got {desc}")
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        desc = ", ".join(f"{n}: {t.device}" for n, t in named.items())
+        raise RuntimeError(f"{fn}: expected all tensors to be on the same device, but got {desc}")
+    dtype = tensors[0].dtype
+    if dtype not in SUPPORTED_DTYPES:
+        raise UnsupportedInputError(
+            f"{fn}: dtype {dtype} is not supported; tritongemm runs float16, bfloat16, float32 and float64"
+        )
+    reason = unsupported_reason(*tensors)
+    if reason is not None:
+        raise UnsupportedInputError(f"{fn}: {reason}")
+
+
+def _check_out(fn: str, out: torch.Tensor | None, shape, dtype, *inputs) -> torch.Tensor | None:
+    if out is None:
+        return None
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{fn}: argument 'out' must be a Tensor, not {type(out).__name__}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs if isinstance(t, torch.Tensor)):
+        raise RuntimeError(
+            f"{fn}(): functions with out=... arguments don't support automatic differentiation, "
+            "but one of the arguments requires grad."
+        )
+    if out.dtype != dtype:
+        raise RuntimeError(f"{fn}: expected out to have dtype {dtype}, but got {out.dtype}")
+    if out.device != inputs[0].device:
+        raise RuntimeError(f"{fn}: expected out on {inputs[0].device}, but got {out.device}")
+    if tuple(out.shape) != tuple(shape):
+        if out.numel() != 0:
+            raise RuntimeError(
+                f"{fn}: out has shape {_shape(out)} but the result has shape {tuple(shape)}"
+            )
+        out.resize_(shape)
+    return out
+
+
+def _broadcast_batch(fn: str, a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
+    try:
+        return tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    except RuntimeError:
+        raise RuntimeError(
+            f"{fn}: batch dimensions of {_shape(a)} and {_shape(b)} cannot be broadcast "
+            f"({tuple(a.shape[:-2])} vs {tuple(b.shape[:-2])})"
+        ) from None
+
+
+def _check_inner(fn: str, a_shape, b_shape, ka: int, kb: int) -> None:
+    if ka != kb:
+        raise RuntimeError(
+            f"{fn}: shapes {tuple(a_shape)} and {tuple(b_shape)} cannot be multiplied ({ka} != {kb})"
+        )
+
+
+def _check_scalar(fn: str, name: str, value) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise RuntimeError(f"{fn}: {name} must be a scalar, got a tensor of shape {_shape(value)}")
+        value = value.item()
+    if isinstance(value, complex):
+        raise RuntimeError(f"{fn}: complex {name}={value} is not supported for real operands")
+    return float(value)
+
+
+def _fold_rows(a: torch.Tensor) -> torch.Tensor | None:
+    """(*, M, K) as a (prod(*) * M, K) view, or None when the strides forbid it."""
+    try:
+        return a.view(-1, a.shape[-1])
+    except RuntimeError:
+        return None
+
+
+# ----------------------------------------------------------------------------------
+# The core: batched, broadcast C = alpha * A @ B + beta * D
+# ----------------------------------------------------------------------------------
+def _batched(
+    fn: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    addend: torch.Tensor | None,
+    alpha: float,
+    beta: float,
+    out_dtype,
+    config: Config,
+    pipeline: Pipeline,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """a: (*, M, K) with a.dim() >= 2, b: (*, K, N) with b.dim() >= 2."""
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    batch = _broadcast_batch(fn, a, b)
+    result_shape = (*batch, m, n)
+    if addend is not None:
+        try:
+            addend = addend.expand(result_shape)
+        except RuntimeError:
+            raise RuntimeError(
+                f"{fn}: input of shape {_shape(addend)} cannot be broadcast to the result shape "
+                f"{result_shape}"
+            ) from None
+    extra = [addend] if addend is not None else []
+    out = _check_out(fn, out, result_shape, out_dtype or a.dtype, a, b, *extra)
+
+    # Fold (*, M, K) @ (K, N) into one (prod(*) * M, K) @ (K, N) product when
+    # B carries no batch and A's rows can be viewed as one matrix: a single
+    # large GEMM instead of many small ones (torch.matmul does the same).
+    if a.dim() > 2 and math.prod(b.shape[:-2]) == 1 and math.prod(a.shape[:-2]) == math.prod(batch):
+        a2 = _fold_rows(a)
+        d2 = _fold_rows(addend) if addend is not None else None
+        if a2 is not None and (addend is None or d2 is not None):
+            b2 = b.reshape(k, n)  # size-1 batch dims only: a view
+            o2 = _fold_rows(out) if out is not None else None
+            if out is None or o2 is not None:
+                c2 = _dispatch(a2, b2, d2, alpha, beta, out_dtype, config, pipeline, o2)
+                return out if out is not None else c2.view(result_shape)
+
+    a_e = a.expand((*batch, m, k))
+    b_e = b.expand((*batch, k, n))
+    return _dispatch(a_e, b_e, addend, alpha, beta, out_dtype, config, pipeline, out)
+
+
+def _dispatch(a, b, addend, alpha, beta, out_dtype, config, pipeline, out):
+    if out is not None:
+        return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, out=out)
+    return gemm_op(a, b, addend, alpha, beta, out_dtype, config, pipeline)
+
+
+def _check_out_dtype(fn: str, out_dtype) -> None:
+    if out_dtype is not None and out_dtype not in SUPPORTED_DTYPES:
+        raise RuntimeError(f"{fn}: out_dtype {out_dtype} is not supported; use one of {list(SUPPORTED_DTYPES)}")
+
+
+# ----------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    config: Config = None,
+    pipeline: Pipeline = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``torch.matmul`` on Triton: 1-D operands, batches and broadcasting included.
+
+    >>> c = tritongemm.matmul(a, b, pipeline="multi_stage")
+
+    ``out_dtype`` stores the fp32 accumulator in another float dtype (e.g.
+    fp16 inputs, fp32 output).  ``config`` (a ``TileConfig``) and ``pipeline``
+    ("single_stage", "double_buffer", "multi_stage", or a stage count) override
+    the dispatcher's choice.
+    """
+    _check_tensors("matmul", input=a, other=b)
+    _check_out_dtype("matmul", out_dtype)
+    if a.dim() == 0 or b.dim() == 0:
+        raise RuntimeError(
+            f"matmul: both arguments to matmul need to be at least 1D, but they are {a.dim()}D and {b.dim()}D"
+        )
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    _check_inner("matmul", a.shape, b.shape, a2.shape[-1], b2.shape[-2])
+    if out is not None and (a.dim() == 1 or b.dim() == 1):
+        # 1-D operands: write through a view of `out` with the squeezed dims put back.
+        batch = _broadcast_batch("matmul", a2, b2)
+        full = (*batch, a2.shape[-2], b2.shape[-1])
+        final = (*batch, *((a2.shape[-2],) if a.dim() > 1 else ()), *((b2.shape[-1],) if b.dim() > 1 else ()))
+        _check_out("matmul", out, final, out_dtype or a.dtype, a, b)
+        _batched("matmul", a2, b2, None, 1.0, 0.0, out_dtype, config, pipeline, out.view(full))
+        return out
+    c = _batched("matmul", a2, b2, None, 1.0, 0.0, out_dtype, config, pipeline, out)
+    if a.dim() == 1:
+        c = c.squeeze(-2)
+    if b.dim() == 1:
+        c = c.squeeze(-1)
+    return c
+
+
+def mm(
+    input: torch.Tensor,
+    mat2: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    config: Config = None,
+    pipeline: Pipeline = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``torch.mm``: (n, m) @ (m, p) -> (n, p).
+
+    >>> c = tritongemm.mm(a, b)
+    """
+    _check_tensors("mm", input=input, mat2=mat2)
+    _check_out_dtype("mm", out_dtype)
+    if input.dim() != 2 or mat2.dim() != 2:
+        raise RuntimeError(
+            f"mm: expected 2-D matrices, got shapes {_shape(input)} ({input.dim()}-D) and {_shape(mat2)} ({mat2.dim()}-D)"
+        )
+    _check_inner("mm", input.shape, mat2.shape, input.shape[1], mat2.shape[0])
+    return _batched("mm", input, mat2, None, 1.0, 0.0, out_dtype, config, pipeline, out)
+
+
+def bmm(
+    input: torch.Tensor,
+    mat2: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    config: Config = None,
+    pipeline: Pipeline = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``torch.bmm``: (b, n, m) @ (b, m, p) -> (b, n, p), no broadcasting.
+
+    >>> c = tritongemm.bmm(a, b)
+    """
+    _check_tensors("bmm", input=input, mat2=mat2)
+    _check_out_dtype("bmm", out_dtype)
+    if input.dim() != 3 or mat2.dim() != 3:
+        raise RuntimeError(
+            f"bmm: expected 3-D tensors, got shapes {_shape(input)} ({input.dim()}-D) and {_shape(mat2)} ({mat2.dim()}-D)"
+        )
+    if input.shape[0] != mat2.shape[0]:
+        raise RuntimeError(
+            f"bmm: batch1 and batch2 must have the same number of batches, got {input.shape[0]} and {mat2.shape[0]} "
+            f"(shapes {_shape(input)} and {_shape(mat2)})"
+        )
+    _check_inner("bmm", input.shape, mat2.shape, input.shape[2], mat2.shape[1])
+    return _batched("bmm", input, mat2, None, 1.0, 0.0, out_dtype, config, pipeline, out)
+
+
+def addmm(
+    input: torch.Tensor,
+    mat1: torch.Tensor,
+    mat2: torch.Tensor,
+    *,
+    beta=1,
+    alpha=1,
+    config: Config = None,
+    pipeline: Pipeline = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``torch.addmm``: beta * input + alpha * (mat1 @ mat2), fused in the kernel's epilogue.
+
+    As in torch, ``beta=0`` ignores the values of ``input`` (NaN/Inf in it do
+    not propagate; its gradient is zero).
+
+    >>> y = tritongemm.addmm(bias, x, w, beta=1, alpha=0.5)
+    """
+    _check_tensors("addmm", input=input, mat1=mat1, mat2=mat2)
+    alpha, beta = _check_scalar("addmm", "alpha", alpha), _check_scalar("addmm", "beta", beta)
+    if mat1.dim() != 2 or mat2.dim() != 2:
+        raise RuntimeError(
+            f"addmm: mat1 and mat2 must be matrices, got shapes {_shape(mat1)} and {_shape(mat2)}"
+        )
+    _check_inner("addmm", mat1.shape, mat2.shape, mat1.shape[1], mat2.shape[0])
+    if input.dim() > 2:
+        raise RuntimeError(f"addmm: input of shape {_shape(input)} has more than 2 dimensions")
+    return _batched("addmm", mat1, mat2, input, alpha, beta, None, config, pipeline, out)
+
+
+def baddbmm(
+    input: torch.Tensor,
+    batch1: torch.Tensor,
+    batch2: torch.Tensor,
+    *,
+    beta=1,
+    alpha=1,
+    config: Config = None,
+    pipeline: Pipeline = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``torch.baddbmm``: beta * input + alpha * (batch1 @ batch2), batched.
+
+    >>> y = tritongemm.baddbmm(c, a, b, beta=0.5)
+    """
+    _check_tensors("baddbmm", input=input, batch1=batch1, batch2=batch2)
+    alpha, beta = _check_scalar("baddbmm", "alpha", alpha), _check_scalar("baddbmm", "beta", beta)
+    if batch1.dim() != 3 or batch2.dim() != 3:
+        raise RuntimeError(
+            f"baddbmm: batch1 and batch2 must be 3-D, got shapes {_shape(batch1)} and {_shape(batch2)}"
+        )
+    if batch1.shape[0] != batch2.shape[0]:
+        raise RuntimeError(
+            f"baddbmm: batch1 and batch2 must have the same number of batches, got {batch1.shape[0]} and "
+            f"{batch2.shape[0]} (shapes {_shape(batch1)} and {_shape(batch2)})"
+        )
+    _check_inner("baddbmm", batch1.shape, batch2.shape, batch1.shape[2], batch2.shape[1])
+    if input.dim() > 3:
+        raise RuntimeError(f"baddbmm: input of shape {_shape(input)} has more than 3 dimensions")
+    return _batched("baddbmm", batch1, batch2, input, alpha, beta, None, config, pipeline, out)
+
+
+def linear(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    config: Config = None,
+    pipeline: Pipeline = None,
+) -> torch.Tensor:
+    """``torch.nn.functional.linear``: input @ weight.T + bias, the bias added in the epilogue.
+
+    >>> y = tritongemm.linear(x, layer.weight, layer.bias)
+    """
+    named = {"input": input, "weight": weight}
+    if bias is not None:
+        named["bias"] = bias
+    _check_tensors("linear", **named)
+    if input.dim() == 0 or weight.dim() not in (1, 2):
+        raise RuntimeError(
+            f"linear: expected input of at least 1 dimension and a 1-D or 2-D weight, got shapes "
+            f"{_shape(input)} and {_shape(weight)}"
+        )
+    if input.shape[-1] != weight.shape[-1]:
+        raise RuntimeError(
+            f"linear: input of shape {_shape(input)} and weight of shape {_shape(weight)} do not match "
+            f"({input.shape[-1]} in-features != {weight.shape[-1]})"
+        )
+    if weight.dim() == 1:
+        y = matmul(input, weight, config=config, pipeline=pipeline)
+        return y + bias if bias is not None else y
+    x2 = input.unsqueeze(0) if input.dim() == 1 else input
+    if bias is not None and bias.dim() > 1 and input.dim() == 1:
+        raise RuntimeError(f"linear: bias of shape {_shape(bias)} does not fit a 1-D input")
+    y = _batched("linear", x2, weight.mT, bias, 1.0, 1.0, None, config, pipeline, None)
+    return y.squeeze(-2) if input.dim() == 1 else y
+
+
+__all__ = ["matmul", "mm", "bmm", "addmm", "baddbmm", "linear"]

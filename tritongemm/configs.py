@@ -1,0 +1,298 @@
+"""The tiling hierarchy as values: ``TileConfig``, pipeline schemes, the candidate space.
+
+A GEMM C[M, N] = A[M, K] · B[K, N] is cut into levels, as in CUTLASS:
+
+* **CTA (threadblock) tile** ``block_m × block_n``: one Triton program computes
+  one such tile of C, walking K in steps of ``block_k``.  ``group_m`` orders the
+  tiles in groups of ``group_m`` rows so that programs running together share
+  A and B tiles in L2 ("swizzled" order).
+* **Warp level**: ``num_warps`` warps share the CTA tile; each owns a warp tile
+  of about ``block_m/warps_m × block_n/warps_n``.  Triton picks the exact warp
+  layout; ``warp_grid`` shows the split we expect.
+* **Thread level**: each thread holds a fragment of
+  ``block_m*block_n / (32*num_warps)`` fp32 accumulators in registers.
+* **Pipeline** ``num_stages``: how many K-tiles of A and B live in shared memory
+  at once, i.e. which mainloop scheme runs (see ``PIPELINES``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Iterator
+
+from .device import DeviceInfo
+
+# The three mainloop schemes, named after CUTLASS's collectives.  All three are
+# the same Triton kernel; Triton's software pipeliner generates the schedule
+# from ``num_stages``:
+#   single_stage  (num_stages=1, CUTLASS MmaSingleStage): load a K-tile into
+#                 shared memory, wait, compute on it, repeat.  Nothing overlaps.
+#   double_buffer (num_stages=2, CUTLASS MmaPipelined): two buffers; the copy of
+#                 tile k+1 is issued before the MMAs on tile k.
+#   multi_stage   (num_stages>=3, CUTLASS MmaMultistage): asynchronous
+#                 global->shared copies (cp.async, or TMA on Hopper) run
+#                 num_stages-1 tiles ahead of the MMAs.
+PIPELINES: dict[str, int] = {"single_stage": 1, "double_buffer": 2, "multi_stage": 3}
+
+#: Fewest / most stages the config space offers.
+MIN_STAGES, MAX_STAGES = 1, 6
+
+#: Registers a thread may spend on its accumulator fragment.  A thread has 255
+#: registers; the rest hold addresses, loop counters and the operand fragments
+#: that feed the tensor cores, so we keep about a quarter back.
+ACCUMULATOR_REGISTER_BUDGET = 192
+
+
+class ConfigError(ValueError):
+    """A ``TileConfig`` that breaks a rule or does not fit a device's budgets."""
+
+
+def pipeline_name(num_stages: int) -> str:
+    if num_stages <= 1:
+        return "single_stage"
+    if num_stages == 2:
+        return "double_buffer"
+    return "multi_stage"
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One point of the tiling hierarchy; hashable, printable, validated.
+
+    >>> TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3).pipeline
+    'multi_stage'
+    """
+
+    # CTA tile
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 32
+    group_m: int = 8
+    # warp level
+    num_warps: int = 4
+    # pipeline
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"TileConfig.{f.name} must be an int, got {value!r}")
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if not _is_pow2(value) or value < 16:
+                raise ConfigError(
+                    f"TileConfig.{name}={value}: tiles must be powers of two >= 16 "
+                    "(tl.dot needs every dimension >= 16)"
+                )
+        if self.group_m < 1:
+            raise ConfigError(f"TileConfig.group_m={self.group_m} must be >= 1")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ConfigError(f"TileConfig.num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
+        if not MIN_STAGES <= self.num_stages <= MAX_STAGES:
+            raise ConfigError(
+                f"TileConfig.num_stages={self.num_stages} must be in [{MIN_STAGES}, {MAX_STAGES}]"
+            )
+
+    # -- the levels of the hierarchy ------------------------------------------------
+    @property
+    def pipeline(self) -> str:
+        return pipeline_name(self.num_stages)
+
+    @property
+    def warp_grid(self) -> tuple[int, int]:
+        """How we expect the warps to split the CTA tile (warps_m, warps_n)."""
+        warps_m, warps_n = 1, 1
+        # Give each new factor of two to the dimension whose warp tile is larger.
+        while warps_m * warps_n < self.num_warps:
+            if self.block_m // warps_m >= self.block_n // warps_n and self.block_m // warps_m > 16:
+                warps_m *= 2
+            else:
+                warps_n *= 2
+        return warps_m, warps_n
+
+    @property
+    def warp_tile(self) -> tuple[int, int]:
+        warps_m, warps_n = self.warp_grid
+        return max(self.block_m // warps_m, 1), max(self.block_n // warps_n, 1)
+
+    @property
+    def thread_fragment(self) -> int:
+        """Accumulator elements each thread keeps in registers."""
+        return self.block_m * self.block_n // (32 * self.num_warps)
+
+    def smem_bytes(self, elem_size: int) -> int:
+        """Shared memory the mainloop buffers take: one A and one B tile per stage."""
+        stages = max(self.num_stages, 1)
+        return stages * (self.block_m * self.block_k + self.block_k * self.block_n) * elem_size
+
+    def accumulator_registers(self, acc_size: int = 4) -> int:
+        return self.thread_fragment * acc_size // 4
+
+    # -- conversions -------------------------------------------------------------------
+    def with_pipeline(self, pipeline: str | int) -> "TileConfig":
+        """The same tiles under another mainloop scheme (name or stage count)."""
+        stages = resolve_pipeline(pipeline, default_multi=max(self.num_stages, 3))
+        return replace(self, num_stages=stages)
+
+    def to_triton(self):
+        import triton
+
+        return triton.Config(
+            {
+                "BLOCK_M": self.block_m,
+                "BLOCK_N": self.block_n,
+                "BLOCK_K": self.block_k,
+                "GROUP_M": self.group_m,
+            },
+            num_warps=self.num_warps,
+            num_stages=self.num_stages,
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TileConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"TileConfig: unknown fields {sorted(unknown)}")
+        return cls(**data)
+
+    def short(self) -> str:
+        return (
+            f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} "
+            f"w{self.num_warps} s{self.num_stages}"
+        )
+
+    def describe(self, elem_size: int = 2) -> str:
+        wm, wn = self.warp_grid
+        tm, tn = self.warp_tile
+        return "\n".join(
+            [
+                f"TileConfig ({self.pipeline}, {self.short()})",
+                f"  CTA tile     : {self.block_m} x {self.block_n}, K step {self.block_k}, "
+                f"grouped order GROUP_M={self.group_m}",
+                f"  warp level   : {self.num_warps} warps ~ {wm} x {wn}, warp tile ~ {tm} x {tn}",
+                f"  thread level : {self.thread_fragment} fp32 accumulators per thread",
+                f"  pipeline     : {self.pipeline}, num_stages={self.num_stages}, "
+                f"{self.smem_bytes(elem_size) / 1024:.0f} KiB shared memory at {elem_size} B/element",
+            ]
+        )
+
+    def validate(self, device: DeviceInfo, elem_size: int = 2, acc_size: int = 4) -> "TileConfig":
+        """Raise ``ConfigError`` naming the budget this config exceeds on ``device``."""
+        smem = self.smem_bytes(elem_size)
+        if smem > device.smem_per_block:
+            raise ConfigError(
+                f"{self.short()}: shared memory {smem} B = {self.num_stages} stages x "
+                f"({self.block_m}x{self.block_k} + {self.block_k}x{self.block_n}) x {elem_size} B "
+                f"exceeds {device.name}'s {device.smem_per_block} B per block "
+                f"by {smem - device.smem_per_block} B"
+            )
+        regs = self.accumulator_registers(acc_size)
+        if regs > ACCUMULATOR_REGISTER_BUDGET:
+            raise ConfigError(
+                f"{self.short()}: {regs} accumulator registers per thread "
+                f"({self.block_m}x{self.block_n} over {32 * self.num_warps} threads) exceeds the "
+                f"budget of {ACCUMULATOR_REGISTER_BUDGET} by {regs - ACCUMULATOR_REGISTER_BUDGET}; "
+                "use more warps or a smaller tile"
+            )
+        if self.thread_fragment < 1:
+            raise ConfigError(
+                f"{self.short()}: {32 * self.num_warps} threads for a "
+                f"{self.block_m}x{self.block_n} tile leaves threads without accumulators"
+            )
+        return self
+
+
+def resolve_pipeline(pipeline: str | int, default_multi: int = 3) -> int:
+    """Stage count for a pipeline name (or an explicit stage count)."""
+    if isinstance(pipeline, bool):
+        raise ConfigError(f"pipeline must be a name or a stage count, got {pipeline!r}")
+    if isinstance(pipeline, int):
+        if not MIN_STAGES <= pipeline <= MAX_STAGES:
+            raise ConfigError(f"pipeline stage count {pipeline} must be in [{MIN_STAGES}, {MAX_STAGES}]")
+        return pipeline
+    if pipeline not in PIPELINES:
+        raise ConfigError(f"unknown pipeline {pipeline!r}; choose one of {sorted(PIPELINES)} or a stage count")
+    return default_multi if pipeline == "multi_stage" else PIPELINES[pipeline]
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """What a config is chosen for: sizes, dtype and the operands' layouts."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    dtype: str = "float16"
+    #: "N" when the operand is row-major (K contiguous for A, N contiguous for B), "T" otherwise.
+    layout: str = "NN"
+
+    @property
+    def elem_size(self) -> int:
+        return {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}[self.dtype]
+
+    @property
+    def acc_size(self) -> int:
+        return 8 if self.dtype == "float64" else 4
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(x - 1, 0).bit_length()
+
+
+def candidate_configs(problem: GemmProblem, device: DeviceInfo) -> Iterator[TileConfig]:
+    """The pruned search space for ``problem`` on ``device`` (a few dozen configs).
+
+    Pruning rules, in order:
+    1. a tile dimension is not more than twice the problem's (padded to 16):
+       larger tiles only compute masked-out zeros;
+    2. shared memory (stages x (A tile + B tile)) fits the device;
+    3. the accumulator fragment fits the register budget, and each warp keeps
+       at least a 16x16 tensor-core tile of work;
+    4. deep pipelines only when K holds that many K-tiles.
+    """
+    cap_m = max(_next_pow2(problem.m), 16)
+    cap_n = max(_next_pow2(problem.n), 16)
+    cap_k = max(_next_pow2(problem.k), 16)
+    block_ms = [b for b in (16, 32, 64, 128, 256) if b <= cap_m]
+    block_ns = [b for b in (32, 64, 128, 256) if b <= cap_n] or [16]
+    block_ks = [b for b in (32, 64, 128) if b <= cap_k] or [16]
+    # Keep the space small: only the two largest M tiles that fit, and the
+    # two largest N tiles, plus 128 when it fits (the usual winner).
+    block_ms = sorted(set(block_ms[-2:] + ([128] if 128 in block_ms else [])))
+    block_ns = sorted(set(block_ns[-2:] + ([128] if 128 in block_ns else [])))
+    seen = set()
+    for bm in block_ms:
+        for bn in block_ns:
+            for bk in block_ks:
+                for warps in (4, 8):
+                    for stages in (2, 3, 4, 5):
+                        k_tiles = math.ceil(problem.k / bk)
+                        if stages > 2 and stages > k_tiles + 1:
+                            continue  # rule 4
+                        cfg = TileConfig(bm, bn, bk, 8, warps, stages)
+                        if (bm * bn) // (warps * 256) < 1:
+                            continue  # rule 3: a warp needs a 16x16 tile
+                        try:
+                            cfg.validate(device, problem.elem_size, problem.acc_size)
+                        except ConfigError:
+                            continue  # rules 2-3
+                        if cfg.smem_bytes(problem.elem_size) * 2 < device.smem_per_block // 8 and stages > 3:
+                            continue  # tiny tiles gain nothing from deep pipelines
+                        if cfg not in seen:
+                            seen.add(cfg)
+                            yield cfg

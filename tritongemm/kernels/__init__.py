@@ -1,0 +1,13 @@
+"""Triton kernels, and only kernels: ``@triton.jit`` code and its jit helpers.
+
+Nothing here imports the host API; the host side (``tritongemm.dispatch``)
+chooses a config and launches.
+"""
+
+from .gemm import gemm_kernel
+
+# Triton decides at decoration time whether a kernel runs compiled or on the
+# CPU interpreter (TRITON_INTERPRET=1 must be set before tritongemm is imported).
+KERNELS_INTERPRETED: bool = type(gemm_kernel).__name__ == "InterpretedFunction"
+
+__all__ = ["gemm_kernel", "KERNELS_INTERPRETED"]

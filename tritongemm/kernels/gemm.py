@@ -1,0 +1,130 @@
+"""The pointer-based GEMM kernel: C = alpha * A @ B (+ beta * D), batched, any strides.
+
+One kernel serves the three mainloop schemes: ``num_stages`` (a launch option,
+not a kernel argument) tells Triton's software pipeliner how many K-tiles to
+keep in flight.  See ``tritongemm.configs.PIPELINES``.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def grouped_tile_coords(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Map a linear tile id to (pid_m, pid_n) in grouped ("swizzled") order.
+
+    Consecutive ids walk down a column of GROUP_M tile-rows before moving right,
+    so programs that run at the same time reuse the same B columns and A rows
+    from L2 instead of streaming a whole row of tiles.
+    """
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_group = GROUP_M * tiles_n
+    group_id = tile_id // tiles_per_group
+    first_m = group_id * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (tile_id % tiles_per_group) % group_rows
+    pid_n = (tile_id % tiles_per_group) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def mainloop(
+    a_ptr, b_ptr, offs_m, offs_n, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, ACC_FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr,
+):
+    """The K loop: accumulate one BLOCK_M x BLOCK_N tile of A @ B."""
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    mask_m = offs_m[:, None] < M
+    mask_n = offs_n[None, :] < N
+    if ACC_FP64:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=mask_m, other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n, other=0.0)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n & (offs_k[:, None] < k_left), other=0.0)
+        if UPCAST_OPERANDS:
+            # Triton's interpreter multiplies the raw bit patterns of bfloat16
+            # operands in tl.dot (triton-lang/triton#11584); fp32 operands are
+            # exact products of bf16 values, so the result is unchanged.
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def epilogue(
+    acc, c_ptr, d_ptr, offs_m, offs_n, M, N,
+    stride_cm, stride_cn, stride_dm, stride_dn, alpha, beta,
+    HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
+):
+    """Scale, add beta * D, cast to C's dtype, store the valid part of the tile."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if HAS_ALPHA:
+        acc = acc * alpha
+    if HAS_ADDEND:
+        d = tl.load(d_ptr + offs_m[:, None] * stride_dm + offs_n[None, :] * stride_dn, mask=mask, other=0.0)
+        acc = acc + beta * d.to(acc.dtype)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gemm_kernel(
+    a_ptr, b_ptr, c_ptr, d_ptr,
+    M, N, K,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm, stride_cn,
+    stride_db, stride_dm, stride_dn,
+    alpha, beta,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
+    INDEX_64: tl.constexpr, ACC_FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr,
+):
+    """Sliced-K GEMM: one program per (batch, C tile), walking all of K.
+
+    The grid is 1-D over batch x tiles (axis 0 allows 2^31 - 1 programs; axis 1
+    only 65535, too few for large batches).  A batch stride of 0 broadcasts an
+    operand across the batch.
+    """
+    pid = tl.program_id(0)
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    batch = pid // tiles
+    pid_m, pid_n = grouped_tile_coords(pid % tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    if INDEX_64:
+        # Some operand spans more than 2^31 elements: int32 offsets would wrap.
+        batch = batch.to(tl.int64)
+        pid_m = pid_m.to(tl.int64)
+        pid_n = pid_n.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Tell the compiler these runs are contiguous and aligned, so loads along
+    # a unit-stride M or N dimension vectorize.
+    offs_m = tl.max_contiguous(tl.multiple_of(offs_m, BLOCK_M), BLOCK_M)
+    offs_n = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
+
+    acc = mainloop(
+        a_ptr + batch * stride_ab, b_ptr + batch * stride_bb, offs_m, offs_n, M, N, K,
+        stride_am, stride_ak, stride_bk, stride_bn,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_FP64, DOT_PRECISION, UPCAST_OPERANDS,
+    )
+    epilogue(
+        acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, offs_m, offs_n, M, N,
+        stride_cm, stride_cn, stride_dm, stride_dn, alpha, beta, HAS_ALPHA, HAS_ADDEND,
+    )

@@ -1,0 +1,150 @@
+"""``patch()``: run torch's matmul family on tritongemm inside a ``with`` block.
+
+Implemented as a ``TorchFunctionMode``, so it sees every spelling of a call
+(``torch.matmul``, ``Tensor.matmul``, ``a @ b``, ``F.linear`` inside
+``nn.Linear`` ...) and is undone exactly on exit.  Calls tritongemm cannot
+serve go to torch and are counted with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from . import api
+from .dispatch import unsupported_reason
+
+
+@dataclass
+class PatchStats:
+    """What ``patch()`` did: calls served by tritongemm and calls that fell back."""
+
+    served: Counter = field(default_factory=Counter)  # op name -> calls
+    fallbacks: Counter = field(default_factory=Counter)  # (op name, reason) -> calls
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def total_served(self) -> int:
+        return sum(self.served.values())
+
+    @property
+    def total_fallbacks(self) -> int:
+        return sum(self.fallbacks.values())
+
+    def fallback_reasons(self) -> Counter:
+        reasons: Counter = Counter()
+        for (_, reason), n in self.fallbacks.items():
+            reasons[reason] += n
+        return reasons
+
+    def summary(self) -> str:
+        lines = [f"tritongemm.patch: {self.total_served} calls served, {self.total_fallbacks} fell back to torch"]
+        lines += [f"  served   {op}: {n}" for op, n in sorted(self.served.items())]
+        lines += [f"  fallback {op}: {n} ({reason})" for (op, reason), n in sorted(self.fallbacks.items())]
+        return "\n".join(lines)
+
+    def _count(self, op: str, reason: str | None) -> None:
+        with self._lock:
+            if reason is None:
+                self.served[op] += 1
+            else:
+                self.fallbacks[(op, reason)] += 1
+
+
+def _rmatmul(a, b, **kwargs):
+    return api.matmul(b, a, **kwargs)
+
+
+# torch function -> (our op name, our implementation, names of its tensor positional args)
+_ROUTES = {
+    torch.matmul: ("matmul", api.matmul, 2),
+    torch.Tensor.matmul: ("matmul", api.matmul, 2),
+    torch.Tensor.__matmul__: ("matmul", api.matmul, 2),
+    torch.Tensor.__rmatmul__: ("matmul", _rmatmul, 2),
+    torch.mm: ("mm", api.mm, 2),
+    torch.Tensor.mm: ("mm", api.mm, 2),
+    torch.bmm: ("bmm", api.bmm, 2),
+    torch.Tensor.bmm: ("bmm", api.bmm, 2),
+    torch.addmm: ("addmm", api.addmm, 3),
+    torch.Tensor.addmm: ("addmm", api.addmm, 3),
+    torch.baddbmm: ("baddbmm", api.baddbmm, 3),
+    torch.Tensor.baddbmm: ("baddbmm", api.baddbmm, 3),
+    F.linear: ("linear", api.linear, 2),
+}
+# Keyword arguments our functions take with torch's meaning.
+_KWARGS = {"matmul": set(), "mm": set(), "bmm": set(), "addmm": {"beta", "alpha"},
+           "baddbmm": {"beta", "alpha"}, "linear": {"bias"}}
+
+
+def _route(op: str, args: tuple, kwargs: dict, n_tensors: int) -> str | None:
+    """Why this call must go to torch, or None when tritongemm serves it."""
+    extra = set(kwargs) - _KWARGS[op]
+    if "out" in extra:
+        return "out= argument"
+    if extra:
+        return f"unsupported keyword arguments {sorted(extra)}"
+    tensors = list(args[:n_tensors])
+    if len(args) > n_tensors and op == "linear":
+        tensors.append(args[n_tensors])
+    if len(args) > n_tensors + (op == "linear"):
+        return "extra positional arguments"
+    if op == "linear" and kwargs.get("bias") is not None:
+        tensors.append(kwargs["bias"])
+    tensors = [t for t in tensors if t is not None]
+    if any(not isinstance(t, torch.Tensor) for t in tensors):
+        return "non-tensor operand"
+    return unsupported_reason(*tensors)
+
+
+class _TritonGemmMode(TorchFunctionMode):
+    def __init__(self, stats: PatchStats):
+        super().__init__()
+        self.stats = stats
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        route = _ROUTES.get(func)
+        if route is None:
+            return func(*args, **kwargs)
+        op, impl, n_tensors = route
+        reason = _route(op, args, kwargs, n_tensors)
+        self.stats._count(op, reason)
+        if reason is not None:
+            return func(*args, **kwargs)
+        return impl(*args, **kwargs)
+
+
+class patch(contextlib.ContextDecorator):
+    """Route torch's matmul family to tritongemm while active.
+
+    >>> with tritongemm.patch() as stats:
+    ...     y = model(x)
+    >>> print(stats.summary())
+
+    Also a decorator (``@tritongemm.patch()``); ``patch.stats`` holds the counts
+    of the most recent (or current) use.
+    """
+
+    def __init__(self) -> None:
+        self.stats = PatchStats()
+        self._modes: list[_TritonGemmMode] = []
+
+    def __enter__(self) -> PatchStats:
+        mode = _TritonGemmMode(self.stats)
+        mode.__enter__()
+        self._modes.append(mode)
+        return self.stats
+
+    def __exit__(self, *exc) -> bool:
+        mode = self._modes.pop()
+        mode.__exit__(*exc)
+        return False
+
+
+__all__ = ["patch", "PatchStats"]
