@@ -60,7 +60,8 @@ def mainloop(
             # exact products of bf16 values, so the result is unchanged.
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        # out_dtype must name the accumulator's type: triton 3.6 defaults it to fp32 even for fp64.
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION, out_dtype=acc.dtype)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     return acc

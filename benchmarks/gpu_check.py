@@ -1,0 +1,167 @@
+"""One-call GPU check: correctness matrix on compiled kernels, then the pipeline ladder.
+
+    python -m benchmarks.gpu_check [--out DIR] [--quick]
+
+1. Correctness: every pipeline variant x layout (NN/NT/TN/TT) x dtype x ragged
+   shape, compiled, against a float64 reference (outputs poisoned with NaN).
+2. Timing: TFLOP/s of single_stage / double_buffer / multi_stage at 4096^3 for
+   fp16 and bf16 beside torch.matmul (cuBLAS), same process, same inputs,
+   inputs rotated so L2 does not flatter, do_bench medians.
+Prints a short table last; writes CSVs under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import platform
+import sys
+import time
+
+import torch
+import triton
+
+import tritongemm
+from tritongemm import TileConfig
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2, torch.float32: 2e-3, torch.float64: 1e-12}
+
+
+def env() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": props.name,
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def operand(rows, cols, dtype, layout, batch=()):
+    """A (rows x cols) operand, row-major for 'N', a transposed view for 'T'."""
+    if layout == "N":
+        return torch.randn(*batch, rows, cols, device="cuda", dtype=dtype)
+    return torch.randn(*batch, cols, rows, device="cuda", dtype=dtype).mT
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def correctness(quick: bool) -> list[dict]:
+    rows = []
+    tritongemm._set_poison_outputs(True)
+    shapes = [(1, 1, 1), (17, 31, 65), (128, 256, 64), (257, 129, 1000), (1000, 520, 33)]
+    configs = {
+        "single_stage": TileConfig(64, 64, 32, 8, 4, 1),
+        "double_buffer": TileConfig(128, 128, 32, 8, 4, 2),
+        "multi_stage": TileConfig(128, 256, 64, 8, 8, 3),
+        "heuristic": None,
+    }
+    for (name, cfg), dt, la, lb, (m, n, k) in itertools.product(
+        configs.items(), DTYPES, "NT", "NT", shapes
+    ):
+        dtype = DTYPES[dt]
+        if quick and (la, lb) in (("T", "N"),) and dt == "fp64":
+            continue
+        if cfg is not None and dtype in (torch.float32, torch.float64):
+            # the big fp16 tiles do not fit with 4- and 8-byte elements
+            cfg = TileConfig(64, 64, 16, 8, 4, cfg.num_stages)
+        a, b = operand(m, k, dtype, la), operand(k, n, dtype, lb)
+        try:
+            out = tritongemm.matmul(a, b, config=cfg)
+            err = rel_err(out, a.double() @ b.double())
+            ok = err <= TOL[dtype] and not torch.isnan(out).any().item()
+            msg = ""
+        except Exception as e:  # record and go on: the table says what broke
+            err, ok, msg = float("nan"), False, f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(dict(variant=name, dtype=dt, layout=la + lb, m=m, n=n, k=k, rel_err=err, ok=ok, error=msg))
+    # batched + broadcast, autograd
+    a = torch.randn(3, 1, 70, 50, device="cuda", dtype=torch.float16, requires_grad=True)
+    b = torch.randn(1, 4, 50, 90, device="cuda", dtype=torch.float16, requires_grad=True)
+    out = tritongemm.matmul(a, b)
+    out.float().square().sum().backward()
+    ga, gb = a.grad.clone(), b.grad.clone()
+    a.grad = b.grad = None
+    torch.matmul(a.double(), b.double()).square().sum().backward()
+    rows.append(dict(variant="autograd-bcast", dtype="fp16", layout="NN", m=70, n=90, k=50,
+                     rel_err=max(rel_err(ga, a.grad.double()), rel_err(gb, b.grad.double())),
+                     ok=max(rel_err(ga, a.grad.double()), rel_err(gb, b.grad.double())) < 5e-3, error=""))
+    tritongemm._set_poison_outputs(False)
+    return rows
+
+
+def bench(fn, reps_ms=200):
+    return triton.testing.do_bench(fn, warmup=50, rep=reps_ms, return_mode="median")
+
+
+def ladder(sizes, dtypes) -> list[dict]:
+    rows = []
+    for (m, n, k), dt in itertools.product(sizes, dtypes):
+        dtype = DTYPES[dt]
+        # rotate 4 input sets: 4 x (A + B) >> 50 MB of L2
+        sets = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
+                for _ in range(4)]
+        idx = [0]
+
+        def rotate(f):
+            def run():
+                a, b = sets[idx[0] % len(sets)]
+                idx[0] += 1
+                return f(a, b)
+            return run
+
+        ref = torch.matmul(*sets[0])
+        impls = {"cublas": lambda a, b: torch.matmul(a, b)}
+        base = TileConfig(128, 256, 64, 8, 8, 3)
+        for stages in (1, 2, 3, 4):
+            cfg = TileConfig(base.block_m, base.block_n, base.block_k, 8, 8, stages)
+            impls[f"{cfg.pipeline}(s={stages})"] = (lambda c: lambda a, b: tritongemm.matmul(a, b, config=c))(cfg)
+        impls["heuristic"] = lambda a, b: tritongemm.matmul(a, b)
+        for name, f in impls.items():
+            out = f(*sets[0])
+            err = rel_err(out, ref.double())
+            if err > 1e-2:
+                rows.append(dict(shape=f"{m}x{n}x{k}", dtype=dt, impl=name, ms=float("nan"), tflops=float("nan"), rel_err=err))
+                continue
+            ms = bench(rotate(f))
+            rows.append(dict(shape=f"{m}x{n}x{k}", dtype=dt, impl=name, ms=ms, tflops=2 * m * n * k / ms * 1e-9, rel_err=err))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--skip-correctness", action="store_true")
+    args = parser.parse_args()
+    import pandas as pd
+
+    os.makedirs(args.out, exist_ok=True)
+    e = env()
+    print(e, flush=True)
+    if not args.skip_correctness:
+        t0 = time.time()
+        corr = pd.DataFrame(correctness(args.quick))
+        corr.assign(**e).to_csv(os.path.join(args.out, "gpu_correctness.csv"), index=False)
+        bad = corr[~corr.ok]
+        print(f"correctness: {len(corr) - len(bad)}/{len(corr)} ok in {time.time() - t0:.0f}s", flush=True)
+        if len(bad):
+            print(bad.to_string(), flush=True)
+    lad = pd.DataFrame(ladder([(4096, 4096, 4096)], ["fp16", "bf16"]))
+    lad = lad.assign(**e)
+    lad.to_csv(os.path.join(args.out, "pipeline_ladder.csv"), index=False)
+    cublas = lad[lad.impl == "cublas"].set_index("dtype").tflops
+    lad["vs_cublas"] = lad.apply(lambda r: r.tflops / cublas[r.dtype], axis=1)
+    print(f"\nPipeline ladder on {e['gpu']} (torch {e['torch']}, triton {e['triton']})")
+    print(lad[["shape", "dtype", "impl", "ms", "tflops", "vs_cublas"]].to_string(index=False, float_format="%.3f"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

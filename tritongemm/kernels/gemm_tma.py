@@ -1,0 +1,89 @@
+"""The Hopper (sm90) GEMM kernel: TMA tensor descriptors, optionally persistent.
+
+Operands arrive as host-built tensor descriptors (``TensorDescriptor``): the
+copy engine moves whole tiles global->shared, zero-filling past the edges, so
+the mainloop has no masks and no address arithmetic.  A descriptor needs a
+unit last stride, so a "transposed" operand is described as the row-major
+matrix it really is and its tile is transposed in shared memory
+(``A_KMAJOR=False`` / ``B_KMAJOR=False``); wgmma reads either orientation.
+
+Persistent mode launches one program per SM; each walks tiles ``pid,
+pid + NUM_SMS, ...`` in grouped order, so the grid costs one launch wave and
+the epilogue of one tile overlaps the loads of the next.
+"""
+
+import triton
+import triton.language as tl
+
+from .gemm import grouped_tile_coords
+
+
+@triton.jit
+def load_a_tile(a_desc, off_m, off_k, A_KMAJOR: tl.constexpr):
+    if A_KMAJOR:  # A is (M, K) row-major
+        tile = a_desc.load([off_m, off_k])
+    else:  # A^T is (K, M) row-major
+        tile = a_desc.load([off_k, off_m]).T
+    return tile
+
+
+@triton.jit
+def load_b_tile(b_desc, off_k, off_n, B_KMAJOR: tl.constexpr):
+    if B_KMAJOR:  # B is (K, N) row-major
+        tile = b_desc.load([off_k, off_n])
+    else:  # B^T is (N, K) row-major
+        tile = b_desc.load([off_n, off_k]).T
+    return tile
+
+
+@triton.jit
+def gemm_tma_kernel(
+    a_desc, b_desc, c_desc, d_ptr,
+    M, N, K,
+    stride_dm, stride_dn,
+    alpha, beta,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr,
+    HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
+    NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """C = alpha * A @ B (+ beta * D) over tiles ``program_id, +NUM_SMS, ...``.
+
+    With a grid of one program per tile (NUM_SMS >= tiles) this is the plain
+    data-parallel schedule; with a grid of NUM_SMS programs it is persistent.
+    """
+    start = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tiles_m * tiles_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = grouped_tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            a = load_a_tile(a_desc, off_m, off_k, A_KMAJOR)
+            b = load_b_tile(b_desc, off_k, off_n, B_KMAJOR)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        if HAS_ALPHA:
+            acc = acc * alpha
+        if HAS_ADDEND:
+            offs_m = off_m + tl.arange(0, BLOCK_M)
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            d = tl.load(d_ptr + offs_m[:, None] * stride_dm + offs_n[None, :] * stride_dn, mask=mask, other=0.0)
+            acc = acc + beta * d.to(tl.float32)
+        out_dtype = c_desc.dtype
+        if EPILOGUE_SUBTILE:
+            # Store the tile as two BLOCK_N/2 halves: half the shared-memory
+            # staging buffer, which leaves room for a deeper mainloop pipeline.
+            acc = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2))
+            acc = tl.permute(acc, (0, 2, 1))
+            acc0, acc1 = tl.split(acc)
+            c_desc.store([off_m, off_n], acc0.to(out_dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(out_dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(out_dtype))
