@@ -134,11 +134,70 @@ def ladder(sizes, dtypes) -> list[dict]:
     return rows
 
 
+def sweep_configs():
+    T = TileConfig
+    return {
+        "ptr 128x256x64 s3": T(128, 256, 64, 8, 8, 3),
+        "ptr 128x256x64 s4": T(128, 256, 64, 8, 8, 4),
+        "ptr 128x128x64 w4 s4": T(128, 128, 64, 8, 4, 4),
+        "ptr 128x128x64 w8 s5": T(128, 128, 64, 8, 8, 5),
+        "tma 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True),
+        "tma 128x256x64 s4 sub": T(128, 256, 64, 8, 8, 4, tma=True, epilogue_subtile=True),
+        "tmaP 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
+        "tmaP 128x256x64 s4 sub": T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True),
+        "tmaP 128x256x64 s3 ws": T(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True),
+        "tmaP 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
+        "tmaP 128x128x64 w4 s4": T(128, 128, 64, 8, 4, 4, tma=True, persistent=True),
+        "tma 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, tma=True),
+        "tmaP 256x128x64 s3 sub": T(256, 128, 64, 8, 8, 3, tma=True, persistent=True, epilogue_subtile=True),
+        "tmaP 128x256x128 s2 sub": T(128, 256, 128, 8, 8, 2, tma=True, persistent=True, epilogue_subtile=True),
+        "heuristic": None,
+    }
+
+
+def sweep(shapes, dtypes) -> list[dict]:
+    rows = []
+    for (m, n, k, layout), dt in itertools.product(shapes, dtypes):
+        dtype = DTYPES[dt]
+        nsets = max(2, min(8, int(200e6 // ((m * k + k * n) * 2)) + 1))
+        sets = [(operand(m, k, dtype, layout[0]), operand(k, n, dtype, layout[1])) for _ in range(nsets)]
+        idx = [0]
+
+        def rotate(f):
+            def run():
+                a, b = sets[idx[0] % len(sets)]
+                idx[0] += 1
+                return f(a, b)
+            return run
+
+        ref = torch.matmul(*sets[0]).double()
+        t_cublas = bench(rotate(torch.matmul), 100)
+        base = dict(shape=f"{m}x{n}x{k}", layout=layout, dtype=dt)
+        rows.append(dict(base, impl="cublas", ms=t_cublas, tflops=2 * m * n * k / t_cublas * 1e-9, ratio=1.0))
+        for name, cfg in sweep_configs().items():
+            f = (lambda c: lambda a, b: tritongemm.matmul(a, b, config=c))(cfg)
+            try:
+                err = rel_err(f(*sets[0]), ref)
+                if not err < 1e-2:
+                    raise RuntimeError(f"rel err {err}")
+                ms = bench(rotate(f), 100)
+                kern = tritongemm.dispatch.explain(*sets[0], config=cfg).kernel
+            except Exception as e:
+                rows.append(dict(base, impl=name, ms=float("nan"), tflops=float("nan"), ratio=float("nan"),
+                                 error=f"{type(e).__name__}: {str(e)[:150]}"))
+                continue
+            rows.append(dict(base, impl=name, kernel=kern, ms=ms, tflops=2 * m * n * k / ms * 1e-9,
+                             ratio=t_cublas / ms))
+        print(f"swept {base}", flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-correctness", action="store_true")
+    parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
     import pandas as pd
 
@@ -153,11 +212,18 @@ def main() -> int:
         print(f"correctness: {len(corr) - len(bad)}/{len(corr)} ok in {time.time() - t0:.0f}s", flush=True)
         if len(bad):
             print(bad.to_string(), flush=True)
+    if args.sweep:
+        shapes = [(1024, 1024, 1024, "NN"), (2048, 2048, 2048, "NN"), (4096, 4096, 4096, "NN"),
+                  (8192, 8192, 8192, "NN"), (5120, 5120, 4096, "NT"), (4096, 4096, 4096, "TN")]
+        sw = pd.DataFrame(sweep(shapes, ["fp16", "bf16"])).assign(**e)
+        sw.to_csv(os.path.join(args.out, "sweep.csv"), index=False)
+        best = sw[sw.impl != "cublas"].sort_values("ratio", ascending=False).groupby(["shape", "layout", "dtype"]).head(2)
+        print(best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
     lad = pd.DataFrame(ladder([(4096, 4096, 4096)], ["fp16", "bf16"]))
     lad = lad.assign(**e)
     lad.to_csv(os.path.join(args.out, "pipeline_ladder.csv"), index=False)
     cublas = lad[lad.impl == "cublas"].set_index("dtype").tflops
-    lad["vs_cublas"] = lad.apply(lambda r: r.tflops / cublas[r.dtype], axis=1)
+    lad["vs_cublas"] = [t / cublas[d] for t, d in zip(lad.tflops, lad.dtype)]
     print(f"\nPipeline ladder on {e['gpu']} (torch {e['torch']}, triton {e['triton']})")
     print(lad[["shape", "dtype", "impl", "ms", "tflops", "vs_cublas"]].to_string(index=False, float_format="%.3f"))
     return 0

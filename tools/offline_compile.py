@@ -89,8 +89,8 @@ def tma_cases():
         yield (f"tma-fp16-A{'K' if a_k else 'M'}-B{'K' if b_k else 'N'}-{'pers' if persistent else 'dp'}"
                f"{'-ws' if ws else ''}{'-sub' if sub else ''}"), "fp16", dict(
             BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, A_KMAJOR=a_k, B_KMAJOR=b_k,
-            HAS_ALPHA=False, HAS_ADDEND=True, NUM_SMS=132 if persistent else 1 << 30, FLATTEN=False,
-            WARP_SPECIALIZE=ws, EPILOGUE_SUBTILE=sub, DOT_PRECISION="ieee"), 8, 3
+            HAS_ALPHA=False, HAS_ADDEND=True, FLATTEN=False,
+            WARP_SPECIALIZE=ws, EPILOGUE_SUBTILE=sub, DOT_PRECISION="ieee", UPCAST_OPERANDS=False), 8, 3
 
 
 def main():

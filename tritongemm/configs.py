@@ -44,6 +44,9 @@ MIN_STAGES, MAX_STAGES = 1, 6
 ACCUMULATOR_REGISTER_BUDGET = 192
 
 
+_BOOL_FIELDS = ("tma", "persistent", "warp_specialize", "epilogue_subtile")
+
+
 class ConfigError(ValueError):
     """A ``TileConfig`` that breaks a rule or does not fit a device's budgets."""
 
@@ -77,11 +80,20 @@ class TileConfig:
     num_warps: int = 4
     # pipeline
     num_stages: int = 3
+    # kernel path (Hopper): TMA descriptors, persistent grid, warp specialization,
+    # epilogue stored in two halves.  Ignored (pointer kernel) where TMA can't run.
+    tma: bool = False
+    persistent: bool = False
+    warp_specialize: bool = False
+    epilogue_subtile: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool):
+            if f.name in _BOOL_FIELDS:
+                if not isinstance(value, bool):
+                    raise ConfigError(f"TileConfig.{f.name} must be a bool, got {value!r}")
+            elif not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"TileConfig.{f.name} must be an int, got {value!r}")
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
@@ -94,6 +106,9 @@ class TileConfig:
             raise ConfigError(f"TileConfig.group_m={self.group_m} must be >= 1")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ConfigError(f"TileConfig.num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
+        for flag in ("persistent", "warp_specialize", "epilogue_subtile"):
+            if getattr(self, flag) and not self.tma:
+                raise ConfigError(f"TileConfig.{flag}=True needs tma=True (only the TMA kernel has it)")
         if not MIN_STAGES <= self.num_stages <= MAX_STAGES:
             raise ConfigError(
                 f"TileConfig.num_stages={self.num_stages} must be in [{MIN_STAGES}, {MAX_STAGES}]"
@@ -127,9 +142,13 @@ class TileConfig:
         return self.block_m * self.block_n // (32 * self.num_warps)
 
     def smem_bytes(self, elem_size: int) -> int:
-        """Shared memory the mainloop buffers take: one A and one B tile per stage."""
+        """Shared memory: one A and one B tile per stage (+ the TMA store's staging tile)."""
         stages = max(self.num_stages, 1)
-        return stages * (self.block_m * self.block_k + self.block_k * self.block_n) * elem_size
+        mainloop = stages * (self.block_m * self.block_k + self.block_k * self.block_n) * elem_size
+        epilogue = 0
+        if self.tma:  # the TMA store stages C (or half of it) in shared memory
+            epilogue = self.block_m * self.block_n * elem_size // (2 if self.epilogue_subtile else 1)
+        return mainloop + epilogue
 
     def accumulator_registers(self, acc_size: int = 4) -> int:
         return self.thread_fragment * acc_size // 4
@@ -154,7 +173,7 @@ class TileConfig:
             num_stages=self.num_stages,
         )
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | bool]:
         return asdict(self)
 
     @classmethod
@@ -165,10 +184,19 @@ class TileConfig:
             raise ConfigError(f"TileConfig: unknown fields {sorted(unknown)}")
         return cls(**data)
 
+    @property
+    def kernel(self) -> str:
+        """Which kernel this config asks for: 'pointer', 'tma' or 'tma_persistent'."""
+        if not self.tma:
+            return "pointer"
+        return "tma_persistent" if self.persistent else "tma"
+
     def short(self) -> str:
+        flags = [name for name, on in (("tma", self.tma), ("persistent", self.persistent),
+                                       ("ws", self.warp_specialize), ("subtile", self.epilogue_subtile)) if on]
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} "
-            f"w{self.num_warps} s{self.num_stages}"
+            f"w{self.num_warps} s{self.num_stages}" + (" " + "+".join(flags) if flags else "")
         )
 
     def describe(self, elem_size: int = 2) -> str:
@@ -183,6 +211,9 @@ class TileConfig:
                 f"  thread level : {self.thread_fragment} fp32 accumulators per thread",
                 f"  pipeline     : {self.pipeline}, num_stages={self.num_stages}, "
                 f"{self.smem_bytes(elem_size) / 1024:.0f} KiB shared memory at {elem_size} B/element",
+                f"  kernel       : {self.kernel}"
+                + (" (warp-specialized)" if self.warp_specialize else "")
+                + (" (epilogue in two halves)" if self.epilogue_subtile else ""),
             ]
         )
 

@@ -8,16 +8,17 @@ into what the kernel indexes, and launches.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 
 from .configs import ConfigError, GemmProblem, TileConfig, resolve_pipeline
 from .device import DeviceInfo, device_info, interpreter_enabled
-from .kernels import gemm_kernel
+from .kernels import gemm_kernel, gemm_tma_kernel
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DTYPE_NAMES = {
@@ -119,15 +120,35 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
     return replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
 
 
+def _tuned_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None:
+    """The on-disk tuning cache's entry for this problem, if any (never tunes)."""
+    try:
+        from .tuning import lookup
+    except Exception:  # tuning package absent or broken: heuristics only
+        return None
+    try:
+        return lookup(problem, device)
+    except Exception:  # a broken cache must never break a matmul
+        return None
+
+
 def select_config(
     problem: GemmProblem,
     device: DeviceInfo,
     config: TileConfig | dict | None = None,
     pipeline: str | int | None = None,
 ) -> TileConfig:
-    """Explicit config (validated) > heuristic; then the pipeline override."""
+    """Explicit config (validated) > tuning cache > heuristic; then the pipeline override."""
+    return _select(problem, device, config, pipeline)[0]
+
+
+def _select(problem, device, config, pipeline) -> tuple[TileConfig, str]:
+    source = "explicit config"
     if config is None:
-        cfg = heuristic_config(problem, device)
+        cfg = _tuned_config(problem, device)
+        source = "tuning cache"
+        if cfg is None:
+            cfg, source = heuristic_config(problem, device), "heuristic"
     elif isinstance(config, TileConfig):
         cfg = config
     elif isinstance(config, dict):
@@ -136,7 +157,90 @@ def select_config(
         raise TypeError(f"config must be a TileConfig or a dict, got {type(config).__name__}")
     if pipeline is not None:
         cfg = replace(cfg, num_stages=resolve_pipeline(pipeline, default_multi=max(cfg.num_stages, 3)))
-    return cfg.validate(device, problem.elem_size, problem.acc_size)
+        source += f", pipeline={pipeline!r}"
+    return cfg.validate(device, problem.elem_size, problem.acc_size), source
+
+
+# ----------------------------------------------------------------------------------
+# Kernel path: TMA (Hopper) or pointer
+# ----------------------------------------------------------------------------------
+def _tensor_descriptor_class():
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:  # triton < 3.4: no host-side descriptors
+        return None
+    return TensorDescriptor
+
+
+def _tma_operand_reason(name: str, t: torch.Tensor) -> str | None:
+    if t.data_ptr() % 16:
+        return f"{name}'s data pointer is not 16-byte aligned"
+    rows, cols = t.stride(-2), t.stride(-1)
+    if cols == 1 and t.shape[-1] > 0:
+        lead = rows
+    elif rows == 1:
+        lead = cols
+    else:
+        return f"{name} has no unit stride (strides {tuple(t.stride())})"
+    if (lead * t.element_size()) % 16:
+        return f"{name}'s leading stride {lead} x {t.element_size()} B is not a multiple of 16 bytes"
+    return None
+
+
+def tma_unsupported_reason(a, b, out, device: DeviceInfo, batched: bool) -> str | None:
+    """Why the TMA kernel cannot take these operands (None when it can)."""
+    if not device.interpreter and device.capability < (9, 0):
+        return f"TMA needs sm_90 or newer ({device.name} is sm_{device.capability[0]}{device.capability[1]})"
+    if _tensor_descriptor_class() is None:
+        return "this triton has no host-side TensorDescriptor"
+    if a.dtype not in (torch.float16, torch.bfloat16):
+        return f"the TMA kernel takes float16/bfloat16 ({a.dtype} uses the pointer kernel)"
+    if out.dtype != a.dtype:
+        return "out_dtype differs from the inputs' dtype"
+    if batched:
+        return "batched problems use the pointer kernel"
+    for name, t in (("A", a), ("B", b)):
+        reason = _tma_operand_reason(name, t)
+        if reason:
+            return reason
+    if out.stride(-1) != 1:
+        return "C is not row-major"
+    return _tma_operand_reason("C", out)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a call will run: the config, where it came from, the kernel, and why."""
+
+    config: TileConfig
+    source: str
+    kernel: str
+    fallback: str | None = None
+    problem: GemmProblem | None = None
+
+    def describe(self) -> str:
+        lines = [f"kernel : {self.kernel}" + (f" (TMA not used: {self.fallback})" if self.fallback else "")]
+        lines.append(f"config : {self.config.short()}  [{self.source}]")
+        if self.problem is not None:
+            p = self.problem
+            lines.insert(0, f"problem: {p.batch} x {p.m}x{p.n}x{p.k} {p.dtype} {p.layout}")
+        return "\n".join(lines)
+
+
+def plan(a, b, out, *, addend=None, config=None, pipeline=None) -> Plan:
+    device = device_info(a.device)
+    problem = problem_of(a, b)
+    cfg, source = _select(problem, device, config, pipeline)
+    kernel, fallback = "pointer", None
+    if cfg.tma:
+        batched = len(_collapse_batch(tuple(out.shape[:-2]), [a, b, out])) > 0
+        fallback = tma_unsupported_reason(a, b, out, device, batched)
+        if fallback is None:
+            kernel = cfg.kernel
+        else:
+            # Same tiles on the pointer kernel; the TMA-only knobs do not apply.
+            cfg = replace(cfg, tma=False, persistent=False, warp_specialize=False, epilogue_subtile=False)
+    return Plan(cfg, source, kernel, fallback, problem)
 
 
 # ----------------------------------------------------------------------------------
@@ -160,9 +264,9 @@ def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
 def _collapse_batch(batch_shape, tensors):
     """Merge batch dims that every tensor can index with one stride.
 
-    Returns (sizes, per-tensor strides) with size-1 dims dropped.  Dims i, i+1
-    merge when for every tensor stride[i] == stride[i+1] * size[i+1] (always
-    true for our own contiguous output and for broadcast stride-0 pairs).
+    Returns (size, per-tensor strides) pairs with size-1 dims dropped.  Dims
+    i, i+1 merge when for every tensor stride[i] == stride[i+1] * size[i+1]
+    (always true for our own contiguous output and for broadcast stride-0 pairs).
     """
     nb = len(batch_shape)
     dims = [(batch_shape[i], [t.stride(i) for t in tensors]) for i in range(nb) if batch_shape[i] != 1]
@@ -215,70 +319,141 @@ def gemm(
     (*batch, M, N), all of one batch shape (broadcast operands arrive as
     stride-0 expanded views).  Any strides; nothing is copied.
     """
-    M, K = a.shape[-2:]
-    N = b.shape[-1]
-    batch_shape = tuple(out.shape[:-2])
     if out.numel() == 0:
         return out
-    device = device_info(a.device)
-    problem = problem_of(a, b)
-    cfg = select_config(problem, device, config, pipeline)
     if beta == 0:
         addend = None  # torch's rule: beta=0 ignores the addend, NaN and Inf included
+    chosen = plan(a, b, out, addend=addend, config=config, pipeline=pipeline)
+    if chosen.kernel != "pointer":
+        _launch_tma(a, b, out, addend, alpha, beta, chosen.config)
+        return out
+    _launch_pointer_batched(a, b, out, addend, alpha, beta, chosen.config)
+    return out
+
+
+def _launch_pointer_batched(a, b, out, addend, alpha, beta, cfg: TileConfig):
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
     tensors = [a, b, out] + ([addend] if addend is not None else [])
-    dims = _collapse_batch(batch_shape, tensors)
+    dims = _collapse_batch(tuple(out.shape[:-2]), tensors)
     # The kernel indexes one batch dimension; any further (rare: a broadcast
     # dim between two non-broadcast ones) are looped over here, as views.
     outer, inner = dims[:-1], (dims[-1] if dims else (1, [0] * len(tensors)))
     index_64 = any(_max_offset(t) > _INT32_MAX for t in tensors)
-    if K > 0 and (out.dtype != a.dtype and out.dtype not in SUPPORTED_DTYPES):
-        raise UnsupportedInputError(f"unsupported output dtype {out.dtype}")
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     if tiles * inner[0] > _INT32_MAX:
         raise RuntimeError(f"gemm: {tiles * inner[0]} programs exceed the grid limit of 2^31 - 1")
-    base_ptrs = [t for t in tensors]
     for outer_index in itertools.product(*[range(s) for s, _ in outer]):
         offsets = [sum(i * st[j] for i, (_, st) in zip(outer_index, outer)) for j in range(len(tensors))]
         views = [
             t.as_strided(t.shape[-2:], t.stride()[-2:], t.storage_offset() + off)
-            for t, off in zip(base_ptrs, offsets)
+            for t, off in zip(tensors, offsets)
         ]
-        _launch(views, inner, M, N, K, alpha, beta, cfg, index_64, addend is not None)
-    return out
+        _launch_pointer(views, inner, M, N, K, alpha, beta, cfg, index_64, addend is not None)
 
 
-def _launch(views, inner, M, N, K, alpha, beta, cfg: TileConfig, index_64: bool, has_addend: bool):
+def _on_device(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def _launch_pointer(views, inner, M, N, K, alpha, beta, cfg: TileConfig, index_64: bool, has_addend: bool):
     a, b, c = views[:3]
     d = views[3] if has_addend else c  # d_ptr is never read without HAS_ADDEND
     batch, bstrides = inner
     sd = bstrides[3] if has_addend else 0
     grid = (batch * triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
-    interpreting = interpreter_enabled()
-    kwargs = dict(
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        EVEN_K=(K % cfg.block_k == 0),
-        HAS_ALPHA=(alpha != 1.0),
-        HAS_ADDEND=has_addend,
-        INDEX_64=index_64,
-        ACC_FP64=(a.dtype == torch.float64),
-        DOT_PRECISION=_dot_precision(a.dtype),
-        UPCAST_OPERANDS=(interpreting and a.dtype == torch.bfloat16),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    args = (
-        a, b, c, d, M, N, K,
-        bstrides[0], a.stride(0), a.stride(1),
-        bstrides[1], b.stride(0), b.stride(1),
-        bstrides[2], c.stride(0), c.stride(1),
-        sd, d.stride(0), d.stride(1),
-        float(alpha), float(beta),
-    )
-    if a.device.type == "cuda":
-        with torch.cuda.device(a.device):
-            gemm_kernel[grid](*args, **kwargs)
-    else:
-        gemm_kernel[grid](*args, **kwargs)
+    with _on_device(a):
+        gemm_kernel[grid](
+            a, b, c, d, M, N, K,
+            bstrides[0], a.stride(0), a.stride(1),
+            bstrides[1], b.stride(0), b.stride(1),
+            bstrides[2], c.stride(0), c.stride(1),
+            sd, d.stride(0), d.stride(1),
+            float(alpha), float(beta),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            EVEN_K=(K % cfg.block_k == 0),
+            HAS_ALPHA=(alpha != 1.0),
+            HAS_ADDEND=has_addend,
+            INDEX_64=index_64,
+            ACC_FP64=(a.dtype == torch.float64),
+            DOT_PRECISION=_dot_precision(a.dtype),
+            # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584).
+            UPCAST_OPERANDS=(interpreter_enabled() and a.dtype == torch.bfloat16),
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+
+
+def _descriptor(t: torch.Tensor, rows_block: int, cols_block: int):
+    """A descriptor of ``t`` (2-D) in the orientation whose last stride is 1.
+
+    Returns (descriptor, k_major) where k_major says ``t`` was row-major.
+    """
+    TensorDescriptor = _tensor_descriptor_class()
+    r, c = t.shape[-2:]
+    if t.stride(-1) == 1:
+        return TensorDescriptor(t, [r, c], [t.stride(-2), 1], [rows_block, cols_block]), True
+    return TensorDescriptor(t, [c, r], [t.stride(-1), 1], [cols_block, rows_block]), False
+
+
+def _launch_tma(a, b, out, addend, alpha, beta, cfg: TileConfig):
+    a2, b2, c2 = (t.reshape(t.shape[-2:]) for t in (a, b, out))  # batch of one: views
+    M, K = a2.shape
+    N = b2.shape[1]
+    a_desc, a_kmajor = _descriptor(a2, cfg.block_m, cfg.block_k)
+    b_desc, b_kmajor = _descriptor(b2, cfg.block_k, cfg.block_n)
+    c_cols = cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
+    c_desc, _ = _descriptor(c2, cfg.block_m, c_cols)
+    d = addend.reshape(addend.shape[-2:]) if addend is not None else c2
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    device = device_info(a.device)
+    programs = min(device.sm_count, tiles) if cfg.persistent else tiles
+    with _on_device(a):
+        gemm_tma_kernel[(programs,)](
+            a_desc, b_desc, c_desc, d, M, N, K,
+            d.stride(0), d.stride(1),
+            float(alpha), float(beta), programs,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
+            HAS_ALPHA=(alpha != 1.0), HAS_ADDEND=addend is not None,
+            FLATTEN=False, WARP_SPECIALIZE=cfg.warp_specialize,
+            EPILOGUE_SUBTILE=cfg.epilogue_subtile, DOT_PRECISION="ieee",
+            UPCAST_OPERANDS=(interpreter_enabled() and a.dtype == torch.bfloat16),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+
+def explain(a: torch.Tensor, b: torch.Tensor, *, config=None, pipeline=None, out_dtype=None) -> Plan:
+    """Which kernel and config ``matmul(a, b)`` would use on 2-D/3-D operands, and why.
+
+    >>> print(tritongemm.explain(a, b).describe())
+    """
+    a2 = a if a.dim() >= 2 else a.unsqueeze(0)
+    b2 = b if b.dim() >= 2 else b.unsqueeze(-1)
+    batch = torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    out = torch.empty((*batch, a2.shape[-2], b2.shape[-1]), dtype=out_dtype or a.dtype, device="meta")
+    # a meta tensor has no data pointer; describe the output we would allocate
+    out = _ContiguousLike(out)
+    a_e = a2.expand((*batch, *a2.shape[-2:]))
+    b_e = b2.expand((*batch, *b2.shape[-2:]))
+    return plan(a_e, b_e, out, config=config, pipeline=pipeline)
+
+
+class _ContiguousLike:
+    """Stands in for an output tensor we would allocate (aligned, row-major)."""
+
+    def __init__(self, meta: torch.Tensor):
+        self._t = meta
+        self.shape, self.dtype = meta.shape, meta.dtype
+
+    def stride(self, dim=None):
+        return self._t.stride() if dim is None else self._t.stride(dim)
+
+    def data_ptr(self) -> int:
+        return 0  # allocations are 256-byte aligned
+
+    def element_size(self) -> int:
+        return self._t.element_size()
 
 
 __all__ = [
@@ -289,4 +464,8 @@ __all__ = [
     "select_config",
     "unsupported_reason",
     "problem_of",
+    "plan",
+    "Plan",
+    "explain",
+    "tma_unsupported_reason",
 ]

@@ -41,24 +41,24 @@ def gemm_tma_kernel(
     a_desc, b_desc, c_desc, d_ptr,
     M, N, K,
     stride_dm, stride_dn,
-    alpha, beta,
+    alpha, beta, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr,
     HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
-    NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    EPILOGUE_SUBTILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
 ):
-    """C = alpha * A @ B (+ beta * D) over tiles ``program_id, +NUM_SMS, ...``.
+    """C = alpha * A @ B (+ beta * D) over tiles ``program_id, +num_programs, ...``.
 
-    With a grid of one program per tile (NUM_SMS >= tiles) this is the plain
-    data-parallel schedule; with a grid of NUM_SMS programs it is persistent.
+    With a grid of one program per tile this is the plain data-parallel
+    schedule; with a grid of one program per SM it is persistent.
     """
     start = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     num_tiles = tiles_m * tiles_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+    for tile_id in tl.range(start, num_tiles, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = grouped_tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -67,6 +67,9 @@ def gemm_tma_kernel(
             off_k = ki * BLOCK_K
             a = load_a_tile(a_desc, off_m, off_k, A_KMAJOR)
             b = load_b_tile(b_desc, off_k, off_n, B_KMAJOR)
+            if UPCAST_OPERANDS:  # interpreter only: bf16 tl.dot bug, triton-lang/triton#11584
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if HAS_ALPHA:
             acc = acc * alpha
