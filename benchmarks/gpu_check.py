@@ -134,6 +134,30 @@ def ladder(sizes, dtypes) -> list[dict]:
     return rows
 
 
+def host_overhead() -> list[dict]:
+    """Microseconds of host time per call, launches queued back to back (tiny GPU work)."""
+    rows = []
+    a = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+    b = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+    cfgs = {"torch.matmul": lambda: torch.matmul(a, b),
+            "tritongemm heuristic": lambda: tritongemm.matmul(a, b),
+            "tritongemm ptr cfg": (lambda c: lambda: tritongemm.matmul(a, b, config=c))(TileConfig(64, 64, 64, 8, 4, 3)),
+            "tritongemm tma cfg": (lambda c: lambda: tritongemm.matmul(a, b, config=c))(
+                TileConfig(64, 64, 64, 8, 4, 3, tma=True, persistent=True))}
+    for name, f in cfgs.items():
+        for _ in range(50):
+            f()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(2000):
+            f()
+        host = (time.perf_counter() - t) / 2000 * 1e6
+        torch.cuda.synchronize()
+        rows.append(dict(impl=name, host_us=host))
+        print(f"host overhead {name}: {host:.1f} us/call", flush=True)
+    return rows
+
+
 def sweep_configs():
     T = TileConfig
     return {
@@ -155,7 +179,19 @@ def sweep_configs():
     }
 
 
-def sweep(shapes, dtypes) -> list[dict]:
+def small_sweep_configs():
+    T = TileConfig
+    out = {}
+    for bm, bn, bk, w, st in [(64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 4, 4),
+                              (128, 128, 64, 8, 4), (64, 256, 64, 4, 3), (128, 256, 64, 8, 3), (64, 128, 128, 4, 3)]:
+        out[f"ptr {bm}x{bn}x{bk} w{w} s{st}"] = T(bm, bn, bk, 8, w, st)
+        out[f"tmaP {bm}x{bn}x{bk} w{w} s{st}"] = T(bm, bn, bk, 8, w, st, tma=True, persistent=True)
+        out[f"tma {bm}x{bn}x{bk} w{w} s{st}"] = T(bm, bn, bk, 8, w, st, tma=True)
+    out["heuristic"] = None
+    return out
+
+
+def sweep(shapes, dtypes, configs=None) -> list[dict]:
     rows = []
     for (m, n, k, layout), dt in itertools.product(shapes, dtypes):
         dtype = DTYPES[dt]
@@ -174,7 +210,7 @@ def sweep(shapes, dtypes) -> list[dict]:
         t_cublas = bench(rotate(torch.matmul), 100)
         base = dict(shape=f"{m}x{n}x{k}", layout=layout, dtype=dt)
         rows.append(dict(base, impl="cublas", ms=t_cublas, tflops=2 * m * n * k / t_cublas * 1e-9, ratio=1.0))
-        for name, cfg in sweep_configs().items():
+        for name, cfg in (configs or sweep_configs()).items():
             f = (lambda c: lambda a, b: tritongemm.matmul(a, b, config=c))(cfg)
             try:
                 err = rel_err(f(*sets[0]), ref)
@@ -198,6 +234,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-correctness", action="store_true")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--small-sweep", action="store_true")
+    parser.add_argument("--no-ladder", action="store_true")
     args = parser.parse_args()
     import pandas as pd
 
@@ -212,6 +250,14 @@ def main() -> int:
         print(f"correctness: {len(corr) - len(bad)}/{len(corr)} ok in {time.time() - t0:.0f}s", flush=True)
         if len(bad):
             print(bad.to_string(), flush=True)
+    host_overhead()
+    if args.small_sweep:
+        shapes = [(512, 512, 512, "NN"), (1024, 1024, 1024, "NN"), (2048, 2048, 2048, "NN"), (3072, 3072, 3072, "NN"),
+                  (1024, 6144, 4096, "NT"), (1024, 4096, 14336, "NT"), (4096, 28672, 4096, "NT"), (4096, 4096, 4096, "NT")]
+        sw = pd.DataFrame(sweep(shapes, ["fp16"], small_sweep_configs())).assign(**e)
+        sw.to_csv(os.path.join(args.out, "sweep_small.csv"), index=False)
+        best = sw[sw.impl != "cublas"].sort_values("ratio", ascending=False).groupby(["shape", "layout", "dtype"]).head(3)
+        print(best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
     if args.sweep:
         shapes = [(1024, 1024, 1024, "NN"), (2048, 2048, 2048, "NN"), (4096, 4096, 4096, "NN"),
                   (8192, 8192, 8192, "NN"), (5120, 5120, 4096, "NT"), (4096, 4096, 4096, "TN")]
@@ -219,6 +265,8 @@ def main() -> int:
         sw.to_csv(os.path.join(args.out, "sweep.csv"), index=False)
         best = sw[sw.impl != "cublas"].sort_values("ratio", ascending=False).groupby(["shape", "layout", "dtype"]).head(2)
         print(best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
+    if args.no_ladder:
+        return 0
     lad = pd.DataFrame(ladder([(4096, 4096, 4096)], ["fp16", "bf16"]))
     lad = lad.assign(**e)
     lad.to_csv(os.path.join(args.out, "pipeline_ladder.csv"), index=False)

@@ -50,6 +50,11 @@ def interpreter_enabled() -> bool:
     whether our kernels were built as interpreted functions, not the current
     environment.
     """
+    return _kernels_interpreted()
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels_interpreted() -> bool:
     from .kernels import KERNELS_INTERPRETED
 
     return KERNELS_INTERPRETED

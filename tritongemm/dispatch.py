@@ -8,9 +8,10 @@ into what the kernel indexes, and launches.
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import itertools
 import math
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -74,31 +75,48 @@ def _pow2_at_least(x: int, lo: int, hi: int) -> int:
     return min(max(1 << max(x - 1, 0).bit_length(), lo), hi)
 
 
-def choose_block_m(problem: GemmProblem, device: DeviceInfo) -> int:
-    # Decode-like problems (few rows) waste a 128-row tile; 16 is tl.dot's minimum.
-    return _pow2_at_least(problem.m, 16, 128)
+# CTA tiles the heuristic picks from on a GPU, per element size, with the
+# throughput of one such tile relative to the largest (measured on an H100,
+# fp16, benchmarks/results/h100/dev_sweep_*.csv): bigger tiles reuse each loaded
+# byte more, smaller ones fill more SMs.  (block_m, block_n, block_k, warps, stages, speed, tma)
+_TILE_MENU = {
+    2: [
+        (128, 256, 64, 8, 3, 1.00, True),   # 48 KiB a stage: 3 stages + 64 KiB TMA store buffer
+        (128, 128, 64, 8, 4, 0.90, True),
+        (64, 128, 64, 4, 4, 0.75, False),
+        (128, 64, 64, 4, 4, 0.75, False),
+        (64, 64, 64, 4, 4, 0.30, False),
+    ],
+    4: [
+        (128, 128, 32, 8, 3, 1.00, False),
+        (64, 128, 32, 4, 4, 0.75, False),
+        (64, 64, 32, 4, 4, 0.45, False),
+    ],
+    8: [(64, 64, 16, 4, 2, 1.00, False)],  # fp64 dot runs on CUDA cores
+}
 
 
-def choose_block_n(problem: GemmProblem, device: DeviceInfo) -> int:
-    if device.interpreter:
-        return _pow2_at_least(problem.n, 16, 64)
-    # fp16/bf16 on a full-size problem: 128x256 tiles keep the tensor cores fed
-    # with 8 warps (two warpgroups on Hopper); wider types get 128.
-    wide = 256 if problem.elem_size == 2 and problem.m >= 128 else 128
-    return _pow2_at_least(problem.n, 32, wide)
+def wave_efficiency(tiles: int, sm_count: int) -> float:
+    """Busy fraction of the SMs over all waves: 133 tiles on 132 SMs is ~50%."""
+    waves = -(-tiles // sm_count)
+    return tiles / (waves * sm_count)
 
 
-def choose_block_k(problem: GemmProblem, device: DeviceInfo) -> int:
-    # 128 bytes of K per row: one full cache line / 128B TMA swizzle row.
-    bk = 128 // problem.elem_size
-    if device.interpreter:
-        bk = 32
-    return min(max(bk, 16), _pow2_at_least(problem.k, 16, 128))
+def choose_cta_tile(problem: GemmProblem, device: DeviceInfo):
+    """The menu tile with the best (wave efficiency x per-tile speed)."""
+    best, best_score = None, -1.0
+    for entry in _TILE_MENU[problem.elem_size]:
+        bm, bn = entry[0], entry[1]
+        tiles = problem.batch * -(-problem.m // bm) * -(-problem.n // bn)
+        score = wave_efficiency(tiles, device.sm_count) * entry[5]
+        if score > best_score + 1e-9:
+            best, best_score = entry, score
+    return best
 
 
-def choose_num_warps(block_m: int, block_n: int) -> int:
-    # Keep the fp32 fragment near 64-128 accumulators per thread.
-    return 8 if block_m * block_n >= 128 * 256 else 4
+def choose_block_m_small(problem: GemmProblem) -> int:
+    # Decode-like problems (few rows) waste a 64-row tile; 16 is tl.dot's minimum.
+    return _pow2_at_least(problem.m, 16, 64)
 
 
 def choose_num_stages(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> int:
@@ -109,15 +127,34 @@ def choose_num_stages(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo)
     return max(2, min(fit, 4, k_tiles + 1))
 
 
+def _interpreter_config(problem: GemmProblem) -> TileConfig:
+    # The interpreter runs one program at a time in numpy: small tiles keep
+    # ragged-edge masks exercised, and speed does not matter.
+    bm = _pow2_at_least(problem.m, 16, 64)
+    bn = _pow2_at_least(problem.n, 16, 64)
+    bk = min(32, _pow2_at_least(problem.k, 16, 32))
+    return TileConfig(bm, bn, bk, 8, 4, 2)
+
+
 def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
-    bm = choose_block_m(problem, device)
-    bn = choose_block_n(problem, device)
-    bk = choose_block_k(problem, device)
-    if problem.dtype == "float64":  # fp64 dot runs on CUDA cores: small tiles, 2 stages
-        bm, bn, bk = min(bm, 64), min(bn, 64), 16
-    warps = choose_num_warps(bm, bn)
-    cfg = TileConfig(bm, bn, bk, 8, warps, 3)
-    return replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
+    """A good config without tuning: from the shape class and the device."""
+    if device.interpreter:
+        return _interpreter_config(problem)
+    hopper = device.capability >= (9, 0)
+    if problem.m <= 64 and problem.elem_size <= 4:
+        # Skinny: few rows of A, so the tile is narrow in M and wide in N.
+        bm = choose_block_m_small(problem)
+        bk = 128 // problem.elem_size
+        cfg = TileConfig(bm, 128, bk, 8, 4, 3)
+        return replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
+    bm, bn, bk, warps, stages, _, tma = choose_cta_tile(problem, device)
+    tma = tma and hopper
+    tiles = problem.batch * -(-problem.m // bm) * -(-problem.n // bn)
+    cfg = TileConfig(bm, bn, bk, 8, warps, stages, tma=tma, persistent=tma and tiles > device.sm_count)
+    if cfg.smem_bytes(problem.elem_size) > device.smem_per_block:  # smaller GPUs (e.g. 100 KiB on sm_86)
+        cfg = replace(cfg, tma=False, persistent=False)
+        cfg = replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
+    return cfg
 
 
 def _tuned_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None:
@@ -318,58 +355,85 @@ def gemm(
     ``a`` is (*batch, M, K), ``b`` (*batch, K, N), ``out`` and ``addend``
     (*batch, M, N), all of one batch shape (broadcast operands arrive as
     stride-0 expanded views).  Any strides; nothing is copied.
+
+    Everything but the data pointers is decided once per launch signature
+    (shapes, strides, dtypes, alignment, config) and cached as a ``_Launcher``,
+    so a repeated call costs a dictionary lookup plus the kernel launch.
     """
     if out.numel() == 0:
         return out
     if beta == 0:
         addend = None  # torch's rule: beta=0 ignores the addend, NaN and Inf included
-    chosen = plan(a, b, out, addend=addend, config=config, pipeline=pipeline)
-    if chosen.kernel != "pointer":
-        _launch_tma(a, b, out, addend, alpha, beta, chosen.config)
-        return out
-    _launch_pointer_batched(a, b, out, addend, alpha, beta, chosen.config)
+    if isinstance(config, dict):
+        config = TileConfig.from_dict(config)
+    key = _launch_key(a, b, out, addend, alpha, config, pipeline)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        chosen = plan(a, b, out, addend=addend, config=config, pipeline=pipeline)
+        launcher = _Launcher(chosen, a, b, out, addend, alpha)
+        if len(_LAUNCHERS) >= _MAX_LAUNCHERS:
+            _LAUNCHERS.clear()
+        _LAUNCHERS[key] = launcher
+    launcher(a, b, out, addend, alpha, beta)
     return out
 
 
-def _launch_pointer_batched(a, b, out, addend, alpha, beta, cfg: TileConfig):
-    M, K = a.shape[-2:]
-    N = b.shape[-1]
-    tensors = [a, b, out] + ([addend] if addend is not None else [])
-    dims = _collapse_batch(tuple(out.shape[:-2]), tensors)
-    # The kernel indexes one batch dimension; any further (rare: a broadcast
-    # dim between two non-broadcast ones) are looped over here, as views.
-    outer, inner = dims[:-1], (dims[-1] if dims else (1, [0] * len(tensors)))
-    index_64 = any(_max_offset(t) > _INT32_MAX for t in tensors)
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    if tiles * inner[0] > _INT32_MAX:
-        raise RuntimeError(f"gemm: {tiles * inner[0]} programs exceed the grid limit of 2^31 - 1")
-    for outer_index in itertools.product(*[range(s) for s, _ in outer]):
-        offsets = [sum(i * st[j] for i, (_, st) in zip(outer_index, outer)) for j in range(len(tensors))]
-        views = [
-            t.as_strided(t.shape[-2:], t.stride()[-2:], t.storage_offset() + off)
-            for t, off in zip(tensors, offsets)
-        ]
-        _launch_pointer(views, inner, M, N, K, alpha, beta, cfg, index_64, addend is not None)
+#: launch signature -> _Launcher.  Cleared by ``clear_plan_cache()`` (the tuner
+#: calls it after writing new configs) and when it grows past _MAX_LAUNCHERS.
+_LAUNCHERS: dict = {}
+_MAX_LAUNCHERS = 4096
 
 
-def _on_device(t: torch.Tensor):
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+def clear_plan_cache() -> None:
+    """Forget cached launch plans (after the tuning cache changed)."""
+    _LAUNCHERS.clear()
 
 
-def _launch_pointer(views, inner, M, N, K, alpha, beta, cfg: TileConfig, index_64: bool, has_addend: bool):
-    a, b, c = views[:3]
-    d = views[3] if has_addend else c  # d_ptr is never read without HAS_ADDEND
-    batch, bstrides = inner
-    sd = bstrides[3] if has_addend else 0
-    grid = (batch * triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
-    with _on_device(a):
-        gemm_kernel[grid](
-            a, b, c, d, M, N, K,
-            bstrides[0], a.stride(0), a.stride(1),
-            bstrides[1], b.stride(0), b.stride(1),
-            bstrides[2], c.stride(0), c.stride(1),
-            sd, d.stride(0), d.stride(1),
-            float(alpha), float(beta),
+def _launch_key(a, b, out, addend, alpha, config, pipeline):
+    return (
+        a.shape, a.stride(), b.stride(), b.shape[-1], out.shape, out.stride(), out.dtype, a.dtype, a.device,
+        None if addend is None else (addend.stride(), addend.data_ptr() % 16 == 0),
+        alpha != 1.0, config, pipeline, a.dtype == torch.float32 and tf32_enabled(),
+        a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
+    )
+
+
+class _Launcher:
+    """A planned launch with every argument fixed except the tensors and scalars."""
+
+    def __init__(self, chosen: Plan, a, b, out, addend, alpha):
+        self.plan = chosen
+        cfg = chosen.config
+        M, K = a.shape[-2:]
+        N = b.shape[-1]
+        self.device_ctx = a.device if a.device.type == "cuda" else None
+        self._runner = None
+        interpreting = interpreter_enabled()
+        if chosen.kernel != "pointer":
+            self._init_tma(cfg, a, b, out, addend, alpha, M, N, K, interpreting)
+            return
+        self.kind = "pointer"
+        tensors = [a, b, out] + ([addend] if addend is not None else [])
+        dims = _collapse_batch(tuple(out.shape[:-2]), tensors)
+        # The kernel indexes one batch dimension; any further (rare: a broadcast
+        # dim between two non-broadcast ones) are looped over here, as views.
+        self.outer = dims[:-1]
+        batch, bstrides = dims[-1] if dims else (1, [0] * len(tensors))
+        index_64 = any(_max_offset(t) > _INT32_MAX for t in tensors)
+        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        if tiles * batch > _INT32_MAX:
+            raise RuntimeError(f"gemm: {tiles * batch} programs exceed the grid limit of 2^31 - 1")
+        has_addend = addend is not None
+        d = addend if has_addend else out
+        self.grid = (batch * tiles,)
+        self.ints = (
+            M, N, K,
+            bstrides[0], a.stride(-2), a.stride(-1),
+            bstrides[1], b.stride(-2), b.stride(-1),
+            bstrides[2], out.stride(-2), out.stride(-1),
+            bstrides[3] if has_addend else 0, d.stride(-2), d.stride(-1),
+        )
+        self.constexprs = dict(
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             EVEN_K=(K % cfg.block_k == 0),
             HAS_ALPHA=(alpha != 1.0),
@@ -378,10 +442,92 @@ def _launch_pointer(views, inner, M, N, K, alpha, beta, cfg: TileConfig, index_6
             ACC_FP64=(a.dtype == torch.float64),
             DOT_PRECISION=_dot_precision(a.dtype),
             # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584).
-            UPCAST_OPERANDS=(interpreter_enabled() and a.dtype == torch.bfloat16),
+            UPCAST_OPERANDS=(interpreting and a.dtype == torch.bfloat16),
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
+
+    def _init_tma(self, cfg, a, b, out, addend, alpha, M, N, K, interpreting):
+        self.kind = "tma"
+        a2, b2, c2 = (t.reshape(t.shape[-2:]) for t in (a, b, out))  # a batch of one: views
+        # Descriptor templates: per call only the base tensor changes.
+        self.a_desc, a_kmajor = _descriptor(a2, cfg.block_m, cfg.block_k)
+        self.b_desc, b_kmajor = _descriptor(b2, cfg.block_k, cfg.block_n)
+        c_cols = cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
+        self.c_desc, _ = _descriptor(c2, cfg.block_m, c_cols)
+        d = addend.reshape(addend.shape[-2:]) if addend is not None else c2
+        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        programs = min(device_info(a.device).sm_count, tiles) if cfg.persistent else tiles
+        self.grid = (programs,)
+        self.ints = (M, N, K, d.stride(0), d.stride(1))
+        self.programs = programs
+        self.constexprs = dict(
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
+            HAS_ALPHA=(alpha != 1.0), HAS_ADDEND=addend is not None,
+            FLATTEN=False, WARP_SPECIALIZE=cfg.warp_specialize,
+            EPILOGUE_SUBTILE=cfg.epilogue_subtile, DOT_PRECISION="ieee",
+            UPCAST_OPERANDS=(interpreting and a.dtype == torch.bfloat16),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    def __call__(self, a, b, out, addend, alpha, beta):
+        if self.device_ctx is not None and self.device_ctx.index != torch.cuda.current_device():
+            with torch.cuda.device(self.device_ctx):
+                return self._run(a, b, out, addend, alpha, beta)
+        return self._run(a, b, out, addend, alpha, beta)
+
+    def _run(self, a, b, out, addend, alpha, beta):
+        if self.kind == "tma":
+            d = addend if addend is not None else out
+            args = (_rebase(self.a_desc, a), _rebase(self.b_desc, b), _rebase(self.c_desc, out), d,
+                    *self.ints, float(alpha), float(beta), self.programs)
+            self._launch(gemm_tma_kernel, args)
+            return
+        if not self.outer:
+            d = addend if addend is not None else out
+            self._launch(gemm_kernel, (a, b, out, d, *self.ints, float(alpha), float(beta)))
+            return
+        tensors = [a, b, out] + ([addend] if addend is not None else [])
+        for outer_index in itertools.product(*[range(s) for s, _ in self.outer]):
+            views = [
+                t.as_strided(t.shape[-2:], t.stride()[-2:],
+                             t.storage_offset() + sum(i * st[j] for i, (_, st) in zip(outer_index, self.outer)))
+                for j, t in enumerate(tensors)
+            ]
+            d = views[3] if addend is not None else views[2]
+            self._launch(gemm_kernel, (views[0], views[1], views[2], d, *self.ints, float(alpha), float(beta)))
+
+    def _launch(self, kernel, args):
+        """Launch; after the first launch, call the compiled kernel directly.
+
+        ``JITFunction.__getitem__(grid)(...)`` re-derives the specialization of
+        every argument on each call (tens of microseconds for our ~30
+        arguments).  The launch key already fixes everything the
+        specialization depends on (shapes, strides, 16-byte alignment), so
+        the compiled kernel from the first launch is the one Triton would pick.
+        """
+        if self._runner is not None:
+            self._runner(*args, *self._constexpr_values)
+            return
+        compiled = kernel[self.grid](*args, **self.constexprs)
+        if _FAST_LAUNCH and hasattr(compiled, "run") and hasattr(compiled, "__getitem__"):
+            names = kernel.arg_names[len(args):]
+            if all(n in self.constexprs for n in names):
+                self._constexpr_values = tuple(self.constexprs[n] for n in names)
+                self._runner = compiled[self.grid]
+
+
+#: Set TRITONGEMM_FAST_LAUNCH=0 to always launch through JITFunction (e.g. to
+#: rule the direct launch out while debugging a Triton upgrade).
+_FAST_LAUNCH = os.environ.get("TRITONGEMM_FAST_LAUNCH", "1") != "0"
+
+
+def _rebase(template, t: torch.Tensor):
+    """The descriptor ``template`` over tensor ``t`` (same shape, strides, alignment)."""
+    desc = copy.copy(template)
+    desc.base = t
+    return desc
 
 
 def _descriptor(t: torch.Tensor, rows_block: int, cols_block: int):
@@ -394,33 +540,6 @@ def _descriptor(t: torch.Tensor, rows_block: int, cols_block: int):
     if t.stride(-1) == 1:
         return TensorDescriptor(t, [r, c], [t.stride(-2), 1], [rows_block, cols_block]), True
     return TensorDescriptor(t, [c, r], [t.stride(-1), 1], [cols_block, rows_block]), False
-
-
-def _launch_tma(a, b, out, addend, alpha, beta, cfg: TileConfig):
-    a2, b2, c2 = (t.reshape(t.shape[-2:]) for t in (a, b, out))  # batch of one: views
-    M, K = a2.shape
-    N = b2.shape[1]
-    a_desc, a_kmajor = _descriptor(a2, cfg.block_m, cfg.block_k)
-    b_desc, b_kmajor = _descriptor(b2, cfg.block_k, cfg.block_n)
-    c_cols = cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
-    c_desc, _ = _descriptor(c2, cfg.block_m, c_cols)
-    d = addend.reshape(addend.shape[-2:]) if addend is not None else c2
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    device = device_info(a.device)
-    programs = min(device.sm_count, tiles) if cfg.persistent else tiles
-    with _on_device(a):
-        gemm_tma_kernel[(programs,)](
-            a_desc, b_desc, c_desc, d, M, N, K,
-            d.stride(0), d.stride(1),
-            float(alpha), float(beta), programs,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
-            HAS_ALPHA=(alpha != 1.0), HAS_ADDEND=addend is not None,
-            FLATTEN=False, WARP_SPECIALIZE=cfg.warp_specialize,
-            EPILOGUE_SUBTILE=cfg.epilogue_subtile, DOT_PRECISION="ieee",
-            UPCAST_OPERANDS=(interpreter_enabled() and a.dtype == torch.bfloat16),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
 
 
 def explain(a: torch.Tensor, b: torch.Tensor, *, config=None, pipeline=None, out_dtype=None) -> Plan:
@@ -468,4 +587,5 @@ __all__ = [
     "Plan",
     "explain",
     "tma_unsupported_reason",
+    "clear_plan_cache",
 ]
