@@ -67,7 +67,7 @@ def compile_one(kernel, types: dict, constexprs: dict, target, num_warps: int, n
 
 def pointer_cases():
     # NN layout: the unit strides are specialized to the constant 1, as at launch.
-    base = dict(stride_ak=1, stride_bn=1, stride_cn=1, stride_dn=1, GROUP_M=8, HAS_ALPHA=False, HAS_ADDEND=False, INDEX_64=False, UPCAST_OPERANDS=False)
+    base = dict(stride_ak=1, stride_bn=1, stride_cn=1, stride_dn=1, GROUP_M=8, SPLIT_K=1, HAS_ALPHA=False, HAS_ADDEND=False, INDEX_64=False, UPCAST_OPERANDS=False)
     yield "ptr-fp16-128x256x64-s3", "fp16", dict(base, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, EVEN_K=True,
                                                   ACC_FP64=False, DOT_PRECISION="ieee"), 8, 3
     yield "ptr-fp32-tf32-s3", "fp32", dict(base, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, EVEN_K=False,
@@ -77,6 +77,8 @@ def pointer_cases():
     yield "ptr-bf16-int64-addend", "bf16", dict(base, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=False,
                                                 ACC_FP64=False, DOT_PRECISION="ieee", INDEX_64=True,
                                                 HAS_ADDEND=True, HAS_ALPHA=True), 4, 4
+    yield "ptr-fp16-splitk4", "fp16", dict(base, BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, SPLIT_K=4,
+                                           ACC_FP64=False, DOT_PRECISION="ieee"), 4, 4
 
 
 def tma_cases():

@@ -35,6 +35,9 @@ from .device import DeviceInfo
 #                 num_stages-1 tiles ahead of the MMAs.
 PIPELINES: dict[str, int] = {"single_stage": 1, "double_buffer": 2, "multi_stage": 3}
 
+#: Most K slices split-K may use.
+MAX_SPLIT_K = 64
+
 #: Fewest / most stages the config space offers.
 MIN_STAGES, MAX_STAGES = 1, 6
 
@@ -86,6 +89,9 @@ class TileConfig:
     persistent: bool = False
     warp_specialize: bool = False
     epilogue_subtile: bool = False
+    # work decomposition: K cut into split_k slices run by separate programs
+    # (pointer kernel), partials reduced in a fixed order.
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -109,6 +115,10 @@ class TileConfig:
         for flag in ("persistent", "warp_specialize", "epilogue_subtile"):
             if getattr(self, flag) and not self.tma:
                 raise ConfigError(f"TileConfig.{flag}=True needs tma=True (only the TMA kernel has it)")
+        if not 1 <= self.split_k <= MAX_SPLIT_K:
+            raise ConfigError(f"TileConfig.split_k={self.split_k} must be in [1, {MAX_SPLIT_K}]")
+        if self.split_k > 1 and self.tma:
+            raise ConfigError("TileConfig.split_k > 1 runs on the pointer kernel: set tma=False")
         if not MIN_STAGES <= self.num_stages <= MAX_STAGES:
             raise ConfigError(
                 f"TileConfig.num_stages={self.num_stages} must be in [{MIN_STAGES}, {MAX_STAGES}]"
@@ -194,6 +204,8 @@ class TileConfig:
     def short(self) -> str:
         flags = [name for name, on in (("tma", self.tma), ("persistent", self.persistent),
                                        ("ws", self.warp_specialize), ("subtile", self.epilogue_subtile)) if on]
+        if self.split_k > 1:
+            flags.append(f"splitk{self.split_k}")
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} "
             f"w{self.num_warps} s{self.num_stages}" + (" " + "+".join(flags) if flags else "")
@@ -211,6 +223,7 @@ class TileConfig:
                 f"  thread level : {self.thread_fragment} fp32 accumulators per thread",
                 f"  pipeline     : {self.pipeline}, num_stages={self.num_stages}, "
                 f"{self.smem_bytes(elem_size) / 1024:.0f} KiB shared memory at {elem_size} B/element",
+                f"  decomposition: " + (f"split-K x{self.split_k}" if self.split_k > 1 else "sliced-K"),
                 f"  kernel       : {self.kernel}"
                 + (" (warp-specialized)" if self.warp_specialize else "")
                 + (" (epilogue in two halves)" if self.epilogue_subtile else ""),

@@ -19,7 +19,7 @@ import triton
 
 from .configs import ConfigError, GemmProblem, TileConfig, resolve_pipeline
 from .device import DeviceInfo, device_info, interpreter_enabled
-from .kernels import gemm_kernel, gemm_tma_kernel
+from .kernels import gemm_kernel, gemm_tma_kernel, splitk_reduce_kernel
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DTYPE_NAMES = {
@@ -127,6 +127,22 @@ def choose_num_stages(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo)
     return max(2, min(fit, 4, k_tiles + 1))
 
 
+def choose_split_k(problem: GemmProblem, device: DeviceInfo, block_m: int, block_n: int, block_k: int) -> int:
+    """Slices of K so that about two programs per SM are in flight.
+
+    Few output tiles (decode-time M, or small M x N with long K) leave most SMs
+    idle under sliced-K; each slice keeps at least 4 K-tiles so the mainloop
+    still pipelines, and the fp32 partials (splits x M x N) stay small next to
+    the operands.
+    """
+    tiles = problem.batch * -(-problem.m // block_m) * -(-problem.n // block_n)
+    if tiles >= device.sm_count:
+        return 1
+    k_tiles = -(-problem.k // block_k)
+    want = -(-2 * device.sm_count // tiles)
+    return max(1, min(want, k_tiles // 4, 32))
+
+
 def _interpreter_config(problem: GemmProblem) -> TileConfig:
     # The interpreter runs one program at a time in numpy: small tiles keep
     # ragged-edge masks exercised, and speed does not matter.
@@ -145,11 +161,15 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
         # Skinny: few rows of A, so the tile is narrow in M and wide in N.
         bm = choose_block_m_small(problem)
         bk = 128 // problem.elem_size
-        cfg = TileConfig(bm, 128, bk, 8, 4, 3)
+        split_k = choose_split_k(problem, device, bm, 128, bk)
+        cfg = TileConfig(bm, 128, bk, 8, 4, 3, split_k=split_k)
         return replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
     bm, bn, bk, warps, stages, _, tma = choose_cta_tile(problem, device)
     tma = tma and hopper
     tiles = problem.batch * -(-problem.m // bm) * -(-problem.n // bn)
+    split_k = choose_split_k(problem, device, bm, bn, bk)
+    if split_k > 1:  # long K over few tiles (e.g. 1024 x 1024 x 32768)
+        return TileConfig(bm, bn, bk, 8, warps, stages, split_k=split_k)
     cfg = TileConfig(bm, bn, bk, 8, warps, stages, tma=tma, persistent=tma and tiles > device.sm_count)
     if cfg.smem_bytes(problem.elem_size) > device.smem_per_block:  # smaller GPUs (e.g. 100 KiB on sm_86)
         cfg = replace(cfg, tma=False, persistent=False)
@@ -407,7 +427,7 @@ class _Launcher:
         M, K = a.shape[-2:]
         N = b.shape[-1]
         self.device_ctx = a.device if a.device.type == "cuda" else None
-        self._runner = None
+        self._runners: dict = {}
         interpreting = interpreter_enabled()
         if chosen.kernel != "pointer":
             self._init_tma(cfg, a, b, out, addend, alpha, M, N, K, interpreting)
@@ -425,7 +445,11 @@ class _Launcher:
             raise RuntimeError(f"gemm: {tiles * batch} programs exceed the grid limit of 2^31 - 1")
         has_addend = addend is not None
         d = addend if has_addend else out
-        self.grid = (batch * tiles,)
+        self._init_split_k(cfg, a, batch, M, N, K, alpha != 1.0, has_addend)
+        if self.splits > 1:
+            ws_bytes = self.splits * batch * M * N
+            index_64 = index_64 or ws_bytes > _INT32_MAX
+        self.grid = (batch * tiles, self.splits)
         self.ints = (
             M, N, K,
             bstrides[0], a.stride(-2), a.stride(-1),
@@ -443,8 +467,29 @@ class _Launcher:
             DOT_PRECISION=_dot_precision(a.dtype),
             # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584).
             UPCAST_OPERANDS=(interpreting and a.dtype == torch.bfloat16),
+            SPLIT_K=self.splits,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
+        )
+
+    def _init_split_k(self, cfg: TileConfig, a, batch: int, M: int, N: int, K: int,
+                      has_alpha: bool, has_addend: bool) -> None:
+        """Split K into slices of whole K-tiles; no slice is empty."""
+        k_tiles = max(triton.cdiv(K, cfg.block_k), 1)
+        splits = min(cfg.split_k, k_tiles)
+        self.k_per_split = triton.cdiv(k_tiles, splits) * cfg.block_k
+        self.splits = triton.cdiv(K, self.k_per_split) if K > 0 else 1
+        if self.splits <= 1:
+            self.splits = 1
+            return
+        self.ws_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
+        self.ws_shape = (self.splits, batch, M, N)
+        self.reduce_block = (32, 64)
+        reduce_tiles = triton.cdiv(M, self.reduce_block[0]) * triton.cdiv(N, self.reduce_block[1])
+        self.reduce_grid = (batch * reduce_tiles,)
+        self.reduce_constexprs = dict(
+            BLOCK_M=self.reduce_block[0], BLOCK_N=self.reduce_block[1],
+            HAS_ALPHA=has_alpha, HAS_ADDEND=has_addend, ACC_FP64=(a.dtype == torch.float64), num_warps=4,
         )
 
     def _init_tma(self, cfg, a, b, out, addend, alpha, M, N, K, interpreting):
@@ -485,8 +530,7 @@ class _Launcher:
             self._launch(gemm_tma_kernel, args)
             return
         if not self.outer:
-            d = addend if addend is not None else out
-            self._launch(gemm_kernel, (a, b, out, d, *self.ints, float(alpha), float(beta)))
+            self._pointer(a, b, out, addend if addend is not None else out, float(alpha), float(beta))
             return
         tensors = [a, b, out] + ([addend] if addend is not None else [])
         for outer_index in itertools.product(*[range(s) for s, _ in self.outer]):
@@ -496,9 +540,28 @@ class _Launcher:
                 for j, t in enumerate(tensors)
             ]
             d = views[3] if addend is not None else views[2]
-            self._launch(gemm_kernel, (views[0], views[1], views[2], d, *self.ints, float(alpha), float(beta)))
+            self._pointer(views[0], views[1], views[2], d, float(alpha), float(beta))
 
-    def _launch(self, kernel, args):
+    def _pointer(self, a, b, out, d, alpha, beta):
+        if self.splits == 1:
+            self._launch(gemm_kernel, (a, b, out, d, *self.ints, alpha, beta, 0, 0))
+            return
+        # Split-K: slices write fp32 partials to a workspace (from torch's caching
+        # allocator: no cudaMalloc per call, and graph-capture safe), then one
+        # reduction adds them in slice order and runs the epilogue.
+        S, B, M, N = self.ws_shape
+        ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=a.device)
+        ints = list(self.ints)
+        ints[9:12] = [M * N, N, 1]  # C strides -> workspace strides
+        self._launch(gemm_kernel, (a, b, ws, d, *ints, alpha, beta, self.k_per_split, B * M * N))
+        ib = self.ints
+        self._launch(
+            splitk_reduce_kernel,
+            (ws, out, d, M, N, S, B * M * N, M * N, N, ib[9], ib[10], ib[11], ib[12], ib[13], ib[14], alpha, beta),
+            slot="reduce",
+        )
+
+    def _launch(self, kernel, args, slot: str = "main"):
         """Launch; after the first launch, call the compiled kernel directly.
 
         ``JITFunction.__getitem__(grid)(...)`` re-derives the specialization of
@@ -507,15 +570,17 @@ class _Launcher:
         specialization depends on (shapes, strides, 16-byte alignment), so
         the compiled kernel from the first launch is the one Triton would pick.
         """
-        if self._runner is not None:
-            self._runner(*args, *self._constexpr_values)
+        runner = self._runners.get(slot)
+        if runner is not None:
+            runner[0](*args, *runner[1])
             return
-        compiled = kernel[self.grid](*args, **self.constexprs)
+        grid, constexprs = (self.reduce_grid, self.reduce_constexprs) if slot == "reduce" else (
+            self.grid, self.constexprs)
+        compiled = kernel[grid](*args, **constexprs)
         if _FAST_LAUNCH and hasattr(compiled, "run") and hasattr(compiled, "__getitem__"):
             names = kernel.arg_names[len(args):]
-            if all(n in self.constexprs for n in names):
-                self._constexpr_values = tuple(self.constexprs[n] for n in names)
-                self._runner = compiled[self.grid]
+            if all(n in constexprs for n in names):
+                self._runners[slot] = (compiled[grid], tuple(constexprs[n] for n in names))
 
 
 #: Set TRITONGEMM_FAST_LAUNCH=0 to always launch through JITFunction (e.g. to

@@ -92,17 +92,22 @@ def gemm_kernel(
     stride_bb, stride_bk, stride_bn,
     stride_cb, stride_cm, stride_cn,
     stride_db, stride_dm, stride_dn,
-    alpha, beta,
+    alpha, beta, k_per_split, stride_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
     INDEX_64: tl.constexpr, ACC_FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    UPCAST_OPERANDS: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
-    """Sliced-K GEMM: one program per (batch, C tile), walking all of K.
+    """Sliced-K GEMM (SPLIT_K=1): one program per (batch, C tile), walking all of K.
 
-    The grid is 1-D over batch x tiles (axis 0 allows 2^31 - 1 programs; axis 1
-    only 65535, too few for large batches).  A batch stride of 0 broadcasts an
-    operand across the batch.
+    Axis 0 of the grid runs over batch x tiles (it allows 2^31 - 1 programs;
+    axis 1 only 65535, too few for large batches).  A batch stride of 0
+    broadcasts an operand across the batch.
+
+    Split-K (SPLIT_K>1): axis 1 picks a slice of ``k_per_split`` (a multiple
+    of BLOCK_K) of the K loop; each program stores its fp32 partial tile into
+    C (then a (SPLIT_K, batch, M, N) fp32 workspace) and ``splitk_reduce_kernel``
+    adds the slices in a fixed order (bitwise-reproducible) and runs the epilogue.
     """
     pid = tl.program_id(0)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -120,11 +125,64 @@ def gemm_kernel(
     offs_m = tl.max_contiguous(tl.multiple_of(offs_m, BLOCK_M), BLOCK_M)
     offs_n = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
 
+    a_ptr += batch * stride_ab
+    b_ptr += batch * stride_bb
+    if SPLIT_K > 1:
+        k_start = tl.program_id(1) * k_per_split
+        a_ptr += k_start * stride_ak
+        b_ptr += k_start * stride_bk
+        K = tl.minimum(K - k_start, k_per_split)
     acc = mainloop(
-        a_ptr + batch * stride_ab, b_ptr + batch * stride_bb, offs_m, offs_n, M, N, K,
+        a_ptr, b_ptr, offs_m, offs_n, M, N, K,
         stride_am, stride_ak, stride_bk, stride_bn,
         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_FP64, DOT_PRECISION, UPCAST_OPERANDS,
     )
+    if SPLIT_K > 1:
+        # c_ptr is the workspace here: one (batch, M, N) fp32 slab per slice.
+        c_ptr += tl.program_id(1).to(tl.int64) * stride_split
+        epilogue(
+            acc, c_ptr + batch * stride_cb, c_ptr, offs_m, offs_n, M, N,
+            stride_cm, stride_cn, 0, 0, 1.0, 0.0, False, False,
+        )
+        return
+    epilogue(
+        acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, offs_m, offs_n, M, N,
+        stride_cm, stride_cn, stride_dm, stride_dn, alpha, beta, HAS_ALPHA, HAS_ADDEND,
+    )
+
+
+@triton.jit
+def splitk_reduce_kernel(
+    ws_ptr, c_ptr, d_ptr,
+    M, N, SPLITS,
+    stride_wk, stride_wb, stride_wm,
+    stride_cb, stride_cm, stride_cn,
+    stride_db, stride_dm, stride_dn,
+    alpha, beta,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr, ACC_FP64: tl.constexpr,
+):
+    """C = epilogue(sum over s of workspace[s]), summed in order s = 0, 1, ...
+
+    A fixed order makes the result bitwise-reproducible, unlike atomics.
+    """
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles = tl.cdiv(M, BLOCK_M) * tiles_n
+    pid = tl.program_id(0)
+    batch = (pid // tiles).to(tl.int64)
+    pid_m = (pid % tiles) // tiles_n
+    pid_n = (pid % tiles) % tiles_n
+    # int64 offsets: a reduction is memory-bound, so the wider arithmetic is free.
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ws = ws_ptr + batch * stride_wb + offs_m[:, None] * stride_wm + offs_n[None, :]
+    if ACC_FP64:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(0, SPLITS):
+        acc += tl.load(ws + s * stride_wk, mask=mask, other=0.0)
     epilogue(
         acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, offs_m, offs_n, M, N,
         stride_cm, stride_cn, stride_dm, stride_dn, alpha, beta, HAS_ALPHA, HAS_ADDEND,
