@@ -298,45 +298,81 @@ def _next_pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
 
-def candidate_configs(problem: GemmProblem, device: DeviceInfo) -> Iterator[TileConfig]:
+def _wave_efficiency(tiles: int, sm_count: int) -> float:
+    waves = -(-tiles // sm_count)
+    return tiles / (waves * sm_count)
+
+
+def _rank(cfg: "TileConfig", problem: GemmProblem, device: DeviceInfo) -> float:
+    """A rough a-priori score used only to trim the space: SM fill x operand reuse."""
+    tiles = problem.batch * -(-problem.m // cfg.block_m) * -(-problem.n // cfg.block_n) * cfg.split_k
+    reuse = (cfg.block_m * cfg.block_n) / (cfg.block_m + cfg.block_n) / 85.3  # 1.0 at 128x256
+    full_line = 0.02 if cfg.block_k * problem.elem_size == 128 else 0.0  # K step of one 128-byte line
+    return _wave_efficiency(tiles, device.sm_count) * min(reuse, 1.0) + full_line + 0.005 * cfg.num_stages
+
+
+def candidate_configs(
+    problem: GemmProblem, device: DeviceInfo, max_configs: int = 48
+) -> Iterator[TileConfig]:
     """The pruned search space for ``problem`` on ``device`` (a few dozen configs).
 
-    Pruning rules, in order:
-    1. a tile dimension is not more than twice the problem's (padded to 16):
-       larger tiles only compute masked-out zeros;
-    2. shared memory (stages x (A tile + B tile)) fits the device;
-    3. the accumulator fragment fits the register budget, and each warp keeps
-       at least a 16x16 tensor-core tile of work;
-    4. deep pipelines only when K holds that many K-tiles.
+    Pruning rules:
+    1. a tile dimension is at most the problem's, rounded up to a power of two
+       (larger tiles only compute masked-out zeros), and at least 16 (tl.dot);
+    2. shared memory (stages x (A tile + B tile), + the TMA store buffer) fits
+       the device;
+    3. the accumulator fragment fits the register budget, and every thread
+       holds at least 8 accumulators (else the warps outnumber the work);
+    4. deep pipelines only when K holds that many K-tiles;
+    5. TMA variants only for 2-byte types on sm_90+; split-K only when the
+       tiles alone do not fill the SMs.
+    Then the ``max_configs`` best by a rough score (SM fill x operand reuse)
+    are kept, and the heuristic's own choice is always among them.
     """
+    from .dispatch import heuristic_config  # dispatch imports this module
+
     cap_m = max(_next_pow2(problem.m), 16)
     cap_n = max(_next_pow2(problem.n), 16)
     cap_k = max(_next_pow2(problem.k), 16)
-    block_ms = [b for b in (16, 32, 64, 128, 256) if b <= cap_m]
-    block_ns = [b for b in (32, 64, 128, 256) if b <= cap_n] or [16]
-    block_ks = [b for b in (32, 64, 128) if b <= cap_k] or [16]
-    # Keep the space small: only the two largest M tiles that fit, and the
-    # two largest N tiles, plus 128 when it fits (the usual winner).
-    block_ms = sorted(set(block_ms[-2:] + ([128] if 128 in block_ms else [])))
-    block_ns = sorted(set(block_ns[-2:] + ([128] if 128 in block_ns else [])))
-    seen = set()
+    block_ms = [b for b in (16, 32, 64, 128, 256) if b <= cap_m][-3:]
+    block_ns = [b for b in (16, 32, 64, 128, 256) if b <= cap_n][-3:]
+    block_ks = [b for b in {2: (32, 64, 128), 4: (16, 32, 64), 8: (16, 32)}[problem.elem_size] if b <= cap_k]
+    block_ks = block_ks or [16]
+    k_tiles_of = {bk: -(-max(problem.k, 1) // bk) for bk in block_ks}
+    hopper_tma = problem.elem_size == 2 and device.capability >= (9, 0)
+    found: dict[TileConfig, float] = {}
+
+    def consider(cfg: TileConfig) -> None:
+        try:
+            cfg.validate(device, problem.elem_size, problem.acc_size)  # rules 2-3
+        except ConfigError:
+            return
+        found[cfg] = _rank(cfg, problem, device)
+
     for bm in block_ms:
         for bn in block_ns:
+            tiles = problem.batch * -(-problem.m // bm) * -(-problem.n // bn)
             for bk in block_ks:
-                for warps in (4, 8):
+                for warps in (2, 4, 8):
+                    if bm * bn // (32 * warps) < 8:
+                        continue  # rule 3
                     for stages in (2, 3, 4, 5):
-                        k_tiles = math.ceil(problem.k / bk)
-                        if stages > 2 and stages > k_tiles + 1:
+                        if stages > 2 and stages > k_tiles_of[bk] + 1:
                             continue  # rule 4
-                        cfg = TileConfig(bm, bn, bk, 8, warps, stages)
-                        if (bm * bn) // (warps * 256) < 1:
-                            continue  # rule 3: a warp needs a 16x16 tile
-                        try:
-                            cfg.validate(device, problem.elem_size, problem.acc_size)
-                        except ConfigError:
-                            continue  # rules 2-3
-                        if cfg.smem_bytes(problem.elem_size) * 2 < device.smem_per_block // 8 and stages > 3:
-                            continue  # tiny tiles gain nothing from deep pipelines
-                        if cfg not in seen:
-                            seen.add(cfg)
-                            yield cfg
+                        consider(TileConfig(bm, bn, bk, 8, warps, stages))
+                        if hopper_tma and bm >= 64 and stages >= 3:  # rule 5
+                            consider(TileConfig(bm, bn, bk, 8, warps, stages, tma=True,
+                                                persistent=tiles > device.sm_count))
+                    if tiles < device.sm_count and k_tiles_of[bk] >= 8:  # rule 5
+                        for split_k in (2, 4, 8, 16):
+                            if split_k * 4 <= k_tiles_of[bk]:
+                                consider(TileConfig(bm, bn, bk, 8, warps, 4, split_k=split_k))
+    ranked = sorted(found, key=lambda c: -found[c])[:max_configs]
+    seed = heuristic_config(problem, device)
+    try:
+        seed.validate(device, problem.elem_size, problem.acc_size)
+        if seed not in ranked:
+            ranked.insert(0, seed)
+    except ConfigError:
+        pass
+    yield from ranked

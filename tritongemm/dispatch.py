@@ -136,9 +136,9 @@ def choose_split_k(problem: GemmProblem, device: DeviceInfo, block_m: int, block
     the operands.
     """
     tiles = problem.batch * -(-problem.m // block_m) * -(-problem.n // block_n)
-    if tiles >= device.sm_count:
-        return 1
     k_tiles = -(-problem.k // block_k)
+    if tiles >= device.sm_count or (2 * tiles > device.sm_count and k_tiles < 64):
+        return 1
     want = -(-2 * device.sm_count // tiles)
     return max(1, min(want, k_tiles // 4, 32))
 
@@ -161,8 +161,9 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
         # Skinny: few rows of A, so the tile is narrow in M and wide in N.
         bm = choose_block_m_small(problem)
         bk = 128 // problem.elem_size
-        split_k = choose_split_k(problem, device, bm, 128, bk)
-        cfg = TileConfig(bm, 128, bk, 8, 4, 3, split_k=split_k)
+        bn = _pow2_at_least(problem.n, 32, 128)
+        split_k = choose_split_k(problem, device, bm, bn, bk)
+        cfg = TileConfig(bm, bn, bk, 8, 4, 3, split_k=split_k)
         return replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
     bm, bn, bk, warps, stages, _, tma = choose_cta_tile(problem, device)
     tma = tma and hopper

@@ -1,0 +1,240 @@
+"""TileConfig as a value: the rules it enforces, the budgets it is validated
+against (with messages naming the budget and the excess), describe(), the
+pipeline names, and the candidate space.  No kernels run here.
+"""
+
+import dataclasses
+import re
+
+import pytest
+
+import tritongemm
+from tritongemm import PIPELINES, ConfigError, GemmProblem, TileConfig, candidate_configs
+from tritongemm.configs import ACCUMULATOR_REGISTER_BUDGET, MAX_STAGES, resolve_pipeline
+from tritongemm.device import INTERPRETER_DEVICE, DeviceInfo
+
+#: A device with a small shared memory, to see the budget arithmetic at work.
+SMALL_GPU = DeviceInfo(name="small-gpu", capability=(8, 0), sm_count=8, smem_per_block=48 * 1024)
+
+
+# ----------------------------------------------------------------------------------
+# Rules checked when a TileConfig is built
+# ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("block_m", 48, "power"),
+        ("block_n", 100, "power"),
+        ("block_k", 24, "power"),
+        ("block_k", 8, ">= 16"),  # a power of two, but below tl.dot's minimum
+        ("block_m", 0, "power"),
+        ("group_m", 0, ">= 1"),
+        ("num_warps", 3, "one of"),
+        ("num_stages", 0, "num_stages"),
+        ("num_stages", MAX_STAGES + 1, "num_stages"),
+        ("block_m", 64.0, "must be an int"),
+        ("num_warps", True, "must be an int"),
+    ],
+    ids=lambda v: str(v),
+)
+def test_rejects_bad_fields(field, value, words):
+    with pytest.raises(ConfigError) as info:
+        TileConfig(**{field: value})
+    message = str(info.value)
+    assert field in message and str(value) in message and words in message, message
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("stages, name", [(1, "single_stage"), (2, "double_buffer"), (3, "multi_stage"),
+                                          (MAX_STAGES, "multi_stage")])
+def test_pipeline_names(stages, name):
+    assert TileConfig(num_stages=stages).pipeline == name
+
+
+def test_pipelines_table_and_resolution():
+    assert PIPELINES == {"single_stage": 1, "double_buffer": 2, "multi_stage": 3}
+    assert resolve_pipeline("single_stage") == 1
+    assert resolve_pipeline("double_buffer") == 2
+    assert resolve_pipeline("multi_stage", default_multi=5) == 5
+    assert resolve_pipeline(4) == 4
+    for bad, words in [("triple", "unknown pipeline"), (0, "stage count"), (MAX_STAGES + 1, "stage count"),
+                       (True, "name or a stage count")]:
+        with pytest.raises(ConfigError, match=words):
+            resolve_pipeline(bad)
+
+
+def test_with_pipeline_keeps_tiles():
+    cfg = TileConfig(64, 32, 16, 4, 2, 5)
+    assert cfg.with_pipeline("single_stage") == dataclasses.replace(cfg, num_stages=1)
+    assert cfg.with_pipeline("multi_stage").num_stages == 5  # already multi-stage: kept
+    assert TileConfig(num_stages=1).with_pipeline("multi_stage").num_stages == 3
+    assert cfg.with_pipeline(2).num_stages == 2
+
+
+# ----------------------------------------------------------------------------------
+# Budgets: shared memory and accumulator registers, with the numbers in the message
+# ----------------------------------------------------------------------------------
+def test_shared_memory_budget_names_budget_and_excess():
+    cfg = TileConfig(256, 256, 64, 8, 8, 4)  # 4 x (256x64 + 64x256) x 2 B = 262144 B
+    need = 4 * (256 * 64 + 64 * 256) * 2
+    assert cfg.smem_bytes(2) == need
+    budget = INTERPRETER_DEVICE.smem_per_block
+    with pytest.raises(ConfigError) as info:
+        cfg.validate(INTERPRETER_DEVICE, elem_size=2)
+    message = str(info.value)
+    for number in (need, budget, need - budget):
+        assert str(number) in message, f"{number} missing from: {message}"
+    assert "shared memory" in message and INTERPRETER_DEVICE.name in message
+
+
+def test_shared_memory_depends_on_dtype_and_stages():
+    """The same tiles fit in fp16 and not in fp32 on a 48 KiB device; fewer stages fit again."""
+    cfg = TileConfig(64, 64, 64, 8, 4, 3)  # 3 x 8192 elements: 48 KiB at 2 B, 96 KiB at 4 B
+    assert cfg.validate(SMALL_GPU, elem_size=2) is cfg
+    with pytest.raises(ConfigError, match=str(3 * 8192 * 4 - 48 * 1024)):
+        cfg.validate(SMALL_GPU, elem_size=4)
+    assert cfg.with_pipeline("single_stage").validate(SMALL_GPU, elem_size=4)
+
+
+def test_register_budget_names_budget_and_excess():
+    cfg = TileConfig(256, 256, 16, 8, 4, 1)  # 65536 accumulators over 128 threads = 512 each
+    assert cfg.thread_fragment == 512
+    with pytest.raises(ConfigError) as info:
+        cfg.validate(INTERPRETER_DEVICE, elem_size=2)
+    message = str(info.value)
+    for number in (512, ACCUMULATOR_REGISTER_BUDGET, 512 - ACCUMULATOR_REGISTER_BUDGET):
+        assert re.search(rf"\b{number}\b", message), f"{number} missing from: {message}"
+    assert "register" in message
+    # Twice the warps halve the fragment: 256 fits.
+    with pytest.raises(ConfigError, match="256 accumulator registers"):
+        dataclasses.replace(cfg, num_warps=8).validate(INTERPRETER_DEVICE)
+    assert dataclasses.replace(cfg, num_warps=16).validate(INTERPRETER_DEVICE)
+
+
+def test_fp64_accumulators_take_two_registers_each():
+    cfg = TileConfig(128, 128, 16, 8, 4, 2)  # 128 accumulators per thread: 128 regs fp32, 256 fp64
+    assert cfg.validate(INTERPRETER_DEVICE, elem_size=4, acc_size=4)
+    with pytest.raises(ConfigError, match="256 accumulator registers"):
+        cfg.validate(INTERPRETER_DEVICE, elem_size=8, acc_size=8)
+
+
+def test_too_many_threads_for_the_tile():
+    with pytest.raises(ConfigError, match="without accumulators"):
+        TileConfig(16, 16, 16, 8, 16, 2).validate(INTERPRETER_DEVICE)
+
+
+# ----------------------------------------------------------------------------------
+# Values: printable, hashable, convertible
+# ----------------------------------------------------------------------------------
+def test_describe_shows_every_level():
+    text = TileConfig(128, 256, 64, 8, 8, 3).describe(elem_size=2)
+    lines = {line.split(":")[0].strip(): line for line in text.splitlines()[1:]}
+    assert "128 x 256" in lines["CTA tile"] and "K step 64" in lines["CTA tile"]
+    assert "GROUP_M=8" in lines["CTA tile"]
+    assert "8 warps" in lines["warp level"] and "2 x 4" in lines["warp level"] and "64 x 64" in lines["warp level"]
+    assert "128 fp32 accumulators per thread" in lines["thread level"]
+    smem_kib = 3 * (128 * 64 + 64 * 256) * 2 // 1024  # 144
+    assert "multi_stage" in lines["pipeline"] and "num_stages=3" in lines["pipeline"]
+    assert f"{smem_kib} KiB" in lines["pipeline"]
+    assert "single_stage" in TileConfig(num_stages=1).describe()
+    assert "double_buffer" in TileConfig(num_stages=2).describe()
+
+
+@pytest.mark.parametrize(
+    "cfg, warp_grid, warp_tile",
+    [
+        (TileConfig(16, 16, 16, 1, 1, 1), (1, 1), (16, 16)),
+        (TileConfig(64, 32, 128, 4, 2, 2), (2, 1), (32, 32)),
+        (TileConfig(128, 16, 32, 8, 8, 6), (8, 1), (16, 16)),
+        (TileConfig(128, 256, 64, 8, 8, 3), (2, 4), (64, 64)),
+    ],
+    ids=lambda v: v.short().replace(" ", "_") if isinstance(v, TileConfig) else None,
+)
+def test_warp_split_covers_the_tile(cfg, warp_grid, warp_tile):
+    """Each factor of two of the warps goes to the dimension whose warp tile is larger."""
+    assert cfg.warp_grid == warp_grid
+    assert cfg.warp_tile == warp_tile
+    assert warp_grid[0] * warp_tile[0] == cfg.block_m and warp_grid[1] * warp_tile[1] == cfg.block_n
+    assert cfg.thread_fragment * 32 * cfg.num_warps == cfg.block_m * cfg.block_n
+
+
+def test_value_semantics():
+    cfg = TileConfig(64, 128, 32, 8, 4, 3)
+    assert hash(cfg) == hash(TileConfig(64, 128, 32, 8, 4, 3))
+    assert {cfg: "x"}[TileConfig(64, 128, 32, 8, 4, 3)] == "x"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.block_m = 32
+    assert TileConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="unknown fields"):
+        TileConfig.from_dict({**cfg.to_dict(), "block_z": 16})
+    assert "64x128x32" in cfg.short() and "s3" in cfg.short()
+    triton_cfg = cfg.to_triton()
+    assert triton_cfg.kwargs["BLOCK_M"] == 64 and triton_cfg.num_stages == 3 and triton_cfg.num_warps == 4
+
+
+# ----------------------------------------------------------------------------------
+# The candidate space
+# ----------------------------------------------------------------------------------
+PROBLEMS = {
+    "fp16-4096": GemmProblem(4096, 4096, 4096, dtype="float16"),
+    "bf16-ragged": GemmProblem(1000, 3000, 700, dtype="bfloat16", layout="NT"),
+    "fp32-1024": GemmProblem(1024, 1024, 1024, dtype="float32"),
+    "fp16-decode": GemmProblem(16, 4096, 4096, dtype="float16", layout="NT"),
+}
+
+
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_candidate_configs_are_a_few_dozen_valid_configs(name):
+    problem = PROBLEMS[name]
+    configs = list(candidate_configs(problem, INTERPRETER_DEVICE))
+    assert 12 <= len(configs) <= 100, f"{len(configs)} candidates"
+    assert len(set(configs)) == len(configs), "duplicates"
+    pipelines = {c.pipeline for c in configs}
+    assert pipelines >= {"double_buffer", "multi_stage"}
+    k_tiles = {c: -(-problem.k // c.block_k) for c in configs}
+    for c in configs:
+        assert c.validate(INTERPRETER_DEVICE, problem.elem_size, problem.acc_size) is c
+        # rule 1: a tile at most the problem's size rounded up to a power of two (>= 16)
+        assert c.block_m <= max(16, 1 << (problem.m - 1).bit_length())
+        assert c.block_n <= max(16, 1 << (problem.n - 1).bit_length())
+        # rule 3: every warp has at least a 16x16 tile
+        assert c.block_m * c.block_n >= c.num_warps * 256
+        # rule 4: deep pipelines only with as many K-tiles
+        assert c.num_stages <= 2 or c.num_stages <= k_tiles[c] + 1
+
+
+def test_candidate_configs_respect_a_small_device():
+    problem = PROBLEMS["bf16-ragged"]
+    configs = list(candidate_configs(problem, SMALL_GPU))
+    assert configs, "a 48 KiB device still has candidates"
+    assert all(c.smem_bytes(problem.elem_size) <= SMALL_GPU.smem_per_block for c in configs)
+    assert len(configs) < len(list(candidate_configs(problem, INTERPRETER_DEVICE)))
+
+
+def test_candidate_configs_never_empty_on_a_small_device():
+    assert list(candidate_configs(PROBLEMS["fp32-1024"], SMALL_GPU))
+
+
+def test_candidate_configs_small_problem_has_small_tiles():
+    configs = list(candidate_configs(GemmProblem(20, 40, 24, dtype="float16"), INTERPRETER_DEVICE))
+    assert configs
+    assert all(c.block_m <= 32 and c.block_n <= 64 and c.block_k <= 32 for c in configs)
+    assert all(c.num_stages <= 2 for c in configs)  # K=24 is one K-tile of 32
+
+
+def test_candidate_configs_float64_space_is_not_degenerate():
+    problem = GemmProblem(4096, 4096, 4096, dtype="float64")
+    configs = list(candidate_configs(problem, INTERPRETER_DEVICE))
+    heuristic = tritongemm.heuristic_config(problem, INTERPRETER_DEVICE)
+    assert len(configs) >= 12 and heuristic in configs, f"{len(configs)} candidates: {configs}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (17, 31, 65), (4096, 4096, 4096), (1, 11008, 4096)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_heuristic_config_is_valid(shape, dtype):
+    problem = GemmProblem(*shape, dtype=dtype)
+    cfg = tritongemm.heuristic_config(problem, INTERPRETER_DEVICE)
+    assert cfg.validate(INTERPRETER_DEVICE, problem.elem_size, problem.acc_size) is cfg
+    assert tritongemm.select_config(problem, INTERPRETER_DEVICE) == cfg
+    assert tritongemm.select_config(problem, INTERPRETER_DEVICE, pipeline="single_stage").num_stages == 1

@@ -1,0 +1,238 @@
+"""Test helpers: operands, float64 references and the per-dtype tolerances.
+
+Used by ``tests/`` and importable by benchmarks (no pytest import here).
+
+Every check compares against torch evaluated in float64 on the same inputs,
+by the relative error ``||out - ref|| / ||ref||`` and, element by element,
+against the rounding bound ``|out - ref| <= tol * scale`` where ``scale`` is
+the same function evaluated on ``|inputs|`` (for a product, ``|A| @ |B|``).
+The element-wise bound catches a single wrong element that the norm would
+average away; both use the one tolerance per dtype defined here.
+
+>>> a, b = make_operands(17, 31, 65, "TN", torch.float16, "cpu")
+>>> assert_matches_reference(tritongemm.matmul, torch.matmul, a, b)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .device import interpreter_enabled
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+#: Bound on the relative error against a float64 reference, per output dtype.
+#: Each is about 4x the format's unit roundoff u (the rounding of the stored
+#: result dominates; accumulation is fp32 or fp64), so rounding passes and a
+#: wrong tile, a lost K step or a misread stride (errors of order 1) fail:
+#:   fp16  u = 2^-11 = 4.9e-4          bf16  u = 2^-8 = 3.9e-3
+#:   fp32  u = 2^-24 = 6.0e-8, but K products accumulate: sqrt(K) u ~ 1e-6
+#:   fp64  u = 2^-53 = 1.1e-16, accumulated the same way.
+TOLERANCES: dict[torch.dtype, float] = {
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.5e-2,
+    torch.float32: 1e-5,
+    torch.float64: 1e-12,
+}
+#: fp32 on a GPU when torch allows TF32: operands are rounded to a 10-bit
+#: mantissa (u = 2^-11), so fp32 gets fp16-like accuracy.
+TF32_TOLERANCE = 2e-3
+
+
+def default_device() -> torch.device:
+    """Where tests run: the GPU when Triton compiles for it, else the CPU interpreter."""
+    if torch.cuda.is_available() and not interpreter_enabled():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def tf32_allowed() -> bool:
+    """torch's rule for float32 matmuls: TF32 when ``allow_tf32`` (or fp32_precision) says so."""
+    from .dispatch import tf32_enabled
+
+    return tf32_enabled()
+
+
+def tolerance(dtype: torch.dtype, device: torch.device | str) -> float:
+    """The relative-error bound for results of ``dtype`` computed on ``device``."""
+    device = torch.device(device)
+    if dtype == torch.float32 and device.type == "cuda" and tf32_allowed():
+        return TF32_TOLERANCE
+    return TOLERANCES[dtype]
+
+
+# ----------------------------------------------------------------------------------
+# Operands
+# ----------------------------------------------------------------------------------
+def random_tensor(shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
+    """Standard-normal values in ``dtype``, with no exact zeros (a zero hides bugs)."""
+    x = torch.randn(tuple(shape), dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
+    x = x.to(dtype)
+    return torch.where(x == 0, torch.ones_like(x), x)
+
+
+def nan_tensor(shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
+    return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+
+
+#: How a matrix operand is laid out in memory (what the kernel's strides see).
+LAYOUTS = {
+    "N": "row-major (contiguous)",
+    "T": "transposed view of a contiguous tensor (.mT)",
+    "S": "x[1::2, 1::2] slice of a NaN-filled buffer: no unit stride, a storage offset",
+}
+
+
+def make_matrix(
+    rows: int, cols: int, layout: str, dtype: torch.dtype, device, batch: Sequence[int] = ()
+) -> torch.Tensor:
+    """A random (*batch, rows, cols) operand in one of ``LAYOUTS``.
+
+    The "S" layout sits in a buffer whose other elements are NaN: an element
+    read through a wrong stride poisons the result.
+    """
+    batch = tuple(batch)
+    if layout == "N":
+        return random_tensor((*batch, rows, cols), dtype, device)
+    if layout == "T":
+        return random_tensor((*batch, cols, rows), dtype, device).mT
+    if layout == "S":
+        buf = nan_tensor((*batch, 2 * rows + 1, 2 * cols + 1), dtype, device)
+        view = buf[..., 1::2, 1::2]
+        view.copy_(random_tensor(view.shape, dtype, device))
+        return view
+    raise ValueError(f"unknown layout {layout!r}; one of {sorted(LAYOUTS)}")
+
+
+def make_operands(
+    m: int, n: int, k: int, layout: str, dtype: torch.dtype, device, batch: Sequence[int] = ()
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (*batch, m, k) and B (*batch, k, n) in the two-letter ``layout`` ("NT": A row-major, B transposed)."""
+    return (
+        make_matrix(m, k, layout[0], dtype, device, batch),
+        make_matrix(k, n, layout[1], dtype, device, batch),
+    )
+
+
+def strided_out(shape: Sequence[int], dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A non-contiguous NaN-filled ``out`` view (every other column) and the buffer behind it."""
+    *lead, cols = tuple(shape)
+    buf = nan_tensor((*lead, 2 * cols), dtype, device)
+    return buf[..., ::2], buf
+
+
+# ----------------------------------------------------------------------------------
+# Comparison with a float64 reference
+# ----------------------------------------------------------------------------------
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (absolute when ``ref`` is all zeros); NaN stays NaN."""
+    diff = (out.double() - ref.double()).norm().item()
+    scale = ref.double().norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+def assert_close(
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    *,
+    dtype: torch.dtype | None = None,
+    scale: torch.Tensor | None = None,
+    tol: float | None = None,
+    what: str = "result",
+) -> None:
+    """``out`` matches the float64 ``ref`` within ``dtype``'s tolerance (norm-wise and element-wise)."""
+    dtype = dtype or out.dtype
+    tol = tol if tol is not None else tolerance(dtype, out.device)
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    assert out.dtype == dtype, f"{what}: dtype {out.dtype}, expected {dtype}"
+    if out.numel() == 0:
+        return
+    err = relative_error(out, ref)
+    assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g} ({DTYPE_IDS.get(dtype, dtype)})"
+    if scale is not None:
+        diff = (out.double() - ref.double()).abs()
+        bound = tol * scale.double()
+        bad = ~(diff <= bound)  # NaN counts as bad
+        if bad.any():
+            idx = tuple(int(i) for i in bad.nonzero()[0])
+            raise AssertionError(
+                f"{what}: {int(bad.sum())} of {out.numel()} elements outside tol*scale, first at {idx}: "
+                f"got {out[idx].item()!r}, reference {ref[idx].item()!r}, bound {bound[idx].item():.3g}"
+            )
+
+
+def _to_reference(x, absolute: bool):
+    if isinstance(x, torch.Tensor):
+        r = x.detach().to(torch.float64)
+        r = r.abs() if absolute else r
+        return r.requires_grad_(x.requires_grad)
+    if absolute and isinstance(x, (int, float)) and not isinstance(x, bool):
+        return abs(x)
+    return x
+
+
+def assert_matches_reference(
+    ours: Callable,
+    theirs: Callable,
+    *args,
+    grad: bool = True,
+    ours_kwargs: dict | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """``ours(*args, **kwargs)`` against ``theirs`` in float64, forward and backward.
+
+    Gradients are compared for every tensor argument that requires grad (leaf
+    or view), for a random incoming gradient.  Scalar keyword arguments
+    (alpha, beta) enter the element-wise scale by absolute value.  Returns our
+    output.
+    """
+    out = ours(*args, **kwargs, **(ours_kwargs or {}))
+    ref = theirs(*[_to_reference(a, False) for a in args], **kwargs)
+    abs_args = [_to_reference(a, True) for a in args]
+    abs_kwargs = {k: _to_reference(v, True) for k, v in kwargs.items()}
+    scale = theirs(*abs_args, **abs_kwargs)
+    assert out.device == args[0].device, f"result on {out.device}, inputs on {args[0].device}"
+    assert_close(out, ref, scale=scale.detach(), dtype=args[0].dtype, what="forward")
+
+    wants_grad = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not (grad and wants_grad and out.numel() > 0):
+        return out
+    grad_out = random_tensor(out.shape, out.dtype, out.device)
+    ours_grads = torch.autograd.grad(out, wants_grad, grad_out)
+    ref_args = [_to_reference(a, False) for a in args]
+    ref_inputs = [r for r in ref_args if isinstance(r, torch.Tensor) and r.requires_grad]
+    ref_grads = torch.autograd.grad(theirs(*ref_args, **kwargs), ref_inputs, grad_out.double())
+    abs_inputs = [r for r in abs_args if isinstance(r, torch.Tensor) and r.requires_grad]
+    scale_grads = torch.autograd.grad(theirs(*abs_args, **abs_kwargs), abs_inputs, grad_out.double().abs())
+    for i, (g, r, s) in enumerate(zip(ours_grads, ref_grads, scale_grads)):
+        assert_close(g, r, scale=s, dtype=wants_grad[i].dtype, what=f"gradient of tensor argument {i}")
+    return out
+
+
+def shape_id(*dims: int) -> str:
+    """'17x31x65' for readable test ids."""
+    return "x".join(str(d) for d in dims)
+
+
+__all__ = [
+    "DTYPES",
+    "DTYPE_IDS",
+    "LAYOUTS",
+    "TOLERANCES",
+    "TF32_TOLERANCE",
+    "assert_close",
+    "assert_matches_reference",
+    "default_device",
+    "make_matrix",
+    "make_operands",
+    "nan_tensor",
+    "random_tensor",
+    "relative_error",
+    "shape_id",
+    "strided_out",
+    "tf32_allowed",
+    "tolerance",
+]

@@ -1,0 +1,488 @@
+"""The autotuner: time a problem's candidate configs against torch.matmul, keep the fastest.
+
+For each problem:
+
+1. build random operands in the problem's dtype and layout, several copies
+   so that consecutive timed calls rotate through more memory than L2 holds;
+2. time ``torch.matmul`` on the same operands (the cuBLAS baseline);
+3. for each candidate (the heuristic's choice first, then
+   ``candidate_configs``): run it once on NaN-filled output and compare with
+   ``torch.matmul``, rejecting wrong results; then take the median time
+   (``triton.testing.do_bench`` on CUDA, ``time.perf_counter`` on the CPU
+   interpreter);
+4. stop when the time budget is spent; the fastest correct candidate wins and
+   is written to the on-disk cache.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import dispatch
+from ..configs import ConfigError, GemmProblem, TileConfig, candidate_configs
+from ..device import DeviceInfo, device_info, interpreter_enabled
+from . import cache
+from .progress import ProgressBar
+
+#: Seconds one problem may take before the remaining candidates are skipped.
+#: Most of it goes to compiling candidates (Triton caches those on disk, and a
+#: config compiled for one shape is reused by shapes of the same alignment).
+DEFAULT_BUDGET_S = 30.0
+
+#: Milliseconds of timed repetitions per candidate (``do_bench``'s ``rep``) and of warm-up.
+DEFAULT_BENCH_MS = 25
+WARMUP_MS = 5
+
+#: Operand bytes to rotate through between timed calls: more than the L2 of
+#: current NVIDIA GPUs (A100 40 MB, H100 50 MB, B200 126 MB), so a call never
+#: finds its operands left in L2 by the previous one.
+ROTATION_BYTES = 256 * 2**20
+MAX_COPIES = 16
+
+#: Largest error allowed, relative to max|C|: accumulation order and TF32 move
+#: results by far less; a wrong tile or a missed mask moves them by O(1).
+TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-2, "float64": 1e-9}
+
+_TORCH_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+Candidates = Sequence[TileConfig | dict] | Callable[[GemmProblem, DeviceInfo], Iterable[TileConfig]] | None
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """One candidate's outcome: a median time, or why it was rejected."""
+
+    config: TileConfig
+    ms: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class TuneResult:
+    """What tuning one problem found.
+
+    >>> result.best.short(), round(result.tflops), round(result.torch_tflops)  # doctest: +SKIP
+    ('128x256x64 g8 w8 s3', 612, 655)
+    """
+
+    problem: GemmProblem
+    key: str
+    best: TileConfig | None
+    ms: float | None
+    torch_ms: float | None
+    candidates: list[CandidateResult] = field(default_factory=list)
+    timed_out: bool = False
+    seconds: float = 0.0
+    saved: bool = False
+
+    @property
+    def tflops(self) -> float | None:
+        return _tflops(self.problem, self.ms)
+
+    @property
+    def torch_tflops(self) -> float | None:
+        return _tflops(self.problem, self.torch_ms)
+
+    @property
+    def rejected(self) -> list[CandidateResult]:
+        return [c for c in self.candidates if c.error is not None]
+
+
+def _tflops(problem: GemmProblem, ms: float | None) -> float | None:
+    if ms is None or ms <= 0:
+        return None
+    return problem.flops / (ms * 1e9)
+
+
+# ----------------------------------------------------------------------------------
+# Inputs
+# ----------------------------------------------------------------------------------
+@dataclass
+class Operands:
+    """One copy of a problem's inputs and output: ``out = a @ b``."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    out: torch.Tensor
+
+
+def _random_matrix(
+    rows: int, cols: int, transposed: bool, batch: int, dtype: torch.dtype, gen: torch.Generator
+) -> torch.Tensor:
+    """A (batch,) rows x cols operand; ``transposed`` stores it column-major (a stride view, 'T')."""
+    lead = (batch,) if batch > 1 else ()
+    if transposed:
+        return torch.randn(*lead, cols, rows, dtype=dtype, device=gen.device, generator=gen).mT
+    return torch.randn(*lead, rows, cols, dtype=dtype, device=gen.device, generator=gen)
+
+
+def make_operands(problem: GemmProblem, torch_device: torch.device, copies: int, seed: int = 0) -> list[Operands]:
+    """``copies`` independent random copies of the problem's operands, in its layout.
+
+    >>> ops = make_operands(GemmProblem(32, 32, 32, dtype="float32", layout="TN"), torch.device("cpu"), 2)
+    >>> ops[0].a.stride()
+    (1, 32)
+    """
+    dtype = _TORCH_DTYPES[problem.dtype]
+    gen = torch.Generator(device=torch_device)
+    gen.manual_seed(seed)
+    lead = (problem.batch,) if problem.batch > 1 else ()
+    a_t, b_t = problem.layout[0] == "T", problem.layout[1] == "T"
+    return [
+        Operands(
+            a=_random_matrix(problem.m, problem.k, a_t, problem.batch, dtype, gen),
+            b=_random_matrix(problem.k, problem.n, b_t, problem.batch, dtype, gen),
+            out=torch.empty(*lead, problem.m, problem.n, dtype=dtype, device=torch_device),
+        )
+        for _ in range(copies)
+    ]
+
+
+def copies_for(problem: GemmProblem, on_cuda: bool) -> int:
+    """How many operand copies to rotate through so that L2 never holds the next call's inputs."""
+    if not on_cuda:
+        return 2  # the interpreter has no L2 to flatter; two copies still exercise the rotation
+    copy_bytes = problem.batch * (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n)
+    copy_bytes *= problem.elem_size
+    return max(1, min(MAX_COPIES, math.ceil(ROTATION_BYTES / max(copy_bytes, 1))))
+
+
+class _Rotation:
+    """Calls ``launch`` on the next operand copy each time it is called."""
+
+    def __init__(self, copies: list[Operands], launch: Callable[[Operands], None]):
+        self.copies, self.launch, self.next = copies, launch, 0
+
+    def __call__(self) -> None:
+        ops = self.copies[self.next]
+        self.next = (self.next + 1) % len(self.copies)
+        self.launch(ops)
+
+
+# ----------------------------------------------------------------------------------
+# Launching and timing
+# ----------------------------------------------------------------------------------
+def _launch_torch(ops: Operands) -> None:
+    # out= on purpose: inside tritongemm.patch() an out= call is left to torch,
+    # so the baseline is always torch's own kernel (cuBLAS), never ours.
+    torch.matmul(ops.a, ops.b, out=ops.out)
+
+
+def _pointer_launcher(config: TileConfig) -> Callable[[Operands], None]:
+    def launch(ops: Operands) -> None:
+        dispatch.gemm(ops.a, ops.b, ops.out, config=config)
+
+    return launch
+
+
+#: Kernel path name (as in cache keys) -> builds the launch function of a config.
+KERNEL_LAUNCHERS: dict[str, Callable[[TileConfig], Callable[[Operands], None]]] = {
+    "pointer": _pointer_launcher,
+}
+
+
+def median_ms(fn: Callable[[], None], on_cuda: bool, bench_ms: int = DEFAULT_BENCH_MS) -> float:
+    """Median milliseconds per call of ``fn`` after warm-up.
+
+    CUDA: ``triton.testing.do_bench`` (which also clears L2 between calls).
+    CPU (Triton's interpreter): ``time.perf_counter`` over at least 3 calls.
+    """
+    if on_cuda:
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=bench_ms, return_mode="median"))
+    fn()  # warm-up
+    times: list[float] = []
+    deadline = time.perf_counter() + bench_ms / 1000
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 100):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def check_result(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> str | None:
+    """Why ``out`` is not ``ref`` within the dtype's tolerance, or None when it is.
+
+    >>> check_result(torch.ones(4, 4), torch.zeros(4, 4) + 1, "float32") is None
+    True
+    """
+    wide = torch.float64 if dtype == "float64" else torch.float32
+    expected = ref.to(wide)
+    scale = expected.abs().max().clamp_min(1e-6)
+    err = ((out.to(wide) - expected).abs().max() / scale).item()
+    tol = TOLERANCE[dtype]
+    if not err <= tol:  # also catches NaN: unwritten (poisoned) elements
+        return f"wrong result: max |C - torch| = {err:.3g} x max|C| (tolerance {tol:g})"
+    return None
+
+
+def _try_candidate(
+    config: TileConfig,
+    launcher: Callable[[TileConfig], Callable[[Operands], None]],
+    copies: list[Operands],
+    ref: torch.Tensor,
+    problem: GemmProblem,
+    on_cuda: bool,
+    bench_ms: int,
+) -> CandidateResult:
+    launch = launcher(config)
+    try:
+        first = copies[0]
+        first.out.fill_(float("nan"))  # every element must be written
+        launch(first)  # also compiles
+        error = check_result(first.out, ref, problem.dtype)
+        if error is not None:
+            return CandidateResult(config, error=error)
+        return CandidateResult(config, ms=median_ms(_Rotation(copies, launch), on_cuda, bench_ms))
+    except Exception as exc:  # a compile failure or out-of-resources rejects one candidate, not the run
+        return CandidateResult(config, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+# ----------------------------------------------------------------------------------
+# Candidates
+# ----------------------------------------------------------------------------------
+def candidates_for(
+    problem: GemmProblem, device: DeviceInfo, candidates: Candidates = None, max_candidates: int | None = None
+) -> list[TileConfig]:
+    """The configs to try, in order: the heuristic's choice first, then ``candidate_configs``.
+
+    ``candidates`` replaces the space (a list of TileConfigs/dicts, or a
+    function of problem and device); configs that do not fit are dropped.
+
+    >>> candidates_for(GemmProblem(32, 32, 32, dtype="float32"), INTERPRETER_DEVICE, max_candidates=2)  # doctest: +SKIP
+    """
+    if candidates is None:
+        first = dispatch.heuristic_config(problem, device)
+        space = [first] + [c for c in candidate_configs(problem, device) if c != first]
+    elif callable(candidates):
+        space = list(candidates(problem, device))
+    else:
+        space = [c if isinstance(c, TileConfig) else TileConfig.from_dict(c) for c in candidates]
+    fitting = []
+    for config in space:
+        try:
+            fitting.append(config.validate(device, problem.elem_size, problem.acc_size))
+        except ConfigError:
+            continue
+    return fitting[:max_candidates] if max_candidates is not None else fitting
+
+
+# ----------------------------------------------------------------------------------
+# Tuning
+# ----------------------------------------------------------------------------------
+def _torch_device(device: DeviceInfo) -> torch.device:
+    if device.interpreter:
+        if not interpreter_enabled():
+            raise RuntimeError(
+                "tune: no CUDA GPU to tune on, and Triton's CPU interpreter is off "
+                "(set TRITON_INTERPRET=1 before importing tritongemm to tune tiny shapes on the CPU)"
+            )
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def tune_problem(
+    problem: GemmProblem,
+    device: DeviceInfo,
+    candidates: list[TileConfig],
+    *,
+    kernel: str = "pointer",
+    time_budget_s: float = DEFAULT_BUDGET_S,
+    bench_ms: int = DEFAULT_BENCH_MS,
+    seed: int = 0,
+    on_candidate: Callable[[int, int], None] | None = None,
+) -> TuneResult:
+    """Time ``candidates`` on one problem; nothing is saved (``tune`` does that).
+
+    The returned problem (and key) carry the layout ``dispatch`` will see for
+    these operands (for M = 1 a transposed A is also row-major, hence "N").
+    """
+    if kernel not in KERNEL_LAUNCHERS:
+        raise ValueError(f"tune: unknown kernel {kernel!r}; known: {', '.join(sorted(KERNEL_LAUNCHERS))}")
+    start = time.perf_counter()
+    torch_device = _torch_device(device)
+    on_cuda = torch_device.type == "cuda"
+    copies = make_operands(problem, torch_device, copies_for(problem, on_cuda), seed)
+    seen_as = _as_dispatch_sees(problem, copies[0])
+    ref = torch.empty_like(copies[0].out)
+    torch.matmul(copies[0].a, copies[0].b, out=ref)
+    torch_ms = median_ms(_Rotation(copies, _launch_torch), on_cuda, bench_ms)
+
+    results: list[CandidateResult] = []
+    timed_out = False
+    for i, config in enumerate(candidates):
+        if results and _budget_spent(time.perf_counter() - start, time_budget_s, results):
+            timed_out = True
+            break
+        if on_candidate is not None:
+            on_candidate(i, len(candidates))
+        results.append(
+            _try_candidate(config, KERNEL_LAUNCHERS[kernel], copies, ref, problem, on_cuda, bench_ms)
+        )
+    timed = [r for r in results if r.ms is not None]
+    best = min(timed, key=lambda r: r.ms) if timed else None
+    return TuneResult(
+        problem=seen_as,
+        key=cache.cache_key(seen_as, device, kernel),
+        best=best.config if best else None,
+        ms=best.ms if best else None,
+        torch_ms=torch_ms,
+        candidates=results,
+        timed_out=timed_out,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _budget_spent(elapsed: float, budget: float, results: list[CandidateResult]) -> bool:
+    """Out of time: past the budget with a winner, or past twice the budget without one."""
+    have_winner = any(r.ms is not None for r in results)
+    return elapsed > budget if have_winner else elapsed > 2 * budget
+
+
+def _as_dispatch_sees(problem: GemmProblem, ops: Operands) -> GemmProblem:
+    """``problem`` with the layout ``dispatch`` computes from these operands' strides."""
+    layout = dispatch.problem_of(ops.a, ops.b).layout
+    return GemmProblem(problem.m, problem.n, problem.k, problem.batch, problem.dtype, layout)
+
+
+def as_problem(problem: GemmProblem | Sequence[int]) -> GemmProblem:
+    """A GemmProblem, or (m, n, k) / (m, n, k, batch) as a float16 "NN" problem."""
+    if isinstance(problem, GemmProblem):
+        return problem
+    return GemmProblem(*(int(x) for x in problem))
+
+
+def _unique(problems: Iterable[GemmProblem], device: DeviceInfo, kernel: str) -> list[GemmProblem]:
+    """Drop problems whose cache key an earlier one already has (e.g. M=1000 after M=1024)."""
+    seen, unique = set(), []
+    for problem in problems:
+        key = cache.cache_key(problem, device, kernel)
+        if key not in seen:
+            seen.add(key)
+            unique.append(problem)
+    return unique
+
+
+def describe_problem(problem: GemmProblem) -> str:
+    """``'4096x4096x4096 float16 NT'`` (``x8`` appended for a batch of 8)."""
+    batch = f"x{problem.batch}" if problem.batch > 1 else ""
+    return f"{problem.m}x{problem.n}x{problem.k}{batch} {problem.dtype} {problem.layout}"
+
+
+def tune(
+    problems: Iterable[GemmProblem | Sequence[int]],
+    *,
+    device: DeviceInfo | None = None,
+    candidates: Candidates = None,
+    max_candidates: int | None = None,
+    time_budget_s: float = DEFAULT_BUDGET_S,
+    bench_ms: int = DEFAULT_BENCH_MS,
+    save: bool = True,
+    cache_file: str | Path | None = None,
+    progress: bool | None = None,
+    kernel: str = "pointer",
+    seed: int = 0,
+) -> list[TuneResult]:
+    """Tune each problem and write the winners to the on-disk cache; returns one result per problem.
+
+    ``progress`` draws a bar on stderr (default: when stderr is a terminal).
+    Problems that share a cache key (M bucketed to a power of two) are tuned once.
+
+    >>> tritongemm.tune([GemmProblem(4096, 4096, 4096, dtype="bfloat16", layout="NT")])  # doctest: +SKIP
+    """
+    device = device or device_info()
+    path = Path(cache_file).expanduser() if cache_file is not None else None
+    todo = _unique((as_problem(p) for p in problems), device, kernel)
+    bar = ProgressBar(len(todo), enabled=sys.stderr.isatty() if progress is None else progress)
+    results = []
+    for done, problem in enumerate(todo):
+        label = describe_problem(problem)
+        space = candidates_for(problem, device, candidates, max_candidates)
+        bar.update(done, label)
+        result = tune_problem(
+            problem, device, space, kernel=kernel, time_budget_s=time_budget_s, bench_ms=bench_ms,
+            seed=seed, on_candidate=_show_candidate(bar, done, label),
+        )
+        if save and result.best is not None:
+            cache.save_entries(
+                {result.key: cache.make_entry(
+                    result.problem, device, result.best, result.tflops, result.torch_tflops, kernel
+                )},
+                path,
+            )
+            result.saved = True
+        results.append(result)
+        bar.step(done + 1, label)
+    bar.close()
+    return results
+
+
+def _show_candidate(bar: ProgressBar, done: int, label: str) -> Callable[[int, int], None]:
+    return lambda i, n: bar.update(done, label, f"candidate {i + 1}/{n}")
+
+
+def format_table(results: Sequence[TuneResult]) -> str:
+    """The winners as a text table, beside torch.matmul on the same inputs.
+
+    >>> print(format_table(tune([...])))  # doctest: +SKIP
+    shape                     best config            TFLOP/s  torch TFLOP/s  vs torch  tried  rejected
+    4096x4096x4096 float16 NN 128x256x64 g8 w8 s3      612.1          655.0     0.93x     36         0
+    """
+    header = ("shape", "best config", "TFLOP/s", "torch TFLOP/s", "vs torch", "tried", "rejected", "time")
+    rows = [header]
+    for r in results:
+        ratio = f"{r.tflops / r.torch_tflops:.2f}x" if r.tflops and r.torch_tflops else "-"
+        rows.append((
+            describe_problem(r.problem),
+            r.best.short() if r.best else "(none correct)",
+            _fmt(r.tflops),
+            _fmt(r.torch_tflops),
+            ratio,
+            str(len(r.candidates)) + ("+" if r.timed_out else ""),
+            str(len(r.rejected)),
+            f"{r.seconds:.1f}s",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    left = {0, 1}
+    lines = [
+        "  ".join(cell.ljust(w) if i in left else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.1f}" if x >= 1 else f"{x:.3g}"  # the interpreter runs at micro-TFLOP/s
+
+
+__all__ = [
+    "CandidateResult",
+    "DEFAULT_BENCH_MS",
+    "DEFAULT_BUDGET_S",
+    "Operands",
+    "TuneResult",
+    "candidates_for",
+    "check_result",
+    "describe_problem",
+    "format_table",
+    "make_operands",
+    "median_ms",
+    "tune",
+    "tune_problem",
+]
