@@ -122,6 +122,7 @@ def _batched(
     config: Config,
     pipeline: Pipeline,
     out: torch.Tensor | None,
+    decomposition: str | None = None,
 ) -> torch.Tensor:
     """a: (*, M, K) with a.dim() >= 2, b: (*, K, N) with b.dim() >= 2."""
     m, k = a.shape[-2:]
@@ -149,23 +150,24 @@ def _batched(
             b2 = b.reshape(k, n)  # size-1 batch dims only: a view
             o2 = _fold_rows(out) if out is not None else None
             if out is None or o2 is not None:
-                c2 = _dispatch(a2, b2, d2, alpha, beta, out_dtype, config, pipeline, o2)
+                c2 = _dispatch(a2, b2, d2, alpha, beta, out_dtype, config, pipeline, o2, decomposition)
                 return out if out is not None else c2.view(result_shape)
 
     a_e = a.expand((*batch, m, k))
     b_e = b.expand((*batch, k, n))
-    return _dispatch(a_e, b_e, addend, alpha, beta, out_dtype, config, pipeline, out)
+    return _dispatch(a_e, b_e, addend, alpha, beta, out_dtype, config, pipeline, out, decomposition)
 
 
-def _dispatch(a, b, addend, alpha, beta, out_dtype, config, pipeline, out):
+def _dispatch(a, b, addend, alpha, beta, out_dtype, config, pipeline, out, decomposition=None):
     if out is not None:
-        return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, out=out)
+        return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, out=out,
+                        decomposition=decomposition)
     needs_grad = torch.is_grad_enabled() and (
         a.requires_grad or b.requires_grad or (addend is not None and addend.requires_grad)
     )
     if not needs_grad:  # skip the autograd.Function machinery (a few microseconds a call)
-        return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline)
-    return gemm_op(a, b, addend, alpha, beta, out_dtype, config, pipeline)
+        return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition=decomposition)
+    return gemm_op(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition)
 
 
 def _check_out_dtype(fn: str, out_dtype) -> None:
@@ -183,6 +185,7 @@ def matmul(
     out_dtype: torch.dtype | None = None,
     config: Config = None,
     pipeline: Pipeline = None,
+    decomposition: str | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``torch.matmul`` on Triton: 1-D operands, batches and broadcasting included.
@@ -190,9 +193,10 @@ def matmul(
     >>> c = tritongemm.matmul(a, b, pipeline="multi_stage")
 
     ``out_dtype`` stores the fp32 accumulator in another float dtype (e.g.
-    fp16 inputs, fp32 output).  ``config`` (a ``TileConfig``) and ``pipeline``
-    ("single_stage", "double_buffer", "multi_stage", or a stage count) override
-    the dispatcher's choice.
+    fp16 inputs, fp32 output).  ``config`` (a ``TileConfig``), ``pipeline``
+    ("single_stage", "double_buffer", "multi_stage", or a stage count) and
+    ``decomposition`` ("sliced_k", "split_k", "stream_k") override the
+    dispatcher's choice.
     """
     _check_tensors("matmul", input=a, other=b)
     _check_out_dtype("matmul", out_dtype)
@@ -202,7 +206,7 @@ def matmul(
         )
     if a.dim() == 2 and b.dim() == 2 and out is None:  # the common case, kept short
         _check_inner("matmul", a.shape, b.shape, a.shape[1], b.shape[0])
-        return _dispatch(a, b, None, 1.0, 0.0, out_dtype, config, pipeline, None)
+        return _dispatch(a, b, None, 1.0, 0.0, out_dtype, config, pipeline, None, decomposition)
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
     _check_inner("matmul", a.shape, b.shape, a2.shape[-1], b2.shape[-2])
@@ -212,9 +216,9 @@ def matmul(
         full = (*batch, a2.shape[-2], b2.shape[-1])
         final = (*batch, *((a2.shape[-2],) if a.dim() > 1 else ()), *((b2.shape[-1],) if b.dim() > 1 else ()))
         _check_out("matmul", out, final, out_dtype or a.dtype, a, b)
-        _batched("matmul", a2, b2, None, 1.0, 0.0, out_dtype, config, pipeline, out.view(full))
+        _batched("matmul", a2, b2, None, 1.0, 0.0, out_dtype, config, pipeline, out.view(full), decomposition)
         return out
-    c = _batched("matmul", a2, b2, None, 1.0, 0.0, out_dtype, config, pipeline, out)
+    c = _batched("matmul", a2, b2, None, 1.0, 0.0, out_dtype, config, pipeline, out, decomposition)
     if a.dim() == 1:
         c = c.squeeze(-2)
     if b.dim() == 1:
@@ -229,6 +233,7 @@ def mm(
     out_dtype: torch.dtype | None = None,
     config: Config = None,
     pipeline: Pipeline = None,
+    decomposition: str | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``torch.mm``: (n, m) @ (m, p) -> (n, p).
@@ -242,7 +247,7 @@ def mm(
             f"mm: expected 2-D matrices, got shapes {_shape(input)} ({input.dim()}-D) and {_shape(mat2)} ({mat2.dim()}-D)"
         )
     _check_inner("mm", input.shape, mat2.shape, input.shape[1], mat2.shape[0])
-    return _batched("mm", input, mat2, None, 1.0, 0.0, out_dtype, config, pipeline, out)
+    return _batched("mm", input, mat2, None, 1.0, 0.0, out_dtype, config, pipeline, out, decomposition)
 
 
 def bmm(
@@ -252,6 +257,7 @@ def bmm(
     out_dtype: torch.dtype | None = None,
     config: Config = None,
     pipeline: Pipeline = None,
+    decomposition: str | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``torch.bmm``: (b, n, m) @ (b, m, p) -> (b, n, p), no broadcasting.
@@ -270,7 +276,7 @@ def bmm(
             f"(shapes {_shape(input)} and {_shape(mat2)})"
         )
     _check_inner("bmm", input.shape, mat2.shape, input.shape[2], mat2.shape[1])
-    return _batched("bmm", input, mat2, None, 1.0, 0.0, out_dtype, config, pipeline, out)
+    return _batched("bmm", input, mat2, None, 1.0, 0.0, out_dtype, config, pipeline, out, decomposition)
 
 
 def addmm(
@@ -282,6 +288,7 @@ def addmm(
     alpha=1,
     config: Config = None,
     pipeline: Pipeline = None,
+    decomposition: str | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``torch.addmm``: beta * input + alpha * (mat1 @ mat2), fused in the kernel's epilogue.
@@ -300,7 +307,7 @@ def addmm(
     _check_inner("addmm", mat1.shape, mat2.shape, mat1.shape[1], mat2.shape[0])
     if input.dim() > 2:
         raise RuntimeError(f"addmm: input of shape {_shape(input)} has more than 2 dimensions")
-    return _batched("addmm", mat1, mat2, input, alpha, beta, None, config, pipeline, out)
+    return _batched("addmm", mat1, mat2, input, alpha, beta, None, config, pipeline, out, decomposition)
 
 
 def baddbmm(
@@ -312,6 +319,7 @@ def baddbmm(
     alpha=1,
     config: Config = None,
     pipeline: Pipeline = None,
+    decomposition: str | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``torch.baddbmm``: beta * input + alpha * (batch1 @ batch2), batched.
@@ -332,7 +340,7 @@ def baddbmm(
     _check_inner("baddbmm", batch1.shape, batch2.shape, batch1.shape[2], batch2.shape[1])
     if input.dim() > 3:
         raise RuntimeError(f"baddbmm: input of shape {_shape(input)} has more than 3 dimensions")
-    return _batched("baddbmm", batch1, batch2, input, alpha, beta, None, config, pipeline, out)
+    return _batched("baddbmm", batch1, batch2, input, alpha, beta, None, config, pipeline, out, decomposition)
 
 
 def linear(
@@ -342,6 +350,7 @@ def linear(
     *,
     config: Config = None,
     pipeline: Pipeline = None,
+    decomposition: str | None = None,
 ) -> torch.Tensor:
     """``torch.nn.functional.linear``: input @ weight.T + bias, the bias added in the epilogue.
 
@@ -362,12 +371,12 @@ def linear(
             f"({input.shape[-1]} in-features != {weight.shape[-1]})"
         )
     if weight.dim() == 1:
-        y = matmul(input, weight, config=config, pipeline=pipeline)
+        y = matmul(input, weight, config=config, pipeline=pipeline, decomposition=decomposition)
         return y + bias if bias is not None else y
     x2 = input.unsqueeze(0) if input.dim() == 1 else input
     if bias is not None and bias.dim() > 1 and input.dim() == 1:
         raise RuntimeError(f"linear: bias of shape {_shape(bias)} does not fit a 1-D input")
-    y = _batched("linear", x2, weight.mT, bias, 1.0, 1.0, None, config, pipeline, None)
+    y = _batched("linear", x2, weight.mT, bias, 1.0, 1.0, None, config, pipeline, None, decomposition)
     return y.squeeze(-2) if input.dim() == 1 else y
 
 

@@ -42,25 +42,27 @@ def run_gemm(
     config: TileConfig | dict | None = None,
     pipeline: str | int | None = None,
     out: torch.Tensor | None = None,
+    decomposition: str | None = None,
 ) -> torch.Tensor:
     """Allocate (or take ``out``) and launch, without autograd."""
     batch_shape = tuple(a.shape[:-2])
     m, n = a.shape[-2], b.shape[-1]
     if out is None:
         out = _alloc_out(batch_shape, m, n, out_dtype or a.dtype, a.device)
-    return dispatch.gemm(a, b, out, addend=addend, alpha=alpha, beta=beta, config=config, pipeline=pipeline)
+    return dispatch.gemm(a, b, out, addend=addend, alpha=alpha, beta=beta, config=config, pipeline=pipeline,
+                         decomposition=decomposition)
 
 
 class GemmFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, addend, alpha, beta, out_dtype, config, pipeline):
+    def forward(ctx, a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition):
         ctx.alpha, ctx.beta, ctx.pipeline = alpha, beta, pipeline
         ctx.has_addend = addend is not None
         ctx.save_for_backward(
             a if ctx.needs_input_grad[1] else None,
             b if ctx.needs_input_grad[0] else None,
         )
-        return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline)
+        return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition=decomposition)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -76,7 +78,7 @@ class GemmFunction(torch.autograd.Function):
             grad_b = gemm_op(a.mT, g, alpha=ctx.alpha, pipeline=ctx.pipeline)  # dB = alpha A^T dC
         if ctx.has_addend and ctx.needs_input_grad[2]:
             grad_addend = grad_out * ctx.beta if ctx.beta != 1 else grad_out
-        return grad_a, grad_b, grad_addend, None, None, None, None, None
+        return grad_a, grad_b, grad_addend, None, None, None, None, None, None
 
 
 def gemm_op(
@@ -88,6 +90,7 @@ def gemm_op(
     out_dtype: torch.dtype | None = None,
     config: TileConfig | dict | None = None,
     pipeline: str | int | None = None,
+    decomposition: str | None = None,
 ) -> torch.Tensor:
     """Differentiable ``alpha * a @ b + beta * addend`` on same-batch operands."""
-    return GemmFunction.apply(a, b, addend, alpha, beta, out_dtype, config, pipeline)
+    return GemmFunction.apply(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition)

@@ -35,6 +35,9 @@ from .device import DeviceInfo
 #                 num_stages-1 tiles ahead of the MMAs.
 PIPELINES: dict[str, int] = {"single_stage": 1, "double_buffer": 2, "multi_stage": 3}
 
+#: Ways to share the K loop among programs (see TileConfig.decomposition).
+DECOMPOSITIONS = ("sliced_k", "split_k", "stream_k")
+
 #: Most K slices split-K may use.
 MAX_SPLIT_K = 64
 
@@ -47,7 +50,7 @@ MIN_STAGES, MAX_STAGES = 1, 6
 ACCUMULATOR_REGISTER_BUDGET = 192
 
 
-_BOOL_FIELDS = ("tma", "persistent", "warp_specialize", "epilogue_subtile")
+_BOOL_FIELDS = ("tma", "persistent", "warp_specialize", "epilogue_subtile", "stream_k")
 
 
 class ConfigError(ValueError):
@@ -92,6 +95,8 @@ class TileConfig:
     # work decomposition: K cut into split_k slices run by separate programs
     # (pointer kernel), partials reduced in a fixed order.
     split_k: int = 1
+    # Stream-K: a persistent grid sharing all MAC iterations evenly (pointer kernel).
+    stream_k: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -119,6 +124,9 @@ class TileConfig:
             raise ConfigError(f"TileConfig.split_k={self.split_k} must be in [1, {MAX_SPLIT_K}]")
         if self.split_k > 1 and self.tma:
             raise ConfigError("TileConfig.split_k > 1 runs on the pointer kernel: set tma=False")
+        if self.stream_k and (self.tma or self.split_k > 1):
+            raise ConfigError("TileConfig.stream_k runs on the pointer kernel without split_k: "
+                              "set tma=False and split_k=1")
         if not MIN_STAGES <= self.num_stages <= MAX_STAGES:
             raise ConfigError(
                 f"TileConfig.num_stages={self.num_stages} must be in [{MIN_STAGES}, {MAX_STAGES}]"
@@ -195,6 +203,13 @@ class TileConfig:
         return cls(**data)
 
     @property
+    def decomposition(self) -> str:
+        """How K work is shared: 'sliced_k' (default), 'split_k' or 'stream_k'."""
+        if self.stream_k:
+            return "stream_k"
+        return "split_k" if self.split_k > 1 else "sliced_k"
+
+    @property
     def kernel(self) -> str:
         """Which kernel this config asks for: 'pointer', 'tma' or 'tma_persistent'."""
         if not self.tma:
@@ -206,6 +221,8 @@ class TileConfig:
                                        ("ws", self.warp_specialize), ("subtile", self.epilogue_subtile)) if on]
         if self.split_k > 1:
             flags.append(f"splitk{self.split_k}")
+        if self.stream_k:
+            flags.append("streamk")
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} "
             f"w{self.num_warps} s{self.num_stages}" + (" " + "+".join(flags) if flags else "")
@@ -223,7 +240,7 @@ class TileConfig:
                 f"  thread level : {self.thread_fragment} fp32 accumulators per thread",
                 f"  pipeline     : {self.pipeline}, num_stages={self.num_stages}, "
                 f"{self.smem_bytes(elem_size) / 1024:.0f} KiB shared memory at {elem_size} B/element",
-                f"  decomposition: " + (f"split-K x{self.split_k}" if self.split_k > 1 else "sliced-K"),
+                f"  decomposition: {self.decomposition}" + (f" x{self.split_k}" if self.split_k > 1 else ""),
                 f"  kernel       : {self.kernel}"
                 + (" (warp-specialized)" if self.warp_specialize else "")
                 + (" (epilogue in two halves)" if self.epilogue_subtile else ""),

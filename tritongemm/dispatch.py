@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from .configs import ConfigError, GemmProblem, TileConfig, resolve_pipeline
+from .configs import DECOMPOSITIONS, MAX_SPLIT_K, ConfigError, GemmProblem, TileConfig, resolve_pipeline
 from .device import DeviceInfo, device_info, interpreter_enabled
-from .kernels import gemm_kernel, gemm_tma_kernel, splitk_reduce_kernel
+from .kernels import gemm_kernel, gemm_tma_kernel, splitk_reduce_kernel, streamk_fixup_kernel, streamk_kernel
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DTYPE_NAMES = {
@@ -195,12 +195,30 @@ def select_config(
     device: DeviceInfo,
     config: TileConfig | dict | None = None,
     pipeline: str | int | None = None,
+    decomposition: str | None = None,
 ) -> TileConfig:
-    """Explicit config (validated) > tuning cache > heuristic; then the pipeline override."""
-    return _select(problem, device, config, pipeline)[0]
+    """Explicit config (validated) > tuning cache > heuristic; then the pipeline and
+    decomposition overrides."""
+    return _select(problem, device, config, pipeline, decomposition)[0]
 
 
-def _select(problem, device, config, pipeline) -> tuple[TileConfig, str]:
+def _apply_decomposition(cfg: TileConfig, decomposition: str, problem: GemmProblem, device: DeviceInfo):
+    """Force one way of sharing the K loop, keeping the tiles."""
+    plain = dict(tma=False, persistent=False, warp_specialize=False, epilogue_subtile=False)
+    if decomposition == "sliced_k":
+        return replace(cfg, split_k=1, stream_k=False)
+    if decomposition == "split_k":
+        if cfg.split_k > 1:
+            return replace(cfg, stream_k=False)
+        k_tiles = -(-problem.k // cfg.block_k)
+        split = choose_split_k(problem, device, cfg.block_m, cfg.block_n, cfg.block_k)
+        return replace(cfg, **plain, stream_k=False, split_k=max(2, min(split, max(k_tiles, 1), MAX_SPLIT_K)))
+    if decomposition == "stream_k":
+        return replace(cfg, **plain, split_k=1, stream_k=True)
+    raise ConfigError(f"unknown decomposition {decomposition!r}; choose one of {list(DECOMPOSITIONS)}")
+
+
+def _select(problem, device, config, pipeline, decomposition=None) -> tuple[TileConfig, str]:
     source = "explicit config"
     if config is None:
         cfg = _tuned_config(problem, device)
@@ -216,6 +234,9 @@ def _select(problem, device, config, pipeline) -> tuple[TileConfig, str]:
     if pipeline is not None:
         cfg = replace(cfg, num_stages=resolve_pipeline(pipeline, default_multi=max(cfg.num_stages, 3)))
         source += f", pipeline={pipeline!r}"
+    if decomposition is not None:
+        cfg = _apply_decomposition(cfg, decomposition, problem, device)
+        source += f", decomposition={decomposition!r}"
     return cfg.validate(device, problem.elem_size, problem.acc_size), source
 
 
@@ -277,7 +298,7 @@ class Plan:
     problem: GemmProblem | None = None
 
     def describe(self) -> str:
-        lines = [f"kernel : {self.kernel}" + (f" (TMA not used: {self.fallback})" if self.fallback else "")]
+        lines = [f"kernel : {self.kernel}" + (f" (fell back: {self.fallback})" if self.fallback else "")]
         lines.append(f"config : {self.config.short()}  [{self.source}]")
         if self.problem is not None:
             p = self.problem
@@ -285,13 +306,20 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan(a, b, out, *, addend=None, config=None, pipeline=None) -> Plan:
+def plan(a, b, out, *, addend=None, config=None, pipeline=None, decomposition=None) -> Plan:
     device = device_info(a.device)
     problem = problem_of(a, b)
-    cfg, source = _select(problem, device, config, pipeline)
+    cfg, source = _select(problem, device, config, pipeline, decomposition)
     kernel, fallback = "pointer", None
+    batched = len(_collapse_batch(tuple(out.shape[:-2]), [a, b, out])) > 0
+    if cfg.stream_k:
+        if batched or problem.k == 0:
+            # Stream-K streams one matrix's tiles; batches (and K=0) run sliced-K.
+            fallback = "Stream-K takes one (unbatched) problem with K > 0"
+            cfg = replace(cfg, stream_k=False)
+        else:
+            kernel = "stream_k"
     if cfg.tma:
-        batched = len(_collapse_batch(tuple(out.shape[:-2]), [a, b, out])) > 0
         fallback = tma_unsupported_reason(a, b, out, device, batched)
         if fallback is None:
             kernel = cfg.kernel
@@ -370,6 +398,7 @@ def gemm(
     beta: float = 0.0,
     config: TileConfig | dict | None = None,
     pipeline: str | int | None = None,
+    decomposition: str | None = None,
 ) -> torch.Tensor:
     """out = alpha * a @ b (+ beta * addend), written in place; returns ``out``.
 
@@ -387,10 +416,10 @@ def gemm(
         addend = None  # torch's rule: beta=0 ignores the addend, NaN and Inf included
     if isinstance(config, dict):
         config = TileConfig.from_dict(config)
-    key = _launch_key(a, b, out, addend, alpha, config, pipeline)
+    key = _launch_key(a, b, out, addend, alpha, config, pipeline, decomposition)
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
-        chosen = plan(a, b, out, addend=addend, config=config, pipeline=pipeline)
+        chosen = plan(a, b, out, addend=addend, config=config, pipeline=pipeline, decomposition=decomposition)
         launcher = _Launcher(chosen, a, b, out, addend, alpha)
         if len(_LAUNCHERS) >= _MAX_LAUNCHERS:
             _LAUNCHERS.clear()
@@ -410,8 +439,8 @@ def clear_plan_cache() -> None:
     _LAUNCHERS.clear()
 
 
-def _launch_key(a, b, out, addend, alpha, config, pipeline):
-    return (
+def _launch_key(a, b, out, addend, alpha, config, pipeline, decomposition):
+    return (decomposition,
         a.shape, a.stride(), b.stride(), b.shape[-1], out.shape, out.stride(), out.dtype, a.dtype, a.device,
         None if addend is None else (addend.stride(), addend.data_ptr() % 16 == 0),
         alpha != 1.0, config, pipeline, a.dtype == torch.float32 and tf32_enabled(),
@@ -430,8 +459,11 @@ class _Launcher:
         self.device_ctx = a.device if a.device.type == "cuda" else None
         self._runners: dict = {}
         interpreting = interpreter_enabled()
-        if chosen.kernel != "pointer":
+        if chosen.kernel in ("tma", "tma_persistent"):
             self._init_tma(cfg, a, b, out, addend, alpha, M, N, K, interpreting)
+            return
+        if chosen.kernel == "stream_k":
+            self._init_stream_k(cfg, a, b, out, addend, alpha, M, N, K, interpreting)
             return
         self.kind = "pointer"
         tensors = [a, b, out] + ([addend] if addend is not None else [])
@@ -493,6 +525,44 @@ class _Launcher:
             HAS_ALPHA=has_alpha, HAS_ADDEND=has_addend, ACC_FP64=(a.dtype == torch.float64), num_warps=4,
         )
 
+    def _init_stream_k(self, cfg, a, b, out, addend, alpha, M, N, K, interpreting):
+        self.kind = "stream_k"
+        a2, b2, c2 = (t.reshape(t.shape[-2:]) for t in (a, b, out))  # a batch of one: views
+        d = addend.reshape(addend.shape[-2:]) if addend is not None else c2
+        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        k_tiles = triton.cdiv(K, cfg.block_k)
+        programs = min(device_info(a.device).sm_count, tiles * k_tiles)
+        # Hybrid: all whole waves but the last run data-parallel; the rest is streamed.
+        dp_tiles = max(tiles // programs - 1, 0) * programs
+        streamed = (tiles - dp_tiles) * k_tiles
+        iters_per_program = triton.cdiv(streamed, programs)
+        self.grid = (programs,)
+        self.reduce_grid = (tiles - dp_tiles,)
+        self.ws_shape = (programs, 2, cfg.block_m, cfg.block_n)
+        self.ws_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
+        self.ints = (M, N, K, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1),
+                     c2.stride(0), c2.stride(1), d.stride(0), d.stride(1))
+        self.sk_ints = (programs, dp_tiles, iters_per_program)
+        common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                      HAS_ALPHA=(alpha != 1.0), HAS_ADDEND=addend is not None,
+                      ACC_FP64=(a.dtype == torch.float64))
+        self.constexprs = dict(
+            common, EVEN_K=(K % cfg.block_k == 0), DOT_PRECISION=_dot_precision(a.dtype),
+            UPCAST_OPERANDS=(interpreting and a.dtype == torch.bfloat16),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        self.reduce_constexprs = dict(common, num_warps=4)
+
+    def _stream_k(self, a, b, out, d, alpha, beta):
+        ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=a.device)
+        M, N, K = self.ints[:3]
+        self._launch(streamk_kernel, (a, b, out, d, ws, *self.ints, alpha, beta, *self.sk_ints))
+        self._launch(
+            streamk_fixup_kernel,
+            (out, d, ws, M, N, K, *self.ints[7:], alpha, beta, self.sk_ints[1], self.sk_ints[2]),
+            slot="reduce",
+        )
+
     def _init_tma(self, cfg, a, b, out, addend, alpha, M, N, K, interpreting):
         self.kind = "tma"
         a2, b2, c2 = (t.reshape(t.shape[-2:]) for t in (a, b, out))  # a batch of one: views
@@ -529,6 +599,9 @@ class _Launcher:
             args = (_rebase(self.a_desc, a), _rebase(self.b_desc, b), _rebase(self.c_desc, out), d,
                     *self.ints, float(alpha), float(beta), self.programs)
             self._launch(gemm_tma_kernel, args)
+            return
+        if self.kind == "stream_k":
+            self._stream_k(a, b, out, addend if addend is not None else out, float(alpha), float(beta))
             return
         if not self.outer:
             self._pointer(a, b, out, addend if addend is not None else out, float(alpha), float(beta))
@@ -577,6 +650,7 @@ class _Launcher:
             return
         grid, constexprs = (self.reduce_grid, self.reduce_constexprs) if slot == "reduce" else (
             self.grid, self.constexprs)
+        grid = tuple(grid) + (1,) * (3 - len(grid))  # CompiledKernel's runner reads grid[0..2]
         compiled = kernel[grid](*args, **constexprs)
         if _FAST_LAUNCH and hasattr(compiled, "run") and hasattr(compiled, "__getitem__"):
             names = kernel.arg_names[len(args):]
@@ -608,7 +682,8 @@ def _descriptor(t: torch.Tensor, rows_block: int, cols_block: int):
     return TensorDescriptor(t, [c, r], [t.stride(-1), 1], [cols_block, rows_block]), False
 
 
-def explain(a: torch.Tensor, b: torch.Tensor, *, config=None, pipeline=None, out_dtype=None) -> Plan:
+def explain(a: torch.Tensor, b: torch.Tensor, *, config=None, pipeline=None, decomposition=None,
+            out_dtype=None) -> Plan:
     """Which kernel and config ``matmul(a, b)`` would use on 2-D/3-D operands, and why.
 
     >>> print(tritongemm.explain(a, b).describe())
@@ -621,7 +696,7 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, config=None, pipeline=None, out
     out = _ContiguousLike(out)
     a_e = a2.expand((*batch, *a2.shape[-2:]))
     b_e = b2.expand((*batch, *b2.shape[-2:]))
-    return plan(a_e, b_e, out, config=config, pipeline=pipeline)
+    return plan(a_e, b_e, out, config=config, pipeline=pipeline, decomposition=decomposition)
 
 
 class _ContiguousLike:
