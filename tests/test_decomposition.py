@@ -1,0 +1,135 @@
+"""Work decomposition: sliced-K, split-K and Stream-K give the same products.
+
+Split-K cuts K into slices reduced in a fixed order; Stream-K shares all
+(tile, K-step) iterations among a persistent grid and fixes partial tiles up
+in program order.  Both must be exact to the reference and bitwise
+reproducible, over ragged shapes, split counts that do not divide K, and
+slices shorter than one K-tile.
+"""
+
+import pytest
+import torch
+
+import tritongemm
+from tritongemm import TileConfig
+from tritongemm.dispatch import explain
+from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor, shape_id
+
+SMALL = TileConfig(16, 32, 16, 8, 4, 2)
+
+SHAPES = [(1, 1, 1), (5, 33, 200), (17, 40, 100), (33, 17, 45), (64, 64, 16), (70, 50, 203)]
+
+
+def reference(a, b):
+    return a.double() @ b.double()
+
+
+@pytest.mark.parametrize("split_k", [2, 3, 5, 64], ids=lambda s: f"split{s}")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: shape_id(*s))
+def test_split_k_matches_reference(device, shape, split_k):
+    m, n, k = shape
+    a, b = make_operands(m, n, k, "NT", torch.float16, device)
+    out = tritongemm.matmul(a, b, config=TileConfig(16, 32, 16, 8, 4, 2, split_k=split_k))
+    assert_close(out, reference(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
+                         ids=["fp16", "bf16", "fp32", "fp64"])
+@pytest.mark.parametrize("layout", ["NN", "TT", "SN"])
+def test_split_k_dtypes_and_layouts(device, dtype, layout):
+    a, b = make_operands(19, 45, 150, layout, dtype, device)
+    out = tritongemm.matmul(a, b, config=TileConfig(16, 16, 16, 8, 4, 2, split_k=4))
+    assert_close(out, reference(a, b))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: shape_id(*s))
+def test_stream_k_matches_reference(device, shape):
+    m, n, k = shape
+    a, b = make_operands(m, n, k, "TN", torch.float16, device)
+    out = tritongemm.matmul(a, b, config=SMALL, decomposition="stream_k")
+    assert_close(out, reference(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
+                         ids=["fp16", "bf16", "fp32", "fp64"])
+def test_stream_k_dtypes(device, dtype):
+    a, b = make_operands(40, 70, 96, "NT", dtype, device)
+    out = tritongemm.matmul(a, b, config=SMALL, decomposition="stream_k")
+    assert_close(out, reference(a, b))
+
+
+@pytest.mark.parametrize("decomposition", ["split_k", "stream_k"])
+def test_epilogue_alpha_beta_bias(device, decomposition):
+    a, b = make_operands(21, 37, 130, "NN", torch.float32, device)
+    bias = random_tensor((37,), torch.float32, device)
+    out = tritongemm.addmm(bias, a, b, beta=0.5, alpha=-2.0, config=SMALL, decomposition=decomposition)
+    assert_close(out, 0.5 * bias.double() - 2.0 * reference(a, b))
+
+
+@pytest.mark.parametrize("decomposition", ["split_k", "stream_k"])
+def test_bitwise_reproducible(device, decomposition):
+    a, b = make_operands(50, 60, 333, "NN", torch.float32, device)
+    first = tritongemm.matmul(a, b, config=SMALL, decomposition=decomposition)
+    second = tritongemm.matmul(a, b, config=SMALL, decomposition=decomposition)
+    assert torch.equal(first, second)
+
+
+def test_split_k_batched_and_broadcast(device):
+    a = random_tensor((3, 1, 20, 70), torch.float16, device)
+    b = random_tensor((1, 2, 70, 9), torch.float16, device)
+    out = tritongemm.matmul(a, b, config=TileConfig(16, 16, 16, 8, 4, 2, split_k=3))
+    assert_close(out, reference(a, b))
+
+
+def test_stream_k_batched_falls_back_to_sliced_k(device):
+    a, b = (random_tensor((3, 20, 70), torch.float16, device), random_tensor((3, 70, 9), torch.float16, device))
+    plan = explain(a, b, decomposition="stream_k")
+    assert plan.kernel == "pointer" and "Stream-K" in plan.fallback
+    assert_close(tritongemm.bmm(a, b, decomposition="stream_k"), reference(a, b))
+
+
+@pytest.mark.parametrize("decomposition", ["split_k", "stream_k"])
+def test_backward_through_decomposition(device, decomposition):
+    a = random_tensor((24, 150), torch.float32, device).requires_grad_()
+    b = random_tensor((150, 20), torch.float32, device).requires_grad_()
+    assert_matches_reference(tritongemm.matmul, torch.matmul, a, b,
+                             ours_kwargs=dict(config=SMALL, decomposition=decomposition))
+
+
+def test_gradcheck_split_k(device):
+    a = torch.randn(9, 40, dtype=torch.float64, device=device, requires_grad=True)
+    b = torch.randn(40, 7, dtype=torch.float64, device=device, requires_grad=True)
+    cfg = TileConfig(16, 16, 16, 8, 4, 2, split_k=3)
+    assert torch.autograd.gradcheck(lambda x, y: tritongemm.matmul(x, y, config=cfg), (a, b))
+
+
+def test_k_zero_gives_zeros_with_every_decomposition(device):
+    a, b = random_tensor((5, 0), torch.float32, device), random_tensor((0, 7), torch.float32, device)
+    for decomposition in ("sliced_k", "split_k", "stream_k"):
+        out = tritongemm.matmul(a, b, decomposition=decomposition)
+        assert torch.equal(out, torch.zeros(5, 7, device=device)), decomposition
+
+
+def test_explain_reports_the_decomposition(device):
+    a, b = make_operands(64, 64, 512, "NN", torch.float16, device)
+    assert explain(a, b, decomposition="split_k").config.decomposition == "split_k"
+    assert explain(a, b, decomposition="stream_k").kernel == "stream_k"
+    assert explain(a, b, decomposition="sliced_k").config.decomposition == "sliced_k"
+    with pytest.raises(tritongemm.ConfigError, match="unknown decomposition"):
+        tritongemm.matmul(a, b, decomposition="diagonal")
+
+
+def test_split_k_and_tma_are_exclusive():
+    with pytest.raises(tritongemm.ConfigError, match="split_k"):
+        TileConfig(64, 64, 64, 8, 4, 3, tma=True, split_k=2)
+    with pytest.raises(tritongemm.ConfigError, match="stream_k"):
+        TileConfig(64, 64, 64, 8, 4, 3, split_k=2, stream_k=True)
+
+
+def test_heuristic_splits_skinny_long_k():
+    from tritongemm.configs import GemmProblem
+    from tritongemm.device import DeviceInfo
+
+    h100 = DeviceInfo("H100", (9, 0), 132, 232448)
+    assert tritongemm.heuristic_config(GemmProblem(1, 4096, 4096), h100).split_k > 1
+    assert tritongemm.heuristic_config(GemmProblem(4096, 4096, 4096), h100).split_k == 1
