@@ -235,6 +235,7 @@ def main() -> int:
     parser.add_argument("--skip-correctness", action="store_true")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--small-sweep", action="store_true")
+    parser.add_argument("--decode", action="store_true")
     parser.add_argument("--no-ladder", action="store_true")
     args = parser.parse_args()
     import pandas as pd
@@ -258,6 +259,25 @@ def main() -> int:
         sw.to_csv(os.path.join(args.out, "sweep_small.csv"), index=False)
         best = sw[sw.impl != "cublas"].sort_values("ratio", ascending=False).groupby(["shape", "layout", "dtype"]).head(3)
         print(best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
+    if args.decode:
+        shapes = [(m, n, k, "NT") for m in (1, 16, 64, 128) for (n, k) in ((6144, 4096), (4096, 14336), (28672, 4096))]
+        shapes += [(512, 512, 65536, "NN"), (1024, 1024, 32768, "NN"), (1024, 1024, 1024, "NN"),
+                   (896, 2432, 4096, "NN"), (3072, 3072, 3072, "NN")]
+        cfgs = {"heuristic": None,
+                "ptr 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4),
+                "streamk 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4, stream_k=True),
+                "streamk 128x256x64 w8 s3": TileConfig(128, 256, 64, 8, 8, 3, stream_k=True),
+                "tmaP 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True)}
+        for sk in (2, 4, 8, 16):
+            cfgs[f"ptr 16x128x64 sk{sk}"] = TileConfig(16, 128, 64, 8, 4, 4, split_k=sk)
+            cfgs[f"ptr 64x128x64 sk{sk}"] = TileConfig(64, 128, 64, 8, 4, 4, split_k=sk)
+            cfgs[f"ptr 128x128x64 w8 sk{sk}"] = TileConfig(128, 128, 64, 8, 8, 4, split_k=sk)
+        sw = pd.DataFrame(sweep(shapes, ["fp16"], cfgs)).assign(**e)
+        sw.to_csv(os.path.join(args.out, "sweep_decode.csv"), index=False)
+        best = sw[sw.impl != "cublas"].sort_values("ratio", ascending=False).groupby(["shape", "layout", "dtype"]).head(2)
+        print(best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
+        h = sw[sw.impl == "heuristic"]
+        print(h[["shape", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
     if args.sweep:
         shapes = [(1024, 1024, 1024, "NN"), (2048, 2048, 2048, "NN"), (4096, 4096, 4096, "NN"),
                   (8192, 8192, 8192, "NN"), (5120, 5120, 4096, "NT"), (4096, 4096, 4096, "TN")]

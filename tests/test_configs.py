@@ -212,6 +212,7 @@ def test_candidate_configs_respect_a_small_device():
 
 
 def test_candidate_configs_never_empty_on_a_small_device():
+    """fp32 on 48 KiB (device.py's fallback when the opt-in limit is unknown) still has candidates."""
     assert list(candidate_configs(PROBLEMS["fp32-1024"], SMALL_GPU))
 
 
@@ -223,6 +224,7 @@ def test_candidate_configs_small_problem_has_small_tiles():
 
 
 def test_candidate_configs_float64_space_is_not_degenerate():
+    """fp64 gets a real space (small tiles for its 2-register accumulators), the heuristic's pick included."""
     problem = GemmProblem(4096, 4096, 4096, dtype="float64")
     configs = list(candidate_configs(problem, INTERPRETER_DEVICE))
     heuristic = tritongemm.heuristic_config(problem, INTERPRETER_DEVICE)

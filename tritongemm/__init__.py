@@ -5,6 +5,8 @@ Public API (torch signatures and semantics, all differentiable)::
     tritongemm.matmul, mm, bmm, addmm, baddbmm, linear
     tritongemm.nn.Linear, tritongemm.nn.convert
     tritongemm.patch()             # route torch's matmul family here
+    tritongemm.explain(a, b)       # which kernel and config a call would use, and why
+    tritongemm.tune(problems)      # autotune into the persistent on-disk cache
     tritongemm.TileConfig          # the tiling hierarchy as a value
     tritongemm.PIPELINES           # single_stage / double_buffer / multi_stage
 
@@ -21,8 +23,9 @@ from .api import addmm, baddbmm, bmm, linear, matmul, mm
 from .autograd import set_poison_outputs as _set_poison_outputs
 from .configs import PIPELINES, ConfigError, GemmProblem, TileConfig, candidate_configs
 from .device import DeviceInfo, device_info, interpreter_enabled
-from .dispatch import UnsupportedInputError, heuristic_config, select_config
+from .dispatch import UnsupportedInputError, clear_plan_cache, explain, heuristic_config, select_config
 from .patch import PatchStats, patch
+from .tuning import set_autotune_on_first_call, tune
 
 __version__ = "0.1.0"
 
@@ -33,5 +36,5 @@ __all__ = [
     "matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "nn", "patch", "PatchStats",
     "TileConfig", "PIPELINES", "ConfigError", "GemmProblem", "candidate_configs",
     "DeviceInfo", "device_info", "interpreter_enabled", "UnsupportedInputError",
-    "heuristic_config", "select_config",
+    "heuristic_config", "select_config", "explain", "clear_plan_cache", "tune", "set_autotune_on_first_call",
 ]

@@ -179,13 +179,14 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
 
 
 def _tuned_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None:
-    """The on-disk tuning cache's entry for this problem, if any (never tunes)."""
+    """The tuning cache's config for this problem (or, only when the user opted in
+    with TRITONGEMM_AUTOTUNE=1, a freshly tuned one); never raises."""
     try:
-        from .tuning import lookup
+        from .tuning import tuned_config
     except Exception:  # tuning package absent or broken: heuristics only
         return None
     try:
-        return lookup(problem, device)
+        return tuned_config(problem, device)
     except Exception:  # a broken cache must never break a matmul
         return None
 

@@ -219,11 +219,21 @@ def _backup(path: Path, reason: str) -> Path:
     return target
 
 
+def _file_mode(path: Path) -> int:
+    """The mode the new file gets: the old file's, else rw-r--r--."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return 0o644
+
+
 def _write_atomic(path: Path, entries: dict) -> None:
     """Write the whole file to a temporary sibling, fsync, and rename it over ``path``."""
     document = {"schema": SCHEMA, "version": CACHE_VERSION, "entries": dict(sorted(entries.items()))}
+    mode = _file_mode(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, mode)  # mkstemp makes 0600; keep the cache's own mode
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(document, f, indent=2)
             f.write("\n")

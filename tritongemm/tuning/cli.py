@@ -235,6 +235,9 @@ def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         progress=not args.no_progress,
     )
     print(tuner.format_table(results))
+    rejections = tuner.format_rejections(results)
+    if rejections:
+        print("\nrejected candidates:\n" + rejections)
     if not args.no_save:
         print(f"\ncache: {Path(args.cache_file).expanduser() if args.cache_file else cache.cache_path()}")
     if args.csv:

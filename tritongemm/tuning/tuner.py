@@ -20,6 +20,7 @@ import math
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -425,6 +426,7 @@ def tune(
                 path,
             )
             result.saved = True
+            dispatch.clear_plan_cache()  # cached launch plans may hold the config this entry replaces
         results.append(result)
         bar.step(done + 1, label)
     bar.close()
@@ -465,6 +467,20 @@ def format_table(results: Sequence[TuneResult]) -> str:
     return "\n".join(lines)
 
 
+def format_rejections(results: Sequence[TuneResult]) -> str:
+    """One line per problem with rejected candidates: how many, and the most common reason.
+
+    >>> print(format_rejections(results))  # doctest: +SKIP
+    4096x4096x4096 float16 NN: 3 rejected, 3x "OutOfResources: out of resource: shared memory"
+    """
+    lines = []
+    for r in results:
+        if r.rejected:
+            reason, count = Counter(c.error for c in r.rejected).most_common(1)[0]
+            lines.append(f"{describe_problem(r.problem)}: {len(r.rejected)} rejected, {count}x {reason!r}")
+    return "\n".join(lines)
+
+
 def _fmt(x: float | None) -> str:
     if x is None:
         return "-"
@@ -480,6 +496,7 @@ __all__ = [
     "candidates_for",
     "check_result",
     "describe_problem",
+    "format_rejections",
     "format_table",
     "make_operands",
     "median_ms",

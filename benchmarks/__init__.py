@@ -1,0 +1,18 @@
+"""tritongemm's benchmarks: ``python -m benchmarks quick | run | plot | list``.
+
+* ``harness.py`` — fair timing (same process, same inputs, L2 rotation,
+  do_bench medians), the correctness gate, ceilings, environment capture, CSV.
+* ``suites.py``  — the shape lists and the implementations each suite compares,
+  and ``run_suite(name, dtypes, out)`` for GPU scripts.
+* ``quick.py``   — the main job (``run_quick()``): a short GPU benchmark, or a
+  correctness demo on Triton's CPU interpreter when there is no GPU.
+* ``plots.py``   — every figure, from CSVs alone (no GPU needed).
+
+Results live in ``benchmarks/results/<gpu-name>/`` as CSV + ``.env.json`` + PNG.
+
+Nothing is imported here eagerly: ``python -m benchmarks quick`` must decide
+whether to re-run itself with ``TRITON_INTERPRET=1`` before tritongemm's
+kernels are created.
+"""
+
+__all__ = ["harness", "plots", "quick", "suites"]

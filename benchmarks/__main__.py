@@ -1,0 +1,145 @@
+"""Command line: ``python -m benchmarks {quick,run,plot,list}`` (run from the repository root).
+
+    python -m benchmarks quick [--out DIR]
+    python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward [--dtype fp16,bf16]
+                             [--out DIR] [--no-compile] [--filter TEXT] [--impls A,B] [--sabotaged]
+    python -m benchmarks plot CSV [CSV ...] [--out DIR]
+    python -m benchmarks list
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+_INTERPRET_ON = ("1", "true", "on", "yes")
+
+
+def _interpreter_requested() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in _INTERPRET_ON
+
+
+def _has_gpu() -> bool:
+    import torch  # importing torch creates no Triton kernel
+
+    return torch.cuda.is_available()
+
+
+def _interpreter_ready() -> bool:
+    """Will tritongemm's kernels run on the interpreter in this process?
+
+    Triton fixes this when a kernel is decorated, i.e. when tritongemm is first
+    imported: if it already is, ask it; otherwise the environment decides.
+    """
+    if "tritongemm" in sys.modules:
+        return bool(sys.modules["tritongemm"].interpreter_enabled())
+    return _interpreter_requested()
+
+
+def _reexec_with_interpreter(argv: list[str]) -> None:
+    """Replace this process with ``python -m benchmarks ARGV`` under TRITON_INTERPRET=1."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "benchmarks", *argv], env)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description="tritongemm benchmarks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    q = sub.add_parser("quick", help="short benchmark vs cuBLAS (GPU) or interpreter correctness demo (no GPU)")
+    q.add_argument("--out", help="results folder (default benchmarks/results/<gpu-name>/)")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    r = sub.add_parser("run", help="run benchmark suites (CUDA GPU)")
+    r.add_argument("--suite", required=True,
+                   help="comma-separated: square, llm, decode, stages, hierarchy, backward")
+    r.add_argument("--dtype", help="comma-separated: fp16, bf16, fp32 (default: the suite's)")
+    r.add_argument("--out", help="results folder (default benchmarks/results/<gpu-name>/)")
+    r.add_argument("--no-compile", action="store_true", help="skip torch.compile(max-autotune-no-cudagraphs)")
+    r.add_argument("--filter", help="only cases whose label contains this text")
+    r.add_argument("--impls", help="only implementations whose name contains one of these (comma-separated); "
+                                   "cuBLAS always runs")
+    r.add_argument("--sabotaged", action="store_true",
+                   help="add a deliberately wrong implementation, to see the gate reject it")
+    r.add_argument("--no-ceilings", action="store_true", help="skip the copy-bandwidth / peak-matmul ceilings")
+    r.add_argument("--no-plots", action="store_true", help="write the CSV only")
+    r.add_argument("--warmup", type=float, default=25, help="do_bench warm-up, ms (default 25)")
+    r.add_argument("--rep", type=float, default=100, help="do_bench measuring time, ms (default 100)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    pl = sub.add_parser("plot", help="regenerate figures from results CSVs (no GPU needed)")
+    pl.add_argument("csv", nargs="+", help="results CSV(s)")
+    pl.add_argument("--out", help="figures folder (default: the first CSV's folder)")
+
+    sub.add_parser("list", help="list the suites and their cases")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+
+    if args.command == "quick":
+        if not (_has_gpu() and not _interpreter_requested()) and not _interpreter_ready():
+            _reexec_with_interpreter(argv)  # does not return
+        from .quick import run_quick
+
+        return run_quick(args.out, progress=not args.no_progress)
+
+    if args.command == "plot":
+        from . import plots
+
+        files = plots.plot_all([os.fspath(p) for p in args.csv], args.out)
+        for f in files:
+            print(f"wrote {f}")
+        if not files:
+            print("no figures: the CSV(s) hold no successful measurements", file=sys.stderr)
+        return 0 if files else 1
+
+    if args.command == "list":
+        from .suites import SUITES
+
+        for suite in SUITES.values():
+            cases = suite.cases()
+            print(f"{suite.name:10s} {len(cases):3d} cases  {suite.description} "
+                  f"(default dtypes {','.join(suite.default_dtypes)})")
+            for c in cases:
+                print(f"    {c.label:45s} M={c.m:<6d} N={c.n:<6d} K={c.k:<6d} {c.layout}")
+        return 0
+
+    # run
+    if not _has_gpu() or _interpreter_requested():
+        why = "no CUDA GPU is available" if not _has_gpu() else "TRITON_INTERPRET=1 is set"
+        print(f"benchmarks run: {why}; suites time compiled kernels on a CUDA GPU.\n"
+              "Without one, `python -m benchmarks quick` runs the interpreter correctness demo, and "
+              "`python -m benchmarks plot CSV` redraws figures from saved results.", file=sys.stderr)
+        return 2
+    from . import suites
+
+    status = 0
+    for name in [s.strip() for s in args.suite.split(",") if s.strip()]:
+        if name not in suites.SUITES:
+            print(f"benchmarks run: unknown suite {name!r}; choose from {', '.join(suites.SUITES)}",
+                  file=sys.stderr)
+            return 2
+        summary = suites.run_suite(
+            name, args.dtype, args.out, compile=not args.no_compile, case_filter=args.filter,
+            impl_filter=args.impls, include_sabotaged=args.sabotaged, ceilings=not args.no_ceilings,
+            warmup_ms=args.warmup, rep_ms=args.rep, progress=not args.no_progress, plots=not args.no_plots,
+        )
+        print(f"\n== {name} ==")
+        print(suites.summary_table(summary.csv))
+        print(f"wrote {summary.csv}" + "".join(f"\nwrote {f}" for f in summary.figures))
+        if summary.failed:
+            status = 1
+            print(f"{len(summary.failed)} measurement(s) failed:")
+            for line in summary.failed:
+                print("  " + line)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,744 @@
+"""The benchmark core: cases, the correctness gate, L2 rotation, timing, environment, CSV.
+
+Rules every measurement follows:
+
+* **Same process, same inputs.** All implementations of one case run back to
+  back on the same tensors (and the same rotated copies of them).
+* **Gate before timing.** Each output is compared with cuBLAS's (relative
+  Frobenius error, per-dtype tolerance) on the first and last rotated copy;
+  an implementation that fails is recorded ``failed_gate`` and never timed.
+* **No flattering caches.** Inputs rotate over enough copies that together
+  they exceed twice the L2 cache (``triton.testing.do_bench`` also flushes L2
+  before each call).  Data is random normal, never zeros (zeros make tensor
+  cores draw less power and run faster than real data).
+* **Medians.** ``do_bench`` after its warm-up; the 20th and 80th percentiles
+  are recorded too.
+* **Results are data.** One tidy row per (case, dtype, implementation), with
+  the environment in every row (``env_*`` columns) and in a JSON sidecar.
+
+Everything here imports and runs on a CPU machine (timing falls back to a
+wall clock there, which the tests use on tiny cases); the GPU-only parts are
+the ``do_bench`` call and the ceilings.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp32": torch.float32,
+    "fp64": torch.float64,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+#: Assumed L2 size when the device cannot tell us (H100: 50 MB, H200: 60 MB).
+DEFAULT_L2_BYTES = 64 * 2**20
+#: Rotated input copies must together be this many times the L2 size.
+L2_ROTATION_FACTOR = 2
+#: Never more copies than this (tiny problems would otherwise need thousands).
+MAX_COPIES = 1024
+
+#: Column order of the results CSV (env_* columns follow).
+COLUMNS = [
+    "suite", "group", "case", "x", "x_label", "m", "n", "k", "layout", "dtype", "backward",
+    "impl", "family", "variant", "config", "block_m", "block_n", "block_k", "group_m",
+    "num_warps", "num_stages", "status", "message", "rel_err", "tol", "n_copies",
+    "ms", "ms_p20", "ms_p80", "host_us", "tflops", "gbps", "speedup_vs_cublas", "flops", "bytes", "intensity",
+]
+
+# Row statuses.
+OK, FAILED_GATE, INVALID, ERROR = "ok", "failed_gate", "invalid_config", "error"
+
+
+# ----------------------------------------------------------------------------------
+# Cases and implementations
+# ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """One GEMM problem C[M, N] = A[M, K] @ B[K, N] (forward, or forward + backward).
+
+    ``layout`` uses tritongemm's convention (``dispatch.problem_of``): one
+    letter per operand, ``N`` when it is row-major as torch stores it, ``T``
+    when it is a transposed (column-major) view.  So a linear layer's
+    ``x @ W.T`` is ``NT`` (BLAS, which thinks column-major, calls it ``TN``).
+    """
+
+    suite: str
+    group: str  # what a plot panel shows: "square", "llama3-8b qkv"
+    label: str  # unique within the suite
+    m: int
+    n: int
+    k: int
+    layout: str = "NN"
+    x: int | None = None  # the swept size a plot puts on its x axis (default: m)
+    x_label: str = "M"
+    backward: bool = False
+
+    @property
+    def flops(self) -> int:
+        # forward 2MNK; backward adds dA = dC B^T and dB = A^T dC, 2MNK each
+        return 2 * self.m * self.n * self.k * (3 if self.backward else 1)
+
+    def min_bytes(self, elem_size: int) -> int:
+        """Compulsory DRAM traffic: read A and B, write C once (x3 with backward)."""
+        once = (self.m * self.k + self.k * self.n + self.m * self.n) * elem_size
+        return once * (3 if self.backward else 1)
+
+
+@dataclass
+class Impl:
+    """A way to compute ``a @ b``; ``family`` groups them (cublas, tritongemm, torch.compile)."""
+
+    name: str
+    family: str
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    variant: str = ""
+    #: An explicit TileConfig, when the implementation pins one (recorded even if it does not fit).
+    config: Any = None
+    #: For tritongemm rows: (a, b) -> the TileConfig the dispatcher will run (validated).
+    config_of: Callable[[torch.Tensor, torch.Tensor], Any] | None = None
+
+
+# ----------------------------------------------------------------------------------
+# The correctness gate
+# ----------------------------------------------------------------------------------
+def gate_tolerance(dtype: torch.dtype) -> float:
+    """Largest relative Frobenius error vs cuBLAS a correct GEMM can show.
+
+    Both results are fp32 accumulations rounded to the output dtype (unit
+    roundoff 2^-11 ~ 4.9e-4 for fp16, 2^-8 ~ 3.9e-3 for bf16), and cuBLAS may
+    reduce split-K partials in reduced precision (torch's default
+    ``allow_fp16_reduced_precision_reduction``).  The tolerances leave about
+    10x of room; a wrong kernel (a skipped K tile, a swapped operand, garbage)
+    errs by 1e-1 or more.
+    """
+    if dtype == torch.float16:
+        return 1e-2
+    if dtype == torch.bfloat16:
+        return 3e-2
+    if dtype == torch.float32:
+        tf32 = _tf32_enabled()
+        return 1e-2 if tf32 else 1e-4  # TF32 keeps 10 mantissa bits
+    return 1e-9
+
+
+def _tf32_enabled() -> bool:
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision in ("tf32", "ieee"):
+        return precision == "tf32"
+    return bool(matmul.allow_tf32)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor, rows_per_chunk: int = 1024) -> float:
+    """||out - ref||_F / ||ref||_F, accumulated in float64 a row block at a time
+    (a full-size float64 copy of a 8192 x 57344 output would take 3.8 GB)."""
+    out2 = out.reshape(-1, out.shape[-1]) if out.dim() > 1 else out.reshape(1, -1)
+    ref2 = ref.reshape(-1, ref.shape[-1]) if ref.dim() > 1 else ref.reshape(1, -1)
+    err = torch.zeros((), dtype=torch.float64, device=out.device)
+    norm = torch.zeros((), dtype=torch.float64, device=out.device)
+    for start in range(0, out2.shape[0], rows_per_chunk):
+        o = out2[start:start + rows_per_chunk].double()
+        r = ref2[start:start + rows_per_chunk].double()
+        err += (o - r).square().sum()
+        norm += r.square().sum()
+    return math.sqrt(err.item()) / max(math.sqrt(norm.item()), 1e-300)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    ok: bool
+    rel_err: float
+    tol: float
+    reason: str = ""
+
+
+def check_output(out: Any, ref: torch.Tensor, tol: float | None = None) -> GateResult:
+    """Does ``out`` match the reference (cuBLAS) output within the dtype's tolerance?"""
+    tol = gate_tolerance(ref.dtype) if tol is None else tol
+    if not isinstance(out, torch.Tensor):
+        return GateResult(False, math.nan, tol, f"returned {type(out).__name__}, not a Tensor")
+    if tuple(out.shape) != tuple(ref.shape):
+        return GateResult(False, math.nan, tol, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+    if out.dtype != ref.dtype:
+        return GateResult(False, math.nan, tol, f"dtype {out.dtype} != reference {ref.dtype}")
+    if not bool(torch.isfinite(out).all()):
+        return GateResult(False, math.nan, tol, "output holds NaN or Inf")
+    err = relative_error(out, ref)
+    if not err <= tol:
+        return GateResult(False, err, tol, f"relative error {err:.3g} exceeds tolerance {tol:.3g}")
+    return GateResult(True, err, tol)
+
+
+# ----------------------------------------------------------------------------------
+# Inputs and L2 rotation
+# ----------------------------------------------------------------------------------
+def l2_cache_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        size = getattr(props, "L2_cache_size", 0)
+        if size:
+            return int(size)
+    return DEFAULT_L2_BYTES
+
+
+def copies_to_exceed_l2(set_bytes: int, l2_bytes: int) -> int:
+    """How many copies of an input set together exceed ``L2_ROTATION_FACTOR`` x L2."""
+    return max(1, min(MAX_COPIES, math.ceil(L2_ROTATION_FACTOR * l2_bytes / max(set_bytes, 1))))
+
+
+def _operand(rows: int, cols: int, transposed: bool, dtype, device, gen) -> torch.Tensor:
+    """A random (rows, cols) operand; ``transposed`` makes it a column-major view."""
+    shape = (cols, rows) if transposed else (rows, cols)
+    # Drawn in fp32 then rounded: randn's fp16/bf16 support varies by device and version.
+    t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    return t.mT if transposed else t
+
+
+def make_inputs(case: Case, dtype: torch.dtype, device: torch.device, n_copies: int, seed: int = 0):
+    """``n_copies`` independent random input sets: (a, b) or, with backward, (a, b, grad_out)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    sets = []
+    for _ in range(n_copies):
+        a = _operand(case.m, case.k, case.layout[0] == "T", dtype, device, gen)
+        b = _operand(case.k, case.n, case.layout[1] == "T", dtype, device, gen)
+        if case.backward:
+            a.requires_grad_(True)
+            b.requires_grad_(True)
+            g = torch.randn((case.m, case.n), generator=gen, device=device, dtype=torch.float32).to(dtype)
+            sets.append((a, b, g))
+        else:
+            sets.append((a, b))
+    return sets
+
+
+def input_set_bytes(case: Case, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    n = case.m * case.k + case.k * case.n + (case.m * case.n if case.backward else 0)
+    return n * elem
+
+
+class Rotation:
+    """Hands out the input sets in turn, so consecutive calls read different memory."""
+
+    def __init__(self, sets: Sequence[tuple]):
+        self.sets = list(sets)
+        self.index = 0
+
+    def next(self) -> tuple:
+        s = self.sets[self.index]
+        self.index = (self.index + 1) % len(self.sets)
+        return s
+
+
+# ----------------------------------------------------------------------------------
+# Running one implementation: forward or forward + backward
+# ----------------------------------------------------------------------------------
+def _forward(impl: Impl, inputs: tuple) -> torch.Tensor:
+    return impl.fn(inputs[0], inputs[1])
+
+
+def _forward_backward(impl: Impl, inputs: tuple) -> tuple[torch.Tensor, ...]:
+    a, b, g = inputs
+    a.grad = b.grad = None
+    out = impl.fn(a, b)
+    out.backward(g)
+    return out.detach(), a.grad, b.grad
+
+
+def _outputs(case: Case, impl: Impl, inputs: tuple) -> tuple[torch.Tensor, ...]:
+    if case.backward:
+        return _forward_backward(impl, inputs)
+    with torch.no_grad():
+        return (_forward(impl, inputs),)
+
+
+def gate(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple]) -> GateResult:
+    """Run ``impl`` on the checked copies and compare every output with the reference."""
+    worst = None
+    for index, ref in refs.items():
+        outs = _outputs(case, impl, sets[index])
+        names = ("out", "grad_a", "grad_b")
+        for name, out, r in zip(names, outs, ref):
+            result = check_output(out, r)
+            if not result.ok:
+                return GateResult(False, result.rel_err, result.tol, f"{name}: {result.reason}")
+            if worst is None or result.rel_err > worst.rel_err:
+                worst = result
+    return worst
+
+
+# ----------------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------------
+def time_ms(step: Callable[[], Any], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,
+            grad_to_none: Sequence[torch.Tensor] | None = None) -> tuple[float, float, float]:
+    """(median, p20, p80) milliseconds of ``step``.
+
+    On CUDA: ``triton.testing.do_bench`` (CUDA events around each call, L2
+    flushed before each).  On CPU: a wall clock, for tests only.
+    """
+    if device.type == "cuda":
+        import triton.testing
+
+        q = triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none,
+                                    quantiles=[0.5, 0.2, 0.8])
+        return float(q[0]), float(q[1]), float(q[2])
+    step()
+    times = []
+    deadline = time.perf_counter() + rep_ms / 1000
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 1000):
+        if grad_to_none:
+            for t in grad_to_none:
+                t.grad = None
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1000)
+    times.sort()
+    return statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8)
+
+
+def host_overhead_us(step: Callable[[], Any], device: torch.device, calls: int | None = None) -> float:
+    """Median microseconds of CPU time one call takes to issue its work (launches are asynchronous).
+
+    Where this exceeds the kernel time, back-to-back calls leave the GPU idle
+    ("host-bound").  ``do_bench`` hides up to its L2 flush's duration (about
+    0.1 ms) of host time per call, so ``ms`` stays the GPU's time.
+    """
+    calls = calls or (21 if device.type == "cuda" else 2)  # on the CPU it is just the run time
+    _synchronize(device)
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e6)
+    _synchronize(device)
+    return statistics.median(times)
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    pos = q * (len(sorted_values) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------------
+# Measuring a case
+# ----------------------------------------------------------------------------------
+def _base_row(case: Case, dtype: torch.dtype) -> dict:
+    elem = torch.empty((), dtype=dtype).element_size()
+    nbytes = case.min_bytes(elem)
+    return {
+        "suite": case.suite, "group": case.group, "case": case.label,
+        "x": case.x if case.x is not None else case.m, "x_label": case.x_label,
+        "m": case.m, "n": case.n, "k": case.k, "layout": case.layout,
+        "dtype": DTYPE_NAMES.get(dtype, str(dtype)), "backward": case.backward,
+        "flops": case.flops, "bytes": nbytes, "intensity": case.flops / nbytes,
+    }
+
+
+def _config_columns(cfg: Any) -> dict:
+    """The TileConfig's fields as columns (block_m ... num_stages, and any kernel-path flags)."""
+    if cfg is None:
+        return {}
+    return {"config": cfg.short(), **cfg.to_dict()}
+
+
+def _short_error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().replace("\n", " ")
+    return text[:400]
+
+
+def measure(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple], device: torch.device,
+            warmup_ms: float, rep_ms: float) -> dict:
+    """One row: gate, then (only if the gate passed) time over the rotated copies."""
+    row = {"impl": impl.name, "family": impl.family, "variant": impl.variant, "n_copies": len(sets)}
+    row.update(_config_columns(impl.config))
+    try:
+        if impl.config_of is not None:
+            row.update(_config_columns(impl.config_of(sets[0][0], sets[0][1])))
+    except Exception as exc:  # a config the device cannot hold: ConfigError names the budget
+        status = INVALID if type(exc).__name__ == "ConfigError" else ERROR
+        return {**row, "status": status, "message": _short_error(exc)}
+    try:
+        result = gate(case, impl, sets, refs)  # also the first call: compiles / autotunes
+        _synchronize(device)
+    except Exception as exc:
+        status = INVALID if type(exc).__name__ == "ConfigError" else ERROR
+        return {**row, "status": status, "message": _short_error(exc)}
+    row.update(rel_err=result.rel_err, tol=result.tol)
+    if not result.ok:
+        return {**row, "status": FAILED_GATE, "message": result.reason}
+
+    rotation = Rotation(sets)
+    if case.backward:
+        leaves = [t for s in sets for t in s[:2]]
+
+        def step():
+            a, b, g = rotation.next()
+            impl.fn(a, b).backward(g)
+    else:
+        leaves = None
+
+        def step():
+            a, b = rotation.next()
+            impl.fn(a, b)
+
+    try:
+        grad_mode = torch.enable_grad() if case.backward else torch.no_grad()
+        with grad_mode:
+            ms, p20, p80 = time_ms(step, device, warmup_ms, rep_ms, grad_to_none=leaves)
+            host_us = host_overhead_us(step, device)
+    except Exception as exc:
+        return {**row, "status": ERROR, "message": "timing: " + _short_error(exc)}
+    return {**row, "status": OK, "message": "", "ms": ms, "ms_p20": p20, "ms_p80": p80, "host_us": host_us}
+
+
+def _references(case: Case, sets: Sequence[tuple], reference: Impl) -> dict[int, tuple]:
+    """cuBLAS's outputs on the copies the gate checks (the first and the last)."""
+    checked = sorted({0, len(sets) - 1})
+    return {i: tuple(t.detach().clone() for t in _outputs(case, reference, sets[i])) for i in checked}
+
+
+def _finish_rows(rows: list[dict]) -> None:
+    """TFLOP/s, GB/s and the speedup over cuBLAS of the same case and dtype (GEMM rows only)."""
+    for row in rows:
+        ms = row.get("ms")
+        if row.get("flops") and ms is not None and ms > 0 and not math.isnan(ms):
+            row["tflops"] = row["flops"] / (ms * 1e-3) / 1e12
+            if row.get("bytes"):
+                row["gbps"] = row["bytes"] / (ms * 1e-3) / 1e9
+
+    def key(r: dict) -> tuple:
+        return r.get("suite"), r.get("case"), r.get("dtype")
+
+    cublas = {key(r): r["ms"] for r in rows if r.get("family") == "cublas" and r.get("status") == OK}
+    for row in rows:
+        base = cublas.get(key(row))
+        if base and row.get("status") == OK and row.get("flops"):
+            row["speedup_vs_cublas"] = base / row["ms"]
+
+
+class Progress:
+    """A one-line progress bar on stderr (one line per step when stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool = True, stream=None):
+        self.total, self.done, self.enabled = max(total, 1), 0, enabled
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.start = time.perf_counter()
+
+    def update(self, desc: str) -> None:
+        if not self.enabled:
+            return
+        self.done += 1
+        frac = self.done / self.total
+        width = 24
+        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+        elapsed = time.perf_counter() - self.start
+        line = f"[{bar}] {self.done}/{self.total} {elapsed:5.0f}s {desc}"
+        if self.tty:
+            cols = shutil.get_terminal_size((120, 20)).columns
+            self.stream.write("\r" + line[: cols - 1].ljust(cols - 1))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run_cases(
+    cases: Sequence[Case],
+    dtypes: Sequence[torch.dtype],
+    impls_for: Callable[[Case, torch.dtype], list[Impl]],
+    reference: Impl,
+    *,
+    device: torch.device | str = "cuda",
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    l2_bytes: int | None = None,
+    progress: bool = True,
+    seed: int = 0,
+) -> list[dict]:
+    """Measure every implementation on every (case, dtype); returns tidy rows.
+
+    ``impls_for(case, dtype)`` lists the implementations to compare (built per
+    case, so e.g. ``torch.compile`` starts fresh); ``reference`` (cuBLAS) is
+    what the gate compares against, and is measured too if it is in the list.
+    """
+    device = torch.device(device)
+    l2 = l2_bytes if l2_bytes is not None else l2_cache_bytes(device)
+    plan = [(dtype, case) for dtype in dtypes for case in cases]
+    bar = Progress(sum(len(impls_for(case, dtype)) for dtype, case in plan), enabled=progress)
+    rows: list[dict] = []
+    for dtype, case in plan:
+        impls = impls_for(case, dtype)  # built right before use: torch.compile starts fresh per case
+        base = _base_row(case, dtype)
+        n_copies = copies_to_exceed_l2(input_set_bytes(case, dtype), l2)
+        try:
+            sets = make_inputs(case, dtype, device, n_copies, seed=seed)
+            refs = _references(case, sets, reference)
+        except Exception as exc:  # e.g. out of memory: record every impl as not run
+            for impl in impls:
+                bar.update(f"{base['dtype']} {case.label} {impl.name}")
+                rows.append({**base, "impl": impl.name, "family": impl.family, "variant": impl.variant,
+                             "status": ERROR, "message": "inputs: " + _short_error(exc)})
+            continue
+        for impl in impls:
+            bar.update(f"{base['dtype']} {case.label} {impl.name}")
+            rows.append({**base, **measure(case, impl, sets, refs, device, warmup_ms, rep_ms)})
+        del sets, refs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    bar.close()
+    _finish_rows(rows)
+    return rows
+
+
+# ----------------------------------------------------------------------------------
+# Ceilings: what the device can do at best, measured once per run
+# ----------------------------------------------------------------------------------
+def measure_ceilings(device: torch.device | str = "cuda", copy_bytes: int = 2**30, peak_n: int = 8192,
+                     warmup_ms: float = 25, rep_ms: float = 100) -> list[dict]:
+    """Rows for the device-to-device copy bandwidth and cuBLAS's best matmul rate.
+
+    GPU only.  The copy counts bytes read plus bytes written; the matmul is
+    cuBLAS ``peak_n``^3 bf16 on random data.
+    """
+    device = torch.device(device)
+    rows = [_copy_ceiling(device, copy_bytes, warmup_ms, rep_ms), _matmul_ceiling(device, peak_n, warmup_ms, rep_ms)]
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _copy_ceiling(device: torch.device, copy_bytes: int, warmup_ms: float, rep_ms: float) -> dict:
+    free, _ = torch.cuda.mem_get_info(device)
+    nbytes = int(min(copy_bytes, free // 4)) // 16 * 16
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    ms, p20, p80 = time_ms(lambda: dst.copy_(src), device, warmup_ms, rep_ms)
+    return {
+        "suite": "ceiling", "group": "ceiling", "case": f"d2d copy {nbytes / 2**20:.0f} MiB",
+        "impl": "torch.Tensor.copy_", "family": "ceiling", "variant": "copy_bandwidth", "status": OK,
+        "message": "GB/s counts bytes read + written", "bytes": 2 * nbytes,
+        "ms": ms, "ms_p20": p20, "ms_p80": p80, "gbps": 2 * nbytes / (ms * 1e-3) / 1e9,
+    }
+
+
+def _matmul_ceiling(device: torch.device, n: int, warmup_ms: float, rep_ms: float) -> dict:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1)
+    a = torch.randn((n, n), generator=gen, device=device).to(torch.bfloat16)
+    b = torch.randn((n, n), generator=gen, device=device).to(torch.bfloat16)
+    flops = 2 * n**3
+    ms, p20, p80 = time_ms(lambda: torch.matmul(a, b), device, warmup_ms, rep_ms)
+    return {
+        "suite": "ceiling", "group": "ceiling", "case": f"cublas {n}^3 bf16", "m": n, "n": n, "k": n,
+        "dtype": "bf16", "impl": "cublas", "family": "ceiling", "variant": "matmul_peak", "status": OK,
+        "message": "", "flops": flops, "ms": ms, "ms_p20": p20, "ms_p80": p80,
+        "tflops": flops / (ms * 1e-3) / 1e12,
+    }
+
+
+# ----------------------------------------------------------------------------------
+# Environment
+# ----------------------------------------------------------------------------------
+def _nvidia_driver() -> str:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:  # the CUDA driver API version (e.g. 13000), when nvidia-smi is missing
+        return f"cuda-driver-api {torch._C._cuda_getDriverVersion()}"
+    except Exception:
+        return "unknown"
+
+
+def _git_commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def environment(device: torch.device | str | None = None) -> dict[str, Any]:
+    """What produced the numbers: GPU, SM count, L2, driver, CUDA, torch, triton, date."""
+    import triton
+
+    device = torch.device(device) if device is not None else (
+        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    env: dict[str, Any] = {}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(
+            gpu=props.name, sm_count=props.multi_processor_count,
+            capability=f"{props.major}.{props.minor}",
+            l2_mb=round(l2_cache_bytes(device) / 2**20, 1),
+            gpu_memory_gb=round(props.total_memory / 1e9, 1),
+            driver=_nvidia_driver(),
+        )
+    else:
+        env.update(gpu="none (CPU, Triton interpreter)", sm_count=0, capability="", l2_mb=0.0,
+                   gpu_memory_gb=0.0, driver="none")
+    try:
+        import tritongemm
+
+        tg_version = tritongemm.__version__
+    except Exception:  # the benchmarks can run without tritongemm importable (e.g. plotting)
+        tg_version = "unknown"
+    env.update(
+        cuda=torch.version.cuda or "none",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        python=platform.python_version(),
+        tritongemm=tg_version,
+        git=_git_commit(),
+        tf32=_tf32_enabled(),
+        triton_interpret=os.environ.get("TRITON_INTERPRET", "0"),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    return env
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (a results folder name)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-device"
+
+
+def default_results_dir(env: dict) -> Path:
+    slug = gpu_slug(env["gpu"]) if env.get("sm_count") else "cpu-interpreter"
+    return Path(__file__).resolve().parent / "results" / slug
+
+
+# ----------------------------------------------------------------------------------
+# CSV
+# ----------------------------------------------------------------------------------
+def to_frame(rows: Iterable[dict], env: dict[str, Any] | None = None):
+    """Rows as a DataFrame with the standard columns, plus ``env_*`` columns in every row."""
+    import pandas as pd
+
+    df = pd.DataFrame(list(rows))
+    for col in COLUMNS:
+        if col not in df.columns:
+            df[col] = None
+    extra = [c for c in df.columns if c not in COLUMNS]
+    df = df[COLUMNS + extra]
+    for key, value in (env or {}).items():
+        df[f"env_{key}"] = value
+    return df
+
+
+def write_results(rows: Iterable[dict], path: str | Path, env: dict[str, Any] | None = None,
+                  extra: dict[str, Any] | None = None) -> Path:
+    """Write the tidy CSV at ``path`` and ``<stem>.env.json`` beside it; returns the CSV path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        to_frame(rows, env).to_csv(path, index=False)
+    except ImportError:  # no pandas on this machine: the same columns through the csv module
+        _write_csv_plain(list(rows), path, env or {})
+    sidecar = {"environment": env or {}, **(extra or {})}
+    path.with_suffix(".env.json").write_text(json.dumps(sidecar, indent=2, default=str) + "\n")
+    return path
+
+
+def _write_csv_plain(rows: list[dict], path: Path, env: dict[str, Any]) -> None:
+    import csv
+
+    extra = [k for r in rows for k in r if k not in COLUMNS]
+    header = COLUMNS + list(dict.fromkeys(extra)) + [f"env_{k}" for k in env]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({**{k: ("" if v is None else v) for k, v in r.items()},
+                             **{f"env_{k}": v for k, v in env.items()}})
+
+
+def read_results(*paths: str | Path):
+    """One DataFrame from one or more results CSVs."""
+    import pandas as pd
+
+    frames = [pd.read_csv(p) for p in paths]
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def plot_safely(csv: str | Path, out_dir: str | Path) -> list[Path]:
+    """Figures at the end of a GPU run; a plotting problem (even matplotlib missing) must not
+    lose the measurements: the CSV is written, and ``python -m benchmarks plot CSV`` redraws later."""
+    try:
+        from . import plots
+
+        return plots.plot_all([csv], out_dir)
+    except Exception as exc:  # report and carry on
+        print(f"figures skipped ({type(exc).__name__}: {exc}); redraw with `python -m benchmarks plot {csv}`",
+              file=sys.stderr)
+        return []
+
+
+# ----------------------------------------------------------------------------------
+# Printing
+# ----------------------------------------------------------------------------------
+def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> str:
+    """A plain fixed-width table; ``columns`` are (key, heading) pairs."""
+    def cell(v) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1 else f"{v:,.2f}"
+        return str(v)
+
+    cells = [[cell(r.get(k)) for k, _ in columns] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(columns)]
+    lines = ["  ".join(h.ljust(w) for (_, h), w in zip(columns, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+@dataclass
+class RunSummary:
+    """What a suite run produced (for scripts)."""
+
+    csv: Path
+    figures: list[Path] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)

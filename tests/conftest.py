@@ -1,0 +1,112 @@
+"""Test setup shared by every test file.
+
+Before tritongemm (or anything ``@triton.jit``) is imported:
+* ``TRITON_INTERPRET=1`` when there is no CUDA GPU: Triton decides at
+  decoration time whether kernels run compiled or on its CPU interpreter;
+* ``TRITONGEMM_POISON_OUTPUTS=1``: every output tritongemm allocates starts
+  as NaN, so an element the kernel never writes fails the comparison;
+* an empty tuning cache and no autotuning, so ``config=None`` means the
+  heuristic whatever the machine has cached.
+
+Tests take their device from the ``device`` fixture ("cuda" when Triton
+compiles for a GPU, else "cpu" on the interpreter); ``@pytest.mark.gpu`` tests
+are skipped, with the reason shown, when Triton does not run on a GPU.
+"""
+
+import inspect
+import os
+import tempfile
+import zlib
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+os.environ["TRITONGEMM_POISON_OUTPUTS"] = "1"
+# Hermetic config choice: no tuning cache from the user's home, no autotuning
+# (tests that exercise tuning point these at their own files).
+os.environ["TRITONGEMM_CACHE_FILE"] = os.path.join(tempfile.mkdtemp(prefix="tritongemm-tests-"), "cache.json")
+os.environ["TRITONGEMM_AUTOTUNE"] = "0"
+
+import pytest  # noqa: E402
+
+import tritongemm  # noqa: E402
+from tritongemm import dispatch  # noqa: E402
+from tritongemm.autograd import set_poison_outputs  # noqa: E402
+from tritongemm.testing import default_device  # noqa: E402
+
+# tritongemm may have been imported before this file ran (a plugin, a
+# benchmark helper): make sure the poisoning is on either way.
+set_poison_outputs(True)
+
+if not torch.cuda.is_available() and not tritongemm.interpreter_enabled():
+    raise pytest.UsageError(
+        "no CUDA GPU and tritongemm's kernels are compiled, not interpreted: Triton was imported "
+        "before tests/conftest.py could set TRITON_INTERPRET=1; run with TRITON_INTERPRET=1 set"
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU with compiled Triton (skipped otherwise)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if default_device().type == "cuda":
+        return
+    why = (
+        "needs a CUDA GPU with compiled Triton kernels "
+        f"(cuda available: {torch.cuda.is_available()}, interpreter: {tritongemm.interpreter_enabled()})"
+    )
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """"cuda" when Triton compiles for the GPU, else "cpu" (Triton's interpreter)."""
+    return default_device()
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    """A fixed seed per test (from its id), so a failure reproduces alone and under xdist."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """Records every GEMM the library runs, as a dict (config, kernel, M, N, K, dtype).
+
+    Wraps ``dispatch.gemm`` (the one entry every public function reaches) and
+    asks ``dispatch.plan`` what it runs: the dispatcher caches its plans, so
+    a spy on ``plan`` itself would miss repeated signatures.
+    """
+    records = []
+    real_gemm = dispatch.gemm
+    plan_args = set(inspect.signature(dispatch.plan).parameters) - {"a", "b", "out"}
+
+    def spy(a, b, out, **kwargs):
+        if out.numel() > 0:
+            options = {k: v for k, v in kwargs.items() if k in plan_args}
+            if kwargs.get("beta", 0.0) == 0:
+                options["addend"] = None  # as gemm does: beta=0 ignores the addend
+            chosen = dispatch.plan(a, b, out, **options)
+            records.append(dict(config=chosen.config, kernel=chosen.kernel, M=a.shape[-2], N=b.shape[-1],
+                                K=a.shape[-1], dtype=a.dtype))
+        return real_gemm(a, b, out, **kwargs)
+
+    monkeypatch.setattr(dispatch, "gemm", spy)
+    return records
+
+
+@pytest.fixture
+def restore_tf32():
+    """Put torch's TF32 switches back as they were after the test."""
+    matmul = torch.backends.cuda.matmul
+    saved_allow = matmul.allow_tf32
+    saved_precision = getattr(matmul, "fp32_precision", None)
+    yield
+    matmul.allow_tf32 = saved_allow
+    if saved_precision is not None:
+        matmul.fp32_precision = saved_precision

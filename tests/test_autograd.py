@@ -1,0 +1,148 @@
+"""Autograd: gradcheck and gradgradcheck in float64 for every public function,
+gradients flowing into stride-0 and transposed incoming gradients, and
+backward running only the GEMMs it needs.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.autograd import gradcheck, gradgradcheck
+
+import tritongemm
+from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor
+
+F64 = torch.float64
+
+
+def _inputs(device, *shapes, layouts=None):
+    """float64 leaves requiring grad; ``layouts`` gives "N"/"T" per 2-D-or-more input."""
+    out = []
+    for i, shape in enumerate(shapes):
+        layout = layouts[i] if layouts else "N"
+        if layout == "T" and len(shape) >= 2:
+            t = random_tensor((*shape[:-2], shape[-1], shape[-2]), F64, device).mT
+        else:
+            t = random_tensor(shape, F64, device)
+        out.append(t.detach().requires_grad_(True) if layout == "N" else t.requires_grad_(True))
+    return tuple(out)
+
+
+# name -> (function of the inputs, input shapes, layouts)
+GRADCHECK_CASES = {
+    "matmul": (tritongemm.matmul, [(3, 4), (4, 5)], "NT"),
+    "matmul-bcast": (tritongemm.matmul, [(2, 1, 2, 3), (2, 3, 2)], "TN"),
+    "matmul-vec": (tritongemm.matmul, [(4,), (2, 4, 3)], "NN"),
+    "mm": (tritongemm.mm, [(3, 4), (4, 5)], "TT"),
+    "bmm": (tritongemm.bmm, [(2, 3, 4), (2, 4, 2)], "NT"),
+    "addmm": (lambda i, a, b: tritongemm.addmm(i, a, b, beta=0.5, alpha=-1.5), [(5,), (3, 4), (4, 5)], "NNT"),
+    "baddbmm": (lambda i, a, b: tritongemm.baddbmm(i, a, b, beta=2, alpha=0.5), [(2, 3, 2), (2, 3, 4), (2, 4, 2)], "NTN"),
+    "linear": (tritongemm.linear, [(2, 3, 4), (5, 4), (5,)], "NNN"),
+    "linear-nobias": (tritongemm.linear, [(3, 4), (5, 4)], "NN"),
+}
+
+
+#: Batched cases check a random projection of the Jacobian (gradcheck's fast
+#: mode): the full Jacobian needs two launches per input element.
+BATCHED = {"matmul-bcast", "matmul-vec", "bmm", "baddbmm"}
+
+
+@pytest.mark.parametrize("name", list(GRADCHECK_CASES))
+def test_gradcheck(name, device):
+    fn, shapes, layouts = GRADCHECK_CASES[name]
+    inputs = _inputs(device, *shapes, layouts=layouts)
+    assert gradcheck(fn, inputs, eps=1e-6, atol=1e-8, rtol=1e-6, fast_mode=name in BATCHED)
+
+
+@pytest.mark.parametrize("name", ["matmul-bcast", "addmm", "baddbmm", "linear"])
+def test_gradgradcheck(name, device):
+    fn, shapes, layouts = GRADCHECK_CASES[name]
+    inputs = _inputs(device, *shapes, layouts=layouts)
+    assert gradgradcheck(fn, inputs, eps=1e-6, atol=1e-8, rtol=1e-6, fast_mode=True)
+
+
+def test_gradcheck_catches_a_wrong_gradient(device):
+    """The gradcheck settings above are tight enough to see a gradient off by 1e-3."""
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return tritongemm.mm(a, b)
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b = ctx.saved_tensors
+            return tritongemm.mm(g, b.t()) * (1 + 1e-3), tritongemm.mm(a.t(), g)
+
+    inputs = _inputs(device, (3, 4), (4, 5))
+    assert not gradcheck(Scaled.apply, inputs, eps=1e-6, atol=1e-8, rtol=1e-6, raise_exception=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("loss", ["sum", "transposed", "sliced"])
+def test_backward_odd_incoming_gradients(loss, dtype, device):
+    """Incoming gradients with stride 0 (sum), transposed strides, or zeros outside a slice."""
+    a, b = make_operands(17, 19, 23, "NT", dtype, device)
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    weight = random_tensor((19, 17), dtype, device)
+
+    def reduce(c):
+        if loss == "sum":
+            return c.sum()  # grad_out is a (17, 19) view of one element: strides (0, 0)
+        if loss == "transposed":
+            return (c.t() * weight.to(c.dtype)).sum()  # grad_out = weight.t(): column-major
+        return c[1::3, ::2].sum()  # grad_out zero outside the slice
+
+    ga, gb = torch.autograd.grad(reduce(tritongemm.matmul(a, b)), (a, b))
+    ra, rb = (a.detach().double().requires_grad_(), b.detach().double().requires_grad_())
+    ref_a, ref_b = torch.autograd.grad(reduce(ra @ rb), (ra, rb))
+    assert_close(ga, ref_a, dtype=dtype, what="grad a")
+    assert_close(gb, ref_b, dtype=dtype, what="grad b")
+
+
+@pytest.mark.parametrize("needs", ["a", "b", "both"])
+def test_backward_runs_only_needed_gemms(needs, device, plans):
+    a, b = make_operands(9, 10, 11, "NN", torch.float32, device)
+    a.requires_grad_(needs in ("a", "both"))
+    b.requires_grad_(needs in ("b", "both"))
+    out = assert_matches_reference(tritongemm.matmul, torch.matmul, a, b)
+    assert out.requires_grad
+    assert len(plans) == 1 + (2 if needs == "both" else 1)
+
+
+def test_no_grad_output_has_no_graph(device):
+    a, b = make_operands(9, 10, 11, "NN", torch.float32, device)
+    a.requires_grad_(True)
+    with torch.no_grad():
+        out = tritongemm.matmul(a, b)
+    assert not out.requires_grad and out.grad_fn is None
+
+
+@pytest.mark.parametrize("variant", ["single_stage", "double_buffer", "multi_stage"])
+def test_backward_under_each_pipeline(variant, device):
+    """pipeline= applies to the backward GEMMs too; their results are right under each scheme."""
+    a, b = make_operands(20, 13, 33, "TN", torch.bfloat16, device)
+    bias = random_tensor((13,), torch.bfloat16, device)
+    for t in (a, b, bias):
+        t.requires_grad_(True)
+    assert_matches_reference(
+        tritongemm.linear, F.linear, a, b.t(), bias, ours_kwargs=dict(pipeline=variant)
+    )
+
+
+def test_double_backward_values(device):
+    """d/da of <grad_a(a, b; g), v> against torch in float64 (create_graph through our backward)."""
+    a, b = _inputs(device, (4, 5), (5, 3))
+    g = random_tensor((4, 3), F64, device)
+    v = random_tensor((4, 5), F64, device)
+
+    def second(fn, a, b):
+        (ga,) = torch.autograd.grad(fn(a, b), (a,), g, create_graph=True)
+        return torch.autograd.grad((ga * v).sum() + (fn(a, b) ** 2).sum(), (a, b))
+
+    ours = second(tritongemm.matmul, a, b)
+    ra, rb = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    theirs = second(torch.matmul, ra, rb)
+    for o, t in zip(ours, theirs):
+        assert_close(o, t, dtype=F64)

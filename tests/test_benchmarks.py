@@ -1,0 +1,396 @@
+"""The benchmark harness, suites, plots and CLI, on the CPU (no GPU needed).
+
+GPU timing cannot run here; what can is: the correctness gate (it must reject
+a wrong implementation and record it untimed), L2 rotation, CSV round trips
+with the environment, suite shape lists, every figure from synthetic CSVs, and
+``python -m benchmarks quick`` on Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import tritongemm
+from benchmarks import harness, plots, quick, suites
+from benchmarks.__main__ import main as cli_main
+from benchmarks.harness import Case, Impl
+
+REPO = Path(__file__).resolve().parent.parent
+
+ENV = {
+    "gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132, "capability": "9.0", "l2_mb": 50.0,
+    "gpu_memory_gb": 85.0, "driver": "580.159.04", "cuda": "13.0", "torch": "2.11.0", "triton": "3.6.0",
+    "python": "3.12.3", "tritongemm": "0.1.0", "git": "abc1234", "tf32": False, "triton_interpret": "0",
+    "date": "2026-11-23T00:00:00+00:00",
+}
+
+
+# ----------------------------------------------------------------------------------
+# Synthetic results, built through the harness's own row code
+# ----------------------------------------------------------------------------------
+def _fake_tflops(impl: str, case: Case) -> float:
+    """A plausible, deterministic rate: grows with size, differs per implementation."""
+    base = {"cublas": 600.0, "torch.compile": 580.0, "tritongemm": 540.0, "tritongemm:single_stage": 250.0,
+            "tritongemm:double_buffer": 420.0, "tritongemm:multi_stage": 550.0}.get(impl, 400.0)
+    scale = min(1.0, math.log2(max(case.m * case.n * case.k, 2)) / 39)
+    return base * scale + (len(impl) % 7)
+
+
+def _rows_for(case: Case, dtype: torch.dtype, impls: list[tuple[str, str, str, object]]) -> list[dict]:
+    rows = []
+    for name, family, variant, cfg in impls:
+        row = {**harness._base_row(case, dtype), "impl": name, "family": family, "variant": variant,
+               "n_copies": 4, "rel_err": 1e-4, "tol": 1e-2}
+        row.update(harness._config_columns(cfg))
+        if cfg is not None and not _fits(cfg, dtype):
+            row.update(status=harness.INVALID, message="exceeds the shared-memory budget")
+        else:
+            ms = case.flops / (_fake_tflops(name, case) * 1e12) * 1e3
+            row.update(status=harness.OK, message="", ms=ms, ms_p20=ms * 0.98, ms_p80=ms * 1.02)
+        rows.append(row)
+    return rows
+
+
+def _fits(cfg: tritongemm.TileConfig, dtype: torch.dtype) -> bool:
+    try:
+        cfg.validate(tritongemm.device.INTERPRETER_DEVICE, torch.empty((), dtype=dtype).element_size())
+        return True
+    except tritongemm.ConfigError:
+        return False
+
+
+BASELINES = [("cublas", "cublas", "torch.matmul", None), ("tritongemm", "tritongemm", "heuristic", None),
+             ("torch.compile", "torch.compile", "max-autotune-no-cudagraphs", None)]
+PIPES = [(f"tritongemm:{p}", "tritongemm", p, None) for p in tritongemm.PIPELINES]
+
+
+def synthetic_rows() -> list[dict]:
+    rows = [
+        {"suite": "ceiling", "group": "ceiling", "case": "d2d copy 1024 MiB", "impl": "torch.Tensor.copy_",
+         "family": "ceiling", "variant": "copy_bandwidth", "status": "ok", "gbps": 3000.0, "ms": 0.7},
+        {"suite": "ceiling", "group": "ceiling", "case": "cublas 8192^3 bf16", "impl": "cublas",
+         "family": "ceiling", "variant": "matmul_peak", "status": "ok", "tflops": 790.0, "ms": 1.4},
+    ]
+    for dtype in (torch.float16, torch.bfloat16):
+        for case in suites.square_cases():
+            rows += _rows_for(case, dtype, BASELINES + PIPES)
+    for case in suites.llm_cases()[:6] + suites.decode_cases()[:6]:
+        rows += _rows_for(case, torch.float16, BASELINES + PIPES)
+    for case in suites.stages_cases():
+        stage_impls = [(f"tritongemm:stages={s}", "tritongemm", "stages", cfg)
+                       for s, cfg in suites.stage_configs(torch.float16)]
+        rows += _rows_for(case, torch.float16, BASELINES[:1] + stage_impls)
+    for case in suites.hierarchy_cases():
+        grid = [(f"tritongemm:{c.block_m}x{c.block_n}w{c.num_warps}", "tritongemm", "hierarchy", c)
+                for c in suites.hierarchy_configs(torch.float16)]
+        rows += _rows_for(case, torch.float16, BASELINES[:1] + grid)
+    for case in suites.backward_cases()[:3]:
+        rows += _rows_for(case, torch.bfloat16, BASELINES)
+    for case in quick.quick_cases():
+        for dtype in quick.QUICK_DTYPES:
+            impls = BASELINES[:2] + (PIPES if case.m == quick.PIPELINE_SIZE and dtype == torch.float16 else [])
+            rows += [{**r, "suite": "quick"} for r in _rows_for(case, dtype, impls)]
+    harness._finish_rows(rows)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def synthetic_csv(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("results") / "synthetic.csv"
+    return harness.write_results(synthetic_rows(), path, ENV, {"suite": "synthetic"})
+
+
+# ----------------------------------------------------------------------------------
+# Plots
+# ----------------------------------------------------------------------------------
+def test_plot_all_writes_every_figure_from_csv_alone(synthetic_csv, tmp_path):
+    files = plots.plot_all([synthetic_csv], tmp_path / "figs")
+    names = {f.name for f in files}
+    expected = {"square_tflops.png", "square_speedup.png", "llm_tflops.png", "llm_speedup.png",
+                "decode_tflops.png", "decode_speedup.png", "backward_tflops.png", "backward_speedup.png",
+                "stages_ladder.png", "hierarchy_heatmap.png", "roofline.png", "quick.png"}
+    assert expected <= names, expected - names
+    for f in files:
+        assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 5000, f
+
+
+def _visible_axes(fig):
+    return [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
+
+
+@pytest.mark.parametrize("name", ["tflops", "speedup", "ladder", "heatmap", "roofline", "quick"])
+def test_figures_label_their_axes(synthetic_csv, name):
+    df = harness.read_results(synthetic_csv)
+    fig = {
+        "tflops": lambda: plots.fig_tflops(df, "square"),
+        "speedup": lambda: plots.fig_speedup(df, "llm"),
+        "ladder": lambda: plots.fig_ladder(df),
+        "heatmap": lambda: plots.fig_heatmap(df),
+        "roofline": lambda: plots.fig_roofline(df),
+        "quick": lambda: plots.fig_quick(df),
+    }[name]()
+    assert fig is not None
+    axes = _visible_axes(fig)
+    assert axes
+    for ax in axes:
+        assert ax.get_xlabel() and ax.get_ylabel(), (name, ax.get_title())
+    assert "NVIDIA H100" in fig.get_suptitle() or "NVIDIA H100" in axes[0].get_title()
+
+
+def test_speedup_figure_marks_cublas_parity(synthetic_csv):
+    fig = plots.fig_speedup(harness.read_results(synthetic_csv), "square")
+    for ax in _visible_axes(fig):
+        assert any(list(line.get_ydata()) == [1.0, 1.0] for line in ax.get_lines()), "no line at 1.0"
+
+
+def test_roofline_uses_measured_ceilings(synthetic_csv):
+    df = harness.read_results(synthetic_csv)
+    assert plots.ceilings(df) == (3000.0, 790.0)
+    assert "ridge" in plots.fig_roofline(df).axes[0].get_title()
+    no_ceilings = df[df["suite"] != "ceiling"]
+    assert "not drawn" in plots.fig_roofline(no_ceilings).axes[0].get_title()
+
+
+def test_figures_skip_missing_data(synthetic_csv):
+    df = harness.read_results(synthetic_csv)
+    only_square = df[df["suite"] == "square"]
+    assert plots.fig_ladder(only_square) is None
+    assert plots.fig_heatmap(only_square) is None
+    assert plots.fig_quick(only_square) is None
+
+
+def test_cli_plot_regenerates_figures(synthetic_csv, tmp_path, capsys):
+    df = harness.read_results(synthetic_csv)
+    small = tmp_path / "stages.csv"
+    df[df["suite"].isin(["stages", "ceiling"])].to_csv(small, index=False)
+    assert cli_main(["plot", str(small), "--out", str(tmp_path / "figs")]) == 0
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["roofline.png", "stages_ladder.png"]
+    assert "wrote" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------
+# CSV and environment
+# ----------------------------------------------------------------------------------
+def test_csv_round_trip_keeps_environment_in_every_row(synthetic_csv):
+    rows = synthetic_rows()
+    df = pd.read_csv(synthetic_csv)
+    assert len(df) == len(rows)
+    assert list(df.columns[: len(harness.COLUMNS)]) == harness.COLUMNS
+    for key, value in ENV.items():
+        assert (df[f"env_{key}"].astype(str) == str(value)).all(), key
+    sidecar = json.loads(synthetic_csv.with_suffix(".env.json").read_text())
+    assert sidecar["environment"] == ENV and sidecar["suite"] == "synthetic"
+    ok = df[(df["status"] == "ok") & (df["suite"] != "ceiling")]
+    assert pd.api.types.is_float_dtype(df["tflops"]) and (ok["tflops"] > 0).all()
+    cublas = ok[ok["family"] == "cublas"]
+    assert (cublas["speedup_vs_cublas"] == 1.0).all()
+    assert set(df["status"]) == {"ok", "invalid_config"}
+
+
+def test_environment_is_recorded_without_a_gpu():
+    env = harness.environment(torch.device("cpu"))
+    for key in ("gpu", "sm_count", "driver", "cuda", "torch", "triton", "date"):
+        assert key in env
+    assert env["torch"] == torch.__version__
+    assert harness.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+# ----------------------------------------------------------------------------------
+# The gate, rotation, and whole runs on the CPU
+# ----------------------------------------------------------------------------------
+def test_gate_accepts_rounding_and_rejects_wrong_results():
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 256, generator=gen).half()
+    b = torch.randn(256, 48, generator=gen).half()
+    ref = (a.float() @ b.float()).half()
+    rounded_differently = (a.double() @ b.double()).half()
+    assert harness.check_output(rounded_differently, ref).ok
+    wrong = suites.sabotaged().fn(a.float(), b.float()).half()
+    bad = harness.check_output(wrong, ref)
+    assert not bad.ok and bad.rel_err > 10 * bad.tol and "exceeds tolerance" in bad.reason
+    nan = ref.clone()
+    nan[3, 4] = float("nan")
+    assert "NaN" in harness.check_output(nan, ref).reason
+    assert "shape" in harness.check_output(ref[:, :-1], ref).reason
+    assert "dtype" in harness.check_output(ref.float(), ref).reason
+
+
+def test_copies_exceed_twice_the_l2():
+    l2 = 50 * 2**20
+    for set_bytes in (2**16, 3 * 2**20, 40 * 2**20, 2**30):
+        n = harness.copies_to_exceed_l2(set_bytes, l2)
+        assert n * set_bytes >= harness.L2_ROTATION_FACTOR * l2 or n == harness.MAX_COPIES
+        assert n >= 1
+
+
+def _counting(fn, seen: list):
+    def impl(a, b):
+        seen.append(a.data_ptr())
+        return fn(a, b)
+    return impl
+
+
+def _cpu_impls(case, dtype, seen):
+    impls = [suites.cublas(), suites.sabotaged(), Impl("counting", "test", _counting(torch.matmul, seen))]
+    if tritongemm.interpreter_enabled():
+        impls.insert(1, suites.tritongemm_heuristic())
+    return impls
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_run_cases_gates_before_timing_and_rotates_inputs(backward):
+    case = Case("test", "tiny", "48x40x64", 48, 40, 64, "NT", backward=backward)
+    seen: list = []
+    set_bytes = harness.input_set_bytes(case, torch.float32)
+    rows = harness.run_cases([case], [torch.float32], lambda c, d: _cpu_impls(c, d, seen), suites.cublas(),
+                             device="cpu", rep_ms=30, l2_bytes=4 * set_bytes, progress=False)
+    by_impl = {r["impl"]: r for r in rows}
+    assert by_impl["cublas"]["status"] == "ok" and by_impl["cublas"]["ms"] > 0
+    assert by_impl["cublas"]["n_copies"] == 8 and by_impl["cublas"]["backward"] == backward
+
+    wrong = by_impl["sabotaged"]
+    assert wrong["status"] == "failed_gate"
+    assert "relative error" in wrong["message"]
+    assert wrong.get("ms") is None and wrong.get("tflops") is None  # rejected, never timed
+
+    timed = seen[2:]  # after the gate's two calls (first and last copy), timing walks the copies in turn
+    assert len(timed) >= 6 and len(set(timed[:8])) == min(8, len(timed)), "timing must rotate the copies"
+    if tritongemm.interpreter_enabled():
+        tg = by_impl["tritongemm"]
+        assert tg["status"] == "ok", tg.get("message")
+        assert tg["rel_err"] < tg["tol"] and tg["config"] and tg["block_m"] >= 16
+        assert tg["speedup_vs_cublas"] > 0
+
+
+def test_run_cases_records_invalid_configs_and_errors():
+    case = Case("test", "tiny", "32x32x32", 32, 32, 32)
+    too_big = tritongemm.TileConfig(256, 256, 128, 8, 4, 6)  # far over every budget
+
+    def boom(a, b):
+        raise RuntimeError("kernel exploded")
+
+    impls = [suites.cublas(), Impl("boom", "test", boom),
+             suites.tritongemm_config("tritongemm:too_big", "stages", too_big)]
+    rows = harness.run_cases([case], [torch.float32], lambda c, d: impls, suites.cublas(), device="cpu",
+                             rep_ms=2, progress=False)
+    by_impl = {r["impl"]: r for r in rows}
+    assert by_impl["boom"]["status"] == "error" and "kernel exploded" in by_impl["boom"]["message"]
+    big = by_impl["tritongemm:too_big"]
+    assert big["status"] == "invalid_config" and big["num_stages"] == 6 and big["block_m"] == 256
+
+
+def test_progress_bar_goes_to_the_given_stream():
+    import io
+
+    stream = io.StringIO()
+    bar = harness.Progress(2, stream=stream)
+    bar.update("one")
+    bar.update("two")
+    bar.close()
+    text = stream.getvalue()
+    assert "1/2" in text and "2/2 " in text and "two" in text
+
+
+# ----------------------------------------------------------------------------------
+# Suites
+# ----------------------------------------------------------------------------------
+def test_llama_presets_give_the_published_layer_shapes():
+    l8, l70 = suites.LLAMA3["llama3-8b"], suites.LLAMA3["llama3-70b"]
+    assert dict((p, (n, k)) for p, n, k in l8.projections()) == {
+        "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+    assert dict((p, (n, k)) for p, n, k in l70.projections()) == {
+        "qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)}
+
+
+def test_llm_and_decode_cases():
+    llm, decode = suites.llm_cases(), suites.decode_cases()
+    assert {c.m for c in llm} == {1024, 4096, 8192}
+    assert {c.m for c in decode} == {1, 8, 16, 32, 64, 128}
+    assert len(llm) == 2 * 4 * 3 and len(decode) == 2 * 4 * 6
+    assert {(c.n, c.k) for c in llm} == {(c.n, c.k) for c in decode}
+    assert all(c.layout == "NT" for c in llm + decode)  # x @ W.T with W stored (N, K)
+    qkv70 = [c for c in llm if c.group == "llama3-70b qkv" and c.m == 4096]
+    assert [(c.m, c.n, c.k) for c in qkv70] == [(4096, 10240, 8192)]
+
+
+def test_square_stages_hierarchy_backward_cases():
+    sq = suites.square_cases()
+    assert [c.m for c in sq if c.layout == "NN"] == [256, 512, 1024, 2048, 4096, 8192]
+    assert all(c.m == c.n == c.k for c in sq if c.layout == "NN")
+    (nt,) = [c for c in sq if c.layout == "NT"]
+    assert (nt.m, nt.n, nt.k) == (5120, 5120, 4096)
+    assert [c.m for c in suites.stages_cases()] == [2048, 4096, 8192]
+    stage_cfgs = suites.stage_configs(torch.float16)
+    assert [s for s, _ in stage_cfgs] == [1, 2, 3, 4, 5]
+    assert {(c.block_m, c.block_n, c.block_k, c.num_warps) for _, c in stage_cfgs} == {(128, 256, 64, 8)}
+    assert [c.pipeline for _, c in stage_cfgs][:3] == ["single_stage", "double_buffer", "multi_stage"]
+    grid = suites.hierarchy_configs(torch.float16)
+    assert {c.num_stages for c in grid} == {3} and len(grid) == 3 * 3 * 2
+    assert all(c.backward for c in suites.backward_cases())
+    for suite in suites.SUITES.values():
+        labels = [c.label for c in suite.cases()]
+        assert len(labels) == len(set(labels)), suite.name
+
+
+def test_implementations_compare_baselines_and_variants():
+    impls = suites.implementations(suites.SUITES["square"], torch.float16, compile=False)
+    names = [i.name for i in impls]
+    assert names[0] == "cublas"
+    assert {"tritongemm", "tritongemm:single_stage", "tritongemm:double_buffer",
+            "tritongemm:multi_stage"} <= set(names)
+    assert "torch.compile" not in names
+    stages = suites.implementations(suites.SUITES["stages"], torch.float16, compile=False)
+    assert [i.config.num_stages for i in stages if i.variant == "stages"] == [1, 2, 3, 4, 5]
+
+
+def test_dtype_parsing():
+    suite = suites.SUITES["square"]
+    assert suites.parse_dtypes("fp16,bf16", suite) == [torch.float16, torch.bfloat16]
+    assert suites.parse_dtypes(None, suites.SUITES["stages"]) == [torch.float16]
+    with pytest.raises(ValueError, match="int8"):
+        suites.parse_dtypes("int8", suite)
+
+
+# ----------------------------------------------------------------------------------
+# The CLI and the main job
+# ----------------------------------------------------------------------------------
+def test_gpu_entry_points_exist():
+    # The GPU-only paths are importable here (their syntax is checked) and callable from a script.
+    for fn in (quick.run_quick, quick.quick_gpu, suites.run_suite, harness.measure_ceilings):
+        assert callable(fn)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cli_run_without_gpu_explains_itself(capsys):
+    assert cli_main(["run", "--suite", "square"]) == 2
+    assert "quick" in capsys.readouterr().err
+
+
+def test_quick_reexecs_with_the_interpreter(tmp_path):
+    """`python -m benchmarks quick` from a shell without TRITON_INTERPRET: it sets it itself."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITONGEMM_POISON_OUTPUTS")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "quick", "--out", str(tmp_path)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "NO GPU" in out and "54/54 checks passed" in out and "No timings" in out
+    assert all(p in out for p in ("single_stage", "double_buffer", "multi_stage"))
+    df = pd.read_csv(tmp_path / "quick_interpreter.csv")
+    assert set(df["status"]) == {"ok"} and set(df["env_triton_interpret"].astype(str)) == {"1"}
+
+
+def test_a_plotting_failure_does_not_lose_the_run(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("not,a,results,file\n1,2,3,4\n")
+    assert harness.plot_safely(bad, tmp_path) == []
+    assert "benchmarks plot" in capsys.readouterr().err

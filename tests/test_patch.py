@@ -1,0 +1,207 @@
+"""patch(): which torch calls tritongemm serves, which fall back, and the counts.
+
+Every spelling of the matmul family is served (and computed by tritongemm:
+the ``plans`` spy sees the GEMM); calls it cannot run (integer dtypes, out=,
+devices it does not drive) go to torch with the reason counted; the routing
+ends with the ``with`` block.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tritongemm
+from tritongemm.testing import assert_close, make_operands, random_tensor
+
+DT = torch.float32
+
+
+def _operands(device):
+    a, b = make_operands(9, 11, 13, "NT", DT, device)
+    ba, bb = make_operands(9, 11, 13, "TN", DT, device, batch=(2,))
+    return dict(
+        a=a, b=b, ba=ba, bb=bb,
+        inp=random_tensor((9, 11), DT, device),
+        binp=random_tensor((2, 9, 11), DT, device),
+        w=random_tensor((11, 13), DT, device),
+        bias=random_tensor((11,), DT, device),
+    )
+
+
+# id -> (the torch call, the op name patch() counts it under)
+SERVED = {
+    "torch.matmul": (lambda t: torch.matmul(t["a"], t["b"]), "matmul"),
+    "Tensor.matmul": (lambda t: t["a"].matmul(t["b"]), "matmul"),
+    "a @ b": (lambda t: t["a"] @ t["b"], "matmul"),
+    "batched @": (lambda t: t["ba"] @ t["bb"], "matmul"),
+    "torch.mm": (lambda t: torch.mm(t["a"], t["b"]), "mm"),
+    "Tensor.mm": (lambda t: t["a"].mm(t["b"]), "mm"),
+    "torch.bmm": (lambda t: torch.bmm(t["ba"], t["bb"]), "bmm"),
+    "Tensor.bmm": (lambda t: t["ba"].bmm(t["bb"]), "bmm"),
+    "torch.addmm": (lambda t: torch.addmm(t["inp"], t["a"], t["b"], beta=0.5, alpha=2), "addmm"),
+    "Tensor.addmm": (lambda t: t["inp"].addmm(t["a"], t["b"], alpha=-1), "addmm"),
+    "torch.baddbmm": (lambda t: torch.baddbmm(t["binp"], t["ba"], t["bb"], beta=2), "baddbmm"),
+    "Tensor.baddbmm": (lambda t: t["binp"].baddbmm(t["ba"], t["bb"]), "baddbmm"),
+    "F.linear": (lambda t: F.linear(t["a"], t["w"], t["bias"]), "linear"),
+    "F.linear-kwbias": (lambda t: F.linear(t["a"], t["w"], bias=t["bias"]), "linear"),
+    "F.linear-nobias": (lambda t: F.linear(t["a"], t["w"]), "linear"),
+}
+
+
+def _float64(tensors):
+    return {k: v.double() for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("call", list(SERVED))
+def test_served_and_counted(call, device, plans):
+    fn, op = SERVED[call]
+    tensors = _operands(device)
+    with tritongemm.patch() as stats:
+        out = fn(tensors)
+    assert stats.served == {op: 1}, stats.summary()
+    assert stats.total_fallbacks == 0, stats.summary()
+    assert len(plans) == 1, "the call did not reach tritongemm's kernel"
+    assert_close(out, fn(_float64(tensors)))
+
+
+def test_rmatmul_is_served(device, plans):
+    """Tensor.__rmatmul__ (b.__rmatmul__(a) is a @ b) keeps the operand order."""
+    t = _operands(device)
+    with tritongemm.patch() as stats:
+        out = t["b"].__rmatmul__(t["a"])
+    assert stats.served == {"matmul": 1}
+    assert len(plans) == 1
+    assert_close(out, t["a"].double() @ t["b"].double())
+
+
+def test_nn_linear_is_served_with_gradients(device, plans):
+    """torch.nn.Linear calls F.linear: served, and backward runs on tritongemm too."""
+    layer = torch.nn.Linear(13, 11, device=device)
+    x = random_tensor((4, 13), DT, device).requires_grad_(True)
+    grad_y = random_tensor((4, 11), DT, device)
+    with tritongemm.patch() as stats:
+        y = layer(x)
+        grads = torch.autograd.grad(y, (x, layer.weight, layer.bias), grad_y)
+    assert stats.served == {"linear": 1}
+    assert len(plans) == 3  # forward, grad input, grad weight
+    ref_params = [p.detach().double().requires_grad_(True) for p in (x, layer.weight, layer.bias)]
+    ref = F.linear(*ref_params)
+    assert_close(y, ref)
+    for g, r in zip(grads, torch.autograd.grad(ref, ref_params, grad_y.double())):
+        assert_close(g, r)
+
+
+# id -> (the torch call, op name, the reason it falls back, in words it must contain)
+FALLBACKS = {
+    "int32-matmul": (lambda t, d: torch.matmul(t["ia"], t["ib"]), "matmul", "int32"),
+    "int64-mm": (lambda t, d: torch.mm(t["ia"].long(), t["ib"].long()), "mm", "int64"),
+    "int32-@": (lambda t, d: t["ia"] @ t["ib"], "matmul", "int32"),
+    "out=-mm": (lambda t, d: torch.mm(t["a"], t["b"], out=torch.empty(9, 11, device=d)), "mm", "out="),
+    "out=-matmul": (lambda t, d: torch.matmul(t["a"], t["b"], out=torch.empty(9, 11, device=d)), "matmul", "out="),
+    "out=-addmm": (lambda t, d: torch.addmm(t["inp"], t["a"], t["b"], out=torch.empty(9, 11, device=d)), "addmm", "out="),
+    "complex-mm": (lambda t, d: torch.mm(t["a"].cfloat(), t["b"].cfloat()), "mm", "complex"),
+    "mixed-dtypes": (lambda t, d: torch.addmm(t["inp"].double(), t["a"], t["b"]), "addmm", "dtype"),
+}
+
+
+@pytest.mark.parametrize("call", list(FALLBACKS))
+def test_fallback_counted_with_reason(call, device, plans):
+    fn, op, words = FALLBACKS[call]
+    t = _operands(device)
+    t["ia"] = torch.randint(-5, 5, (9, 13), dtype=torch.int32, device=device)
+    t["ib"] = torch.randint(-5, 5, (13, 11), dtype=torch.int32, device=device)
+    with tritongemm.patch() as stats:
+        try:
+            out = fn(t, device)
+        except RuntimeError as e:  # torch itself refuses (mixed dtypes): only the count matters
+            out = e
+    assert stats.total_served == 0 and len(plans) == 0, stats.summary()
+    assert stats.total_fallbacks == 1, stats.summary()
+    ((fell_op, reason),) = stats.fallbacks
+    assert fell_op == op
+    assert words in reason, f"reason {reason!r} does not mention {words!r}"
+    assert stats.fallback_reasons() == {reason: 1}
+    assert reason in stats.summary()
+    if isinstance(out, torch.Tensor) and not out.is_complex() and not out.is_floating_point():
+        assert torch.equal(out.cpu(), (t["ia"].long().cpu() @ t["ib"].long().cpu()).to(out.dtype))
+
+
+def test_fallback_on_a_device_tritongemm_does_not_drive():
+    """Meta tensors (any machine): counted as a fallback, torch computes the shape."""
+    a = torch.empty(5, 7, device="meta")
+    b = torch.empty(7, 3, device="meta")
+    with tritongemm.patch() as stats:
+        out = a @ b
+    assert out.shape == (5, 3) and out.device.type == "meta"
+    ((op, reason),) = stats.fallbacks
+    assert op == "matmul" and "meta" in reason
+
+
+def test_fallback_for_the_other_device(device):
+    """With the interpreter CUDA tensors fall back, on a GPU CPU tensors do."""
+    other = "cpu" if device.type == "cuda" else "cuda"
+    if other == "cuda" and not torch.cuda.is_available():
+        pytest.skip("interpreter mode without a CUDA device: no CUDA tensor to fall back on")
+    a, b = make_operands(5, 6, 7, "NN", DT, other)
+    with tritongemm.patch() as stats:
+        out = torch.mm(a, b)
+    ((op, reason),) = stats.fallbacks
+    assert op == "mm" and other.upper() in reason.upper()
+    assert_close(out, a.double() @ b.double())
+
+
+def test_counts_accumulate_and_routing_ends_on_exit(device, plans):
+    t = _operands(device)
+    ia = torch.ones(3, 4, dtype=torch.int32, device=device)
+    with tritongemm.patch() as stats:
+        for _ in range(3):
+            torch.mm(t["a"], t["b"])
+        t["a"] @ t["b"]
+        F.linear(t["a"], t["w"])
+        ia @ ia.t()
+        torch.relu(t["a"])  # not in the family: neither served nor a fallback
+    assert stats.served == {"mm": 3, "matmul": 1, "linear": 1}
+    assert stats.total_served == 5 and stats.total_fallbacks == 1
+    assert len(plans) == 5
+    torch.mm(t["a"], t["b"])  # after the block: torch's own, not counted
+    assert stats.total_served == 5 and len(plans) == 5
+    summary = stats.summary()
+    assert "5 calls served, 1 fell back" in summary and "int32" in summary
+
+
+def test_patch_as_decorator_and_nested(device, plans):
+    t = _operands(device)
+    p = tritongemm.patch()
+
+    @p
+    def model(x, y):
+        return torch.mm(x, y)
+
+    out = model(t["a"], t["b"])
+    assert p.stats.served == {"mm": 1}
+    assert_close(out, t["a"].double() @ t["b"].double())
+    with tritongemm.patch() as outer:
+        with tritongemm.patch() as inner:
+            torch.mm(t["a"], t["b"])
+        torch.mm(t["a"], t["b"])
+    assert inner.served == {"mm": 1}
+    assert outer.served == {"mm": 1}  # the inner block's call is served (and counted) once
+    assert len(plans) == 3
+    torch.mm(t["a"], t["b"])
+    assert len(plans) == 3
+
+
+def test_patched_gradients_match_torch(device):
+    """Gradients through patched calls (served by tritongemm's autograd op) match torch in float64."""
+    t = _operands(device)
+    a, b, inp = (t[k].detach().requires_grad_(True) for k in ("ba", "bb", "binp"))
+    c = random_tensor((11, 5), DT, device)
+    with tritongemm.patch() as stats:
+        y = torch.baddbmm(inp, a, b, alpha=0.5) @ c
+        grads = torch.autograd.grad(y.sum(), (a, b, inp))
+    assert stats.served == {"baddbmm": 1, "matmul": 1}
+    ra, rb, ri = (x.detach().double().requires_grad_(True) for x in (a, b, inp))
+    ry = torch.baddbmm(ri, ra, rb, alpha=0.5) @ c.double()
+    assert_close(y, ry)
+    for g, r in zip(grads, torch.autograd.grad(ry.sum(), (ra, rb, ri))):
+        assert_close(g, r)

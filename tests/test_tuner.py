@@ -1,0 +1,383 @@
+"""The autotuner, the dispatch hook and ``python -m tritongemm`` on Triton's CPU interpreter.
+
+Tiny shapes and a couple of candidates keep every tune well under a second
+(on a GPU the same tests run compiled).
+Every test points TRITONGEMM_CACHE_DIR at its own tmp_path.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from tritongemm.configs import GemmProblem, TileConfig
+from tritongemm.device import device_info, interpreter_enabled
+from tritongemm.dispatch import heuristic_config, problem_of
+from tritongemm.tuning import autotune, cache, cli, presets, tuner
+from tritongemm.tuning.progress import ProgressBar
+
+pytestmark = pytest.mark.skipif(
+    not interpreter_enabled() and not torch.cuda.is_available(),
+    reason="needs a CUDA GPU or Triton's CPU interpreter (TRITON_INTERPRET=1 before import)",
+)
+
+DEVICE = device_info()  # the interpreter's H100 budgets on CPU machines
+SMALL = TileConfig(block_m=16, block_n=32, block_k=32, group_m=8, num_warps=4, num_stages=2)
+LARGE = TileConfig(block_m=32, block_n=32, block_k=32, group_m=8, num_warps=4, num_stages=2)
+TINY = GemmProblem(m=32, n=32, k=32, dtype="float32", layout="NN")
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITONGEMM_CACHE_FILE", raising=False)
+    monkeypatch.delenv("TRITONGEMM_AUTOTUNE", raising=False)
+    monkeypatch.setenv("TRITONGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_override", [None])
+    monkeypatch.setattr(autotune, "_attempted", set())
+    return tmp_path
+
+
+def tune_quietly(problems, **kwargs):
+    kwargs.setdefault("bench_ms", 1)
+    return tuner.tune(problems, device=DEVICE, progress=False, **kwargs)
+
+
+# ----------------------------------------------------------------------------------
+# tune() end to end
+# ----------------------------------------------------------------------------------
+def test_tune_writes_an_entry_that_lookup_returns(cache_dir):
+    (result,) = tune_quietly([TINY], candidates=[SMALL, LARGE])
+    assert result.best in (SMALL, LARGE)
+    assert [c.config for c in result.candidates] == [SMALL, LARGE]
+    assert all(c.error is None and c.ms > 0 for c in result.candidates)
+    assert result.ms == min(c.ms for c in result.candidates)
+    assert result.tflops > 0 and result.torch_tflops > 0
+    assert result.saved and not result.timed_out
+    cache.reload()  # as a new process: read the file
+    assert cache.lookup(TINY, DEVICE) == result.best
+    assert cache.lookup(GemmProblem(20, 32, 32, dtype="float32"), DEVICE) == result.best  # same M bucket
+    entry = json.loads((cache_dir / cache.CACHE_FILENAME).read_text())["entries"][result.key]
+    assert entry["config"] == result.best.to_dict()
+    assert entry["tflops"] == pytest.approx(result.tflops, rel=1e-2, abs=1e-3)
+
+
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tune_handles_each_layout_and_half_dtype(layout, dtype):
+    problem = GemmProblem(m=24, n=40, k=48, dtype=dtype, layout=layout)
+    (result,) = tune_quietly([problem], candidates=[LARGE])
+    assert result.best == LARGE, result.candidates
+    assert cache.lookup(problem, DEVICE) == LARGE
+
+
+def test_tune_batched_problem():
+    problem = GemmProblem(m=16, n=32, k=32, batch=3, dtype="float32")
+    (result,) = tune_quietly([problem], candidates=[SMALL])
+    assert result.best == SMALL
+    assert cache.lookup(GemmProblem(16, 32, 32, batch=4, dtype="float32"), DEVICE) == SMALL  # batch bucket 4
+
+
+def test_tune_without_save_writes_nothing(cache_dir):
+    (result,) = tune_quietly([TINY], candidates=[SMALL], save=False)
+    assert result.best == SMALL and not result.saved
+    assert not (cache_dir / cache.CACHE_FILENAME).exists()
+
+
+def test_tune_to_an_explicit_cache_file(tmp_path):
+    target = tmp_path / "elsewhere" / "tuned.json"
+    tune_quietly([TINY], candidates=[SMALL], cache_file=target)
+    assert SMALL.to_dict() in [e["config"] for e in json.loads(target.read_text())["entries"].values()]
+
+
+def test_tune_tries_problems_sharing_a_key_once():
+    results = tune_quietly(
+        [TINY, GemmProblem(20, 32, 32, dtype="float32"), GemmProblem(33, 32, 32, dtype="float32")],
+        candidates=[LARGE],
+    )
+    assert [r.problem.m for r in results] == [32, 33]
+
+
+def test_tune_accepts_shape_tuples():
+    (result,) = tune_quietly([(16, 32, 32)], candidates=[SMALL])
+    assert result.problem == GemmProblem(16, 32, 32, dtype="float16", layout="NN")
+
+
+def test_tune_default_candidates_start_with_the_heuristic():
+    (result,) = tune_quietly([TINY], max_candidates=1)
+    assert [c.config for c in result.candidates] == [heuristic_config(TINY, DEVICE)]
+
+
+# ----------------------------------------------------------------------------------
+# Rejection and the time box
+# ----------------------------------------------------------------------------------
+def _sabotaging_launcher(bad: TileConfig, how: str):
+    real = tuner.KERNEL_LAUNCHERS["pointer"]
+
+    def launcher(config):
+        launch = real(config)
+        if config != bad:
+            return launch
+
+        def wrong(ops):
+            if how == "off_by_one":
+                launch(ops)
+                ops.out[-1, -1] += 1.0
+            elif how == "unwritten_row":  # a kernel that never stores row 0
+                scratch = torch.full_like(ops.out, float("nan"))
+                launch(tuner.Operands(ops.a, ops.b, scratch))
+                ops.out[1:] = scratch[1:]
+            else:
+                raise RuntimeError("out of resources: shared memory")
+
+        return wrong
+
+    return launcher
+
+
+@pytest.mark.parametrize("how", ["off_by_one", "unwritten_row", "raises"])
+def test_tune_rejects_a_wrong_candidate(monkeypatch, how):
+    monkeypatch.setitem(tuner.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, how))
+    (result,) = tune_quietly([TINY], candidates=[SMALL, LARGE])
+    assert result.best == LARGE
+    (rejected,) = result.rejected
+    assert rejected.config == SMALL and rejected.ms is None
+    assert ("RuntimeError" if how == "raises" else "wrong result") in rejected.error
+
+
+def test_tune_with_no_correct_candidate_saves_nothing(monkeypatch, cache_dir):
+    monkeypatch.setitem(tuner.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, "off_by_one"))
+    (result,) = tune_quietly([TINY], candidates=[SMALL])
+    assert result.best is None and result.tflops is None and not result.saved
+    assert cache.lookup(TINY, DEVICE) is None
+    assert "(none correct)" in tuner.format_table([result])
+    assert "1 rejected, 1x 'wrong result" in tuner.format_rejections([result])
+
+
+def test_tune_stops_at_the_time_budget():
+    (result,) = tune_quietly([TINY], candidates=[SMALL, LARGE, SMALL.with_pipeline(3)], time_budget_s=0.0)
+    assert len(result.candidates) == 1 and result.timed_out
+    assert result.best == SMALL
+
+
+def test_candidates_that_do_not_fit_are_dropped():
+    huge = TileConfig(256, 256, 128, 8, 8, 6)  # 1.5 MiB of shared memory at 4 B/element
+    assert tuner.candidates_for(TINY, DEVICE, [huge, SMALL.to_dict()]) == [SMALL]
+
+
+def test_unknown_kernel_is_an_error():
+    with pytest.raises(ValueError, match="unknown kernel 'tma'"):
+        tune_quietly([TINY], candidates=[SMALL], kernel="tma")
+
+
+# ----------------------------------------------------------------------------------
+# Inputs and the correctness check
+# ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+def test_operands_have_the_problem_layout(layout):
+    problem = GemmProblem(m=24, n=40, k=48, batch=2, dtype="float32", layout=layout)
+    copies = tuner.make_operands(problem, torch.device("cpu"), copies=2)
+    assert problem_of(copies[0].a, copies[0].b) == problem
+    assert not torch.equal(copies[0].a, copies[1].a)  # independent random copies
+
+
+def test_check_result_tolerates_rounding_and_catches_errors():
+    ref = torch.randn(16, 16)
+    assert tuner.check_result(ref * (1 + 1e-4), ref, "float32") is None
+    wrong = ref.clone()
+    wrong[3, 4] += ref.abs().max()
+    assert "wrong result" in tuner.check_result(wrong, ref, "float32")
+    unwritten = ref.clone()
+    unwritten[0, 0] = float("nan")
+    assert "wrong result" in tuner.check_result(unwritten, ref, "float32")
+
+
+# ----------------------------------------------------------------------------------
+# The dispatch hook and opt-in autotuning
+# ----------------------------------------------------------------------------------
+def test_tuned_config_never_tunes_unless_asked(monkeypatch, cache_dir):
+    monkeypatch.setattr(tuner, "tune", lambda *a, **k: pytest.fail("tuned without opt-in"))
+    assert autotune.tuned_config(TINY, DEVICE) is None
+    assert not (cache_dir / cache.CACHE_FILENAME).exists()
+
+
+@pytest.mark.parametrize("switch", ["function", "env"])
+def test_autotune_on_first_call_tunes_each_key_once(monkeypatch, switch):
+    if switch == "function":
+        autotune.set_autotune_on_first_call(True)
+    else:
+        monkeypatch.setenv("TRITONGEMM_AUTOTUNE", "1")
+    calls = []
+    real_tune = tuner.tune
+
+    def counting_tune(problems, **kwargs):
+        calls.append(list(problems))
+        return real_tune(calls[-1], candidates=[SMALL], bench_ms=1, **kwargs)
+
+    monkeypatch.setattr(tuner, "tune", counting_tune)
+    assert autotune.tuned_config(TINY, DEVICE) == SMALL
+    assert autotune.tuned_config(TINY, DEVICE) == SMALL  # now a cache hit
+    assert len(calls) == 1
+    cache.reload()
+    assert cache.lookup(TINY, DEVICE) == SMALL
+
+
+def test_autotune_failure_warns_and_falls_back(monkeypatch):
+    autotune.set_autotune_on_first_call(True)
+
+    def failing_tune(*args, **kwargs):
+        raise RuntimeError("no GPU today")
+
+    monkeypatch.setattr(tuner, "tune", failing_tune)
+    with pytest.warns(RuntimeWarning, match="no GPU today"):
+        assert autotune.tuned_config(TINY, DEVICE) is None
+    assert autotune.tuned_config(TINY, DEVICE) is None  # not retried, no second warning
+
+
+def test_set_autotune_on_first_call_overrides_env(monkeypatch):
+    monkeypatch.setenv("TRITONGEMM_AUTOTUNE", "1")
+    assert autotune.autotune_on_first_call()
+    autotune.set_autotune_on_first_call(False)
+    assert not autotune.autotune_on_first_call()
+    autotune.set_autotune_on_first_call(None)
+    assert autotune.autotune_on_first_call()
+
+
+# ----------------------------------------------------------------------------------
+# The command line
+# ----------------------------------------------------------------------------------
+def parse(*argv):
+    return cli.build_parser().parse_args(["tune", *argv])
+
+
+def test_cli_shapes_dtypes_and_layouts_multiply():
+    problems = cli.problems_from_args(
+        parse("--shape", "4096x4096x4096", "--shape", "1x8x16", "--dtype", "fp16,bf16", "--layout", "NN,TN")
+    )
+    assert len(problems) == 8
+    assert problems[0] == GemmProblem(4096, 4096, 4096, 1, "float16", "NN")
+    assert GemmProblem(1, 8, 16, 1, "bfloat16", "TN") in problems
+
+
+def test_cli_defaults_to_fp16_nn():
+    assert cli.problems_from_args(parse("--shape", "64x32x16")) == [GemmProblem(64, 32, 16, 1, "float16", "NN")]
+
+
+@pytest.mark.parametrize("bad", ["4096x4096", "axbxc", "0x4x4", "4x4x4x4"])
+def test_cli_rejects_bad_shapes(bad, capsys):
+    with pytest.raises(SystemExit):
+        parse("--shape", bad)
+    assert "bad shape" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--dtype", "int8"], ["--layout", "NX"], ["--preset", "gpt5"]])
+def test_cli_rejects_unknown_values(argv):
+    with pytest.raises(SystemExit):
+        parse(*argv)
+
+
+LLAMA_PAIRS = {
+    # (N, K) of fused QKV, O, fused gate/up, down
+    "llama3-8b": {(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)},
+    "llama3-70b": {(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)},
+}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_PAIRS))
+def test_cli_presets_give_the_models_linear_layers(name):
+    problems = cli.problems_from_args(parse("--preset", name, "--tokens", "1,16,4096"))
+    assert {(p.n, p.k) for p in problems} == LLAMA_PAIRS[name]
+    assert sorted({p.m for p in problems}) == [1, 16, 4096]
+    assert len(problems) == 4 * 3
+    assert {p.layout for p in problems} == {"NT"}  # nn.Linear: x @ W.mT
+
+
+def test_cli_presets_split_projections_as_hf_runs_them():
+    problems = cli.problems_from_args(parse("--preset", "llama3-8b", "--tokens", "8", "--split-projections"))
+    assert {(p.n, p.k) for p in problems} == {(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)}
+
+
+def test_cli_preset_default_tokens_and_dtype_list():
+    problems = cli.problems_from_args(parse("--preset", "llama3-8b", "--dtype", "bf16,fp16"))
+    assert sorted({p.m for p in problems}) == sorted(presets.DEFAULT_TOKENS)
+    assert len(problems) == 4 * len(presets.DEFAULT_TOKENS) * 2
+
+
+def test_cli_reads_a_shapes_file_with_header(tmp_path):
+    f = tmp_path / "shapes.csv"
+    f.write_text("# decode and prefill\nm,n,k,batch,dtype,layout\n1,4096,4096,,,\n128,1024,512,4,bf16,TN\n\n")
+    problems = cli.problems_from_args(parse("--shapes-file", str(f), "--dtype", "fp16,fp32"))
+    assert problems == [
+        GemmProblem(1, 4096, 4096, 1, "float16", "NN"),
+        GemmProblem(1, 4096, 4096, 1, "float32", "NN"),
+        GemmProblem(128, 1024, 512, 4, "bfloat16", "TN"),
+    ]
+
+
+def test_cli_reads_a_shapes_file_without_header_or_optional_columns(tmp_path):
+    f = tmp_path / "shapes.csv"
+    f.write_text("64, 32, 16\n8,8,8,2\n")
+    assert cli.problems_from_args(parse("--shapes-file", str(f))) == [
+        GemmProblem(64, 32, 16, 1, "float16", "NN"),
+        GemmProblem(8, 8, 8, 2, "float16", "NN"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [("m,n\n1,2\n", "missing ['k']"), ("m,n,k,flavour\n1,2,3,x\n", "unknown ['flavour']"),
+     ("m,n,k\n1,2,x\n", ":2:"), ("1,2,3,1,fp8\n", "unknown dtype")],
+)
+def test_cli_shapes_file_errors_name_the_line(tmp_path, content, message):
+    f = tmp_path / "shapes.csv"
+    f.write_text(content)
+    with pytest.raises(cli.ShapesFileError, match=f".*{message.replace('[', '.').replace(']', '.')}"):
+        cli.problems_from_args(parse("--shapes-file", str(f)))
+
+
+def test_cli_tune_end_to_end(cache_dir, tmp_path, capsys):
+    csv_path = tmp_path / "results.csv"
+    status = cli.main([
+        "tune", "--shape", "32x32x32", "--dtype", "fp32", "--max-candidates", "1", "--bench-ms", "1",
+        "--no-progress", "--csv", str(csv_path),
+    ])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "torch TFLOP/s" in out and "32x32x32 float32 NN" in out
+    cache.reload()
+    assert cache.lookup(TINY, DEVICE) == heuristic_config(TINY, DEVICE)
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("m,n,k,batch,dtype,layout,block_m") and len(lines) == 2
+
+    assert cli.main(["explain", "20x32x32", "--dtype", "fp32"]) == 0
+    assert "source  : tuned" in capsys.readouterr().out
+    assert cli.main(["cache"]) == 0
+    assert "1 entries" in capsys.readouterr().out
+
+
+def test_cli_tune_without_shapes_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["tune"])
+    assert exc.value.code == 2 and "nothing to tune" in capsys.readouterr().err
+
+
+def test_cli_explain_without_cache_uses_the_heuristic(capsys):
+    assert cli.main(["explain", "64x64x64"]) == 0
+    assert "source  : heuristic" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------
+# Progress bar
+# ----------------------------------------------------------------------------------
+def test_progress_bar_in_a_log_writes_one_line_per_shape():
+    stream = io.StringIO()
+    bar = ProgressBar(total=4, stream=stream)
+    bar.update(0, "a", "candidate 1/3")  # not drawn in a log
+    bar.step(1, "a")
+    bar.step(4, "d")
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("[######..................] 1/4 shapes") and lines[1].startswith("[" + "#" * 24 + "]")
