@@ -158,6 +158,52 @@ def host_overhead() -> list[dict]:
     return rows
 
 
+def host_profile(out_dir: str) -> None:
+    """cProfile of the host path: forward (TMA and pointer) and forward+backward."""
+    import cProfile
+    import io
+    import pstats
+
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16, requires_grad=True)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.float16, requires_grad=True)
+    g = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+
+    def fwd():
+        with torch.no_grad():
+            tritongemm.matmul(a, b)
+
+    def fwd_bwd():
+        a.grad = b.grad = None
+        tritongemm.matmul(a, b).backward(g)
+
+    def torch_fwd_bwd():
+        a.grad = b.grad = None
+        torch.matmul(a, b).backward(g)
+
+    for name, f in (("fwd", fwd), ("fwd_bwd", fwd_bwd), ("torch_fwd_bwd", torch_fwd_bwd)):
+        for _ in range(20):
+            f()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(200):
+            f()
+        host = (time.perf_counter() - t) / 200 * 1e6
+        torch.cuda.synchronize()
+        print(f"host {name}: {host:.1f} us/call", flush=True)
+        if name != "torch_fwd_bwd":
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(200):
+                f()
+            prof.disable()
+            torch.cuda.synchronize()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
+            with open(os.path.join(out_dir, f"host_profile_{name}.txt"), "w") as fh:
+                fh.write(buf.getvalue())
+            print("\n".join(buf.getvalue().splitlines()[6:22]), flush=True)
+
+
 def sweep_configs():
     T = TileConfig
     return {
@@ -236,6 +282,7 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--small-sweep", action="store_true")
     parser.add_argument("--decode", action="store_true")
+    parser.add_argument("--host-profile", action="store_true")
     parser.add_argument("--no-ladder", action="store_true")
     args = parser.parse_args()
     import pandas as pd
@@ -252,6 +299,8 @@ def main() -> int:
         if len(bad):
             print(bad.to_string(), flush=True)
     host_overhead()
+    if args.host_profile:
+        host_profile(args.out)
     if args.small_sweep:
         shapes = [(512, 512, 512, "NN"), (1024, 1024, 1024, "NN"), (2048, 2048, 2048, "NN"), (3072, 3072, 3072, "NN"),
                   (1024, 6144, 4096, "NT"), (1024, 4096, 14336, "NT"), (4096, 28672, 4096, "NT"), (4096, 4096, 4096, "NT")]

@@ -139,8 +139,16 @@ def _config_of(config: TileConfig | None, pipeline: str | None):
     return config_of
 
 
+_HEURISTIC_MEMO: dict = {}
+
+
 def _heuristic(a: torch.Tensor, b: torch.Tensor) -> TileConfig:
-    return tritongemm.heuristic_config(problem_of(a, b), tritongemm.device_info(a.device))
+    # Memoized so the heuristic impl pays no more host time per call than plain matmul.
+    key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device)
+    cfg = _HEURISTIC_MEMO.get(key)
+    if cfg is None:
+        cfg = _HEURISTIC_MEMO[key] = tritongemm.heuristic_config(problem_of(a, b), tritongemm.device_info(a.device))
+    return cfg
 
 
 def tritongemm_heuristic() -> Impl:

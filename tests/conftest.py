@@ -13,8 +13,10 @@ compiles for a GPU, else "cpu" on the interpreter); ``@pytest.mark.gpu`` tests
 are skipped, with the reason shown, when Triton does not run on a GPU.
 """
 
+import atexit
 import inspect
 import os
+import shutil
 import tempfile
 import zlib
 
@@ -25,7 +27,9 @@ if not torch.cuda.is_available():
 os.environ["TRITONGEMM_POISON_OUTPUTS"] = "1"
 # Hermetic config choice: no tuning cache from the user's home, no autotuning
 # (tests that exercise tuning point these at their own files).
-os.environ["TRITONGEMM_CACHE_FILE"] = os.path.join(tempfile.mkdtemp(prefix="tritongemm-tests-"), "cache.json")
+_cache_dir = tempfile.mkdtemp(prefix="tritongemm-tests-")
+atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+os.environ["TRITONGEMM_CACHE_FILE"] = os.path.join(_cache_dir, "cache.json")
 os.environ["TRITONGEMM_AUTOTUNE"] = "0"
 
 import pytest  # noqa: E402

@@ -53,6 +53,7 @@ MATMUL_SHAPES = {
     "bcast-2x1.3": ((2, 1, 9, 17), (3, 17, 20)),
     "bcast-1x3.2x1": ((1, 3, 9, 17), (2, 1, 17, 20)),
     "batch1.mat": ((1, 9, 17), (17, 20)),
+    "batch0": ((0, 9, 17), (0, 17, 20)),  # no matrices at all
 }
 
 
@@ -317,6 +318,19 @@ def test_out_matmul_1d_operand(a_shape, b_shape, device):
     out = nan_tensor(ref.shape, dtype, device)
     assert tritongemm.matmul(a, b, out=out) is out
     assert_close(out, ref)
+
+
+@pytest.mark.parametrize("fn", ["addmm", "baddbmm"])
+def test_out_is_the_input(fn, device):
+    """torch.addmm(c, a, b, out=c): accumulate in place (each element reads its addend, then is written)."""
+    dtype = torch.float32
+    batch = (2,) if fn == "baddbmm" else ()
+    a, b = make_operands(33, 40, 19, "TN", dtype, device, batch=batch)
+    c = random_tensor((*batch, 33, 40), dtype, device)
+    ref = getattr(torch, fn)(c.double(), a.double(), b.double(), beta=0.5, alpha=-1)
+    cfg = tritongemm.TileConfig(16, 16, 16, 2, 2, 2)  # many tiles
+    assert getattr(tritongemm, fn)(c, a, b, beta=0.5, alpha=-1, config=cfg, out=c) is c
+    assert_close(c, ref)
 
 
 def test_out_empty_is_resized(device):

@@ -143,12 +143,11 @@ def test_describe_shows_every_level():
 @pytest.mark.parametrize(
     "cfg, warp_grid, warp_tile",
     [
-        (TileConfig(16, 16, 16, 1, 1, 1), (1, 1), (16, 16)),
-        (TileConfig(64, 32, 128, 4, 2, 2), (2, 1), (32, 32)),
-        (TileConfig(128, 16, 32, 8, 8, 6), (8, 1), (16, 16)),
-        (TileConfig(128, 256, 64, 8, 8, 3), (2, 4), (64, 64)),
+        pytest.param(TileConfig(16, 16, 16, 1, 1, 1), (1, 1), (16, 16), id="16x16-w1"),
+        pytest.param(TileConfig(64, 32, 128, 4, 2, 2), (2, 1), (32, 32), id="64x32-w2"),
+        pytest.param(TileConfig(128, 16, 32, 8, 8, 6), (8, 1), (16, 16), id="128x16-w8"),
+        pytest.param(TileConfig(128, 256, 64, 8, 8, 3), (2, 4), (64, 64), id="128x256-w8"),
     ],
-    ids=lambda v: v.short().replace(" ", "_") if isinstance(v, TileConfig) else None,
 )
 def test_warp_split_covers_the_tile(cfg, warp_grid, warp_tile):
     """Each factor of two of the warps goes to the dimension whose warp tile is larger."""

@@ -1,12 +1,12 @@
 """The kernel grid: pipeline variant x operand layout x ragged shape x dtype.
 
-A full product would take hours on the interpreter, so the grid is pairwise:
-every variant meets every layout and every dtype, every ragged shape runs in
-every dtype, and every explicit tile config meets every variant.  Small
-explicit ``TileConfig``s make tile edges happen on small shapes.  Each case
-runs through ``tritongemm.matmul`` against torch in float64, forward and
-backward; the ``plans`` spy checks that the config asked for is the one
-the kernel ran with.
+A full product with every shape would take hours on the interpreter, so:
+every variant meets every layout in every dtype (shapes and tile configs
+rotating through that product), every ragged shape runs in every dtype, and
+every explicit tile config meets every variant.  Small explicit
+``TileConfig``s make tile edges happen on small shapes.  Each case runs
+through ``tritongemm.matmul`` against torch in float64, forward and backward;
+the ``plans`` spy checks that the config asked for is the one planned.
 """
 
 from dataclasses import replace
@@ -44,14 +44,15 @@ GRID_SHAPES = [(17, 31, 65), (33, 7, 48), (65, 17, 33), (7, 64, 31), (31, 33, 17
 
 
 def _variant_layout_cases():
+    """The full variant x layout x dtype product; tile configs and shapes rotate through it."""
     cases = []
     for vi, (variant, stages) in enumerate(VARIANTS.items()):
         for li, layout in enumerate(LAYOUTS):
-            dtype = DTYPES[(vi + li) % len(DTYPES)]  # each variant meets every dtype twice
-            cfg_name = list(CONFIGS)[(li + vi) % len(CONFIGS)]  # ... and every config
-            m, n, k = GRID_SHAPES[(li + 2 * vi) % len(GRID_SHAPES)]
-            case_id = f"{variant}-{layout}-{DTYPE_IDS[dtype]}-{shape_id(m, n, k)}-{cfg_name}"
-            cases.append(pytest.param(stages, layout, dtype, (m, n, k), cfg_name, id=case_id))
+            for di, dtype in enumerate(DTYPES):
+                cfg_name = list(CONFIGS)[(vi + li + di) % len(CONFIGS)]
+                m, n, k = GRID_SHAPES[(li + 2 * di + vi) % len(GRID_SHAPES)]
+                case_id = f"{variant}-{layout}-{DTYPE_IDS[dtype]}-{shape_id(m, n, k)}-{cfg_name}"
+                cases.append(pytest.param(stages, layout, dtype, (m, n, k), cfg_name, id=case_id))
     return cases
 
 

@@ -130,14 +130,18 @@ def choose_num_stages(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo)
 def choose_split_k(problem: GemmProblem, device: DeviceInfo, block_m: int, block_n: int, block_k: int) -> int:
     """Slices of K so that about two programs per SM are in flight.
 
-    Few output tiles (decode-time M, or small M x N with long K) leave most SMs
-    idle under sliced-K; each slice keeps at least 4 K-tiles so the mainloop
-    still pipelines, and the fp32 partials (splits x M x N) stay small next to
-    the operands.
+    Few output tiles (decode-time M, or small M x N with a long K) leave most
+    SMs idle under sliced-K.  Splitting costs a round trip of fp32 partials
+    (splits x M x N) through memory, so it is used only when at most half the
+    SMs would be busy, or when K is very long (>= 256 K-tiles) and the tiles
+    do not fill one wave.  Each slice keeps at least 4 K-tiles so the mainloop
+    still pipelines.
     """
     tiles = problem.batch * -(-problem.m // block_m) * -(-problem.n // block_n)
     k_tiles = -(-problem.k // block_k)
-    if tiles >= device.sm_count or (2 * tiles > device.sm_count and k_tiles < 64):
+    few_tiles = 2 * tiles <= device.sm_count
+    long_k = tiles < device.sm_count and k_tiles >= 256
+    if not (few_tiles or long_k):
         return 1
     want = -(-2 * device.sm_count // tiles)
     return max(1, min(want, k_tiles // 4, 32))
