@@ -283,6 +283,7 @@ def main() -> int:
     parser.add_argument("--small-sweep", action="store_true")
     parser.add_argument("--decode", action="store_true")
     parser.add_argument("--host-profile", action="store_true")
+    parser.add_argument("--layouts", action="store_true")
     parser.add_argument("--no-ladder", action="store_true")
     args = parser.parse_args()
     import pandas as pd
@@ -327,6 +328,21 @@ def main() -> int:
         print(best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
         h = sw[sw.impl == "heuristic"]
         print(h[["shape", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
+    if args.layouts:
+        shapes = [(s_, s_, s_, lay) for s_ in (2048, 4096) for lay in ("NT", "TN", "TT")]
+        T = TileConfig
+        cfgs = {"heuristic": None,
+                "tma 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True),
+                "tmaP 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
+                "tmaP 128x256x64 s4 sub": T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True),
+                "tmaP 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
+                "tmaP 256x128x64 s3 sub": T(256, 128, 64, 8, 8, 3, tma=True, persistent=True, epilogue_subtile=True),
+                "ptr 128x256x64 s3": T(128, 256, 64, 8, 8, 3),
+                "ptr 128x256x64 s4": T(128, 256, 64, 8, 8, 4),
+                "ptr 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4)}
+        sw = pd.DataFrame(sweep(shapes, ["fp16"], cfgs)).assign(**e)
+        sw.to_csv(os.path.join(args.out, "sweep_layouts.csv"), index=False)
+        print(sw.pivot_table(index="impl", columns=["shape", "layout"], values="ratio").round(2).to_string())
     if args.sweep:
         shapes = [(1024, 1024, 1024, "NN"), (2048, 2048, 2048, "NN"), (4096, 4096, 4096, "NN"),
                   (8192, 8192, 8192, "NN"), (5120, 5120, 4096, "NT"), (4096, 4096, 4096, "TN")]

@@ -68,17 +68,25 @@ class GemmFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         a, b = ctx.saved_tensors
         grad_a = grad_b = grad_addend = None
+        # Under create_graph (double backward) the gradients must themselves be
+        # differentiable: go through the autograd op.  Otherwise launch
+        # directly, which saves the autograd.Function bookkeeping per GEMM.
+        gemm = gemm_op if torch.is_grad_enabled() else _gemm_no_grad
         # Gradients are computed in the operands' dtype (an fp32 out_dtype's
         # gradient is rounded to fp16/bf16 first, as torch's autocast does).
         if ctx.needs_input_grad[0]:
             g = grad_out.to(b.dtype)
-            grad_a = gemm_op(g, b.mT, alpha=ctx.alpha, pipeline=ctx.pipeline)  # dA = alpha dC B^T
+            grad_a = gemm(g, b.mT, alpha=ctx.alpha, pipeline=ctx.pipeline)  # dA = alpha dC B^T
         if ctx.needs_input_grad[1]:
             g = grad_out.to(a.dtype)
-            grad_b = gemm_op(a.mT, g, alpha=ctx.alpha, pipeline=ctx.pipeline)  # dB = alpha A^T dC
+            grad_b = gemm(a.mT, g, alpha=ctx.alpha, pipeline=ctx.pipeline)  # dB = alpha A^T dC
         if ctx.has_addend and ctx.needs_input_grad[2]:
             grad_addend = grad_out * ctx.beta if ctx.beta != 1 else grad_out
         return grad_a, grad_b, grad_addend, None, None, None, None, None, None
+
+
+def _gemm_no_grad(a, b, alpha=1.0, pipeline=None):
+    return run_gemm(a, b, None, alpha, 0.0, None, None, pipeline)
 
 
 def gemm_op(

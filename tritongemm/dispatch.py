@@ -175,7 +175,9 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
     split_k = choose_split_k(problem, device, bm, bn, bk)
     if split_k > 1:  # long K over few tiles (e.g. 1024 x 1024 x 32768)
         return TileConfig(bm, bn, bk, 8, warps, stages, split_k=split_k)
-    cfg = TileConfig(bm, bn, bk, 8, warps, stages, tma=tma, persistent=tma and tiles > device.sm_count)
+    # Persistent even for a single wave: measured on the H100, the data-parallel
+    # TMA grid loses up to 40% with a transposed A at 2048^3 (dev/sweep_layouts.csv).
+    cfg = TileConfig(bm, bn, bk, 8, warps, stages, tma=tma, persistent=tma)
     if cfg.smem_bytes(problem.elem_size) > device.smem_per_block:  # smaller GPUs (e.g. 100 KiB on sm_86)
         cfg = replace(cfg, tma=False, persistent=False)
         cfg = replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
