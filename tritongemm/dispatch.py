@@ -77,7 +77,7 @@ def _pow2_at_least(x: int, lo: int, hi: int) -> int:
 
 # CTA tiles the heuristic picks from on a GPU, per element size, with the
 # throughput of one such tile relative to the largest (measured on an H100,
-# fp16, benchmarks/results/h100/dev_sweep_*.csv): bigger tiles reuse each loaded
+# fp16, benchmarks/results/h100/sweeps/sweep_*.csv): bigger tiles reuse each loaded
 # byte more, smaller ones fill more SMs.  (block_m, block_n, block_k, warps, stages, speed, tma)
 _TILE_MENU = {
     2: [
@@ -176,7 +176,7 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
     if split_k > 1:  # long K over few tiles (e.g. 1024 x 1024 x 32768)
         return TileConfig(bm, bn, bk, 8, warps, stages, split_k=split_k)
     # Persistent even for a single wave: measured on the H100, the data-parallel
-    # TMA grid loses up to 40% with a transposed A at 2048^3 (dev/sweep_layouts.csv).
+    # TMA grid loses up to 40% with a transposed A at 2048^3 (results/h100/sweeps/sweep_layouts.csv).
     cfg = TileConfig(bm, bn, bk, 8, warps, stages, tma=tma, persistent=tma)
     if cfg.smem_bytes(problem.elem_size) > device.smem_per_block:  # smaller GPUs (e.g. 100 KiB on sm_86)
         cfg = replace(cfg, tma=False, persistent=False)
