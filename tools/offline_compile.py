@@ -67,7 +67,8 @@ def compile_one(kernel, types: dict, constexprs: dict, target, num_warps: int, n
 
 def pointer_cases():
     # NN layout: the unit strides are specialized to the constant 1, as at launch.
-    base = dict(stride_ak=1, stride_bn=1, stride_cn=1, stride_dn=1, GROUP_M=8, SPLIT_K=1, HAS_ALPHA=False, HAS_ADDEND=False, INDEX_64=False, UPCAST_OPERANDS=False)
+    base = dict(stride_ak=1, stride_bn=1, stride_cn=1, stride_dn=1, GROUP_M=8, SPLIT_K=1,
+                ACTIVATION="none", HAS_RESIDUAL=False, STORE_PREACT=False, HAS_ALPHA=False, HAS_ADDEND=False, INDEX_64=False, UPCAST_OPERANDS=False)
     yield "ptr-fp16-128x256x64-s3", "fp16", dict(base, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, EVEN_K=True,
                                                   ACC_FP64=False, DOT_PRECISION="ieee"), 8, 3
     yield "ptr-fp32-tf32-s3", "fp32", dict(base, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, EVEN_K=False,
@@ -76,7 +77,8 @@ def pointer_cases():
                                       ACC_FP64=True, DOT_PRECISION="ieee"), 4, 2
     yield "ptr-bf16-int64-addend", "bf16", dict(base, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=False,
                                                 ACC_FP64=False, DOT_PRECISION="ieee", INDEX_64=True,
-                                                HAS_ADDEND=True, HAS_ALPHA=True), 4, 4
+                                                HAS_ADDEND=True, HAS_ALPHA=True, ACTIVATION="gelu",
+                                                HAS_RESIDUAL=True, STORE_PREACT=True), 4, 4
     yield "ptr-fp16-splitk4", "fp16", dict(base, BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, SPLIT_K=4,
                                            ACC_FP64=False, DOT_PRECISION="ieee"), 4, 4
 
@@ -91,7 +93,8 @@ def tma_cases():
         yield (f"tma-fp16-A{'K' if a_k else 'M'}-B{'K' if b_k else 'N'}-{'pers' if persistent else 'dp'}"
                f"{'-ws' if ws else ''}{'-sub' if sub else ''}"), "fp16", dict(
             BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, A_KMAJOR=a_k, B_KMAJOR=b_k,
-            HAS_ALPHA=False, HAS_ADDEND=True, FLATTEN=False,
+            HAS_ALPHA=False, HAS_ADDEND=True, FLATTEN=False, ACTIVATION="gelu_tanh" if sub else "silu",
+            HAS_RESIDUAL=persistent, STORE_PREACT=persistent,
             WARP_SPECIALIZE=ws, EPILOGUE_SUBTILE=sub, DOT_PRECISION="ieee", UPCAST_OPERANDS=False), 8, 3
 
 
@@ -127,7 +130,8 @@ def main():
             c_block = [bm, bn // 2] if consts["EPILOGUE_SUBTILE"] else [bm, bn]
             types = {n: "i32" for n in kernel.arg_names}
             types.update(a_desc=f"tensordesc<{dt}{a_block}>", b_desc=f"tensordesc<{dt}{b_block}>",
-                         c_desc=f"tensordesc<{dt}{c_block}>", d_ptr=f"*{dt}", alpha="fp32", beta="fp32")
+                         c_desc=f"tensordesc<{dt}{c_block}>", d_ptr=f"*{dt}", r_ptr=f"*{dt}", z_ptr=f"*{dt}",
+                         alpha="fp32", beta="fp32")
         try:
             k = compile_one(kernel, types, consts, target, warps, stages)
             ptx = k.asm["ptx"]

@@ -395,6 +395,9 @@ def tf32_enabled() -> bool:
     return bool(matmul.allow_tf32)
 
 
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
+
+
 def gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -406,12 +409,17 @@ def gemm(
     config: TileConfig | dict | None = None,
     pipeline: str | int | None = None,
     decomposition: str | None = None,
+    activation: str = "none",
+    residual: torch.Tensor | None = None,
+    preact: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out = alpha * a @ b (+ beta * addend), written in place; returns ``out``.
+    """out = act(alpha * a @ b + beta * addend) + residual, written in place; returns ``out``.
 
-    ``a`` is (*batch, M, K), ``b`` (*batch, K, N), ``out`` and ``addend``
-    (*batch, M, N), all of one batch shape (broadcast operands arrive as
-    stride-0 expanded views).  Any strides; nothing is copied.
+    ``a`` is (*batch, M, K), ``b`` (*batch, K, N); ``out``, ``addend`` and
+    ``residual`` are (*batch, M, N), all of one batch shape (broadcast
+    operands arrive as stride-0 expanded views).  Any strides; nothing is
+    copied.  ``preact`` (same shape and strides as ``out``), when given,
+    receives the value before the activation (for backward).
 
     Everything but the data pointers is decided once per launch signature
     (shapes, strides, dtypes, alignment, config) and cached as a ``_Launcher``,
@@ -421,17 +429,19 @@ def gemm(
         return out
     if beta == 0:
         addend = None  # torch's rule: beta=0 ignores the addend, NaN and Inf included
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; choose one of {list(ACTIVATIONS)}")
     if isinstance(config, dict):
         config = TileConfig.from_dict(config)
-    key = _launch_key(a, b, out, addend, alpha, config, pipeline, decomposition)
+    key = _launch_key(a, b, out, addend, alpha, config, pipeline, decomposition, activation, residual, preact)
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         chosen = plan(a, b, out, addend=addend, config=config, pipeline=pipeline, decomposition=decomposition)
-        launcher = _Launcher(chosen, a, b, out, addend, alpha)
+        launcher = _Launcher(chosen, a, b, out, addend, alpha, activation, residual, preact)
         if len(_LAUNCHERS) >= _MAX_LAUNCHERS:
             _LAUNCHERS.clear()
         _LAUNCHERS[key] = launcher
-    launcher(a, b, out, addend, alpha, beta)
+    launcher(a, b, out, addend, residual, preact, alpha, beta)
     return out
 
 
@@ -446,19 +456,26 @@ def clear_plan_cache() -> None:
     _LAUNCHERS.clear()
 
 
-def _launch_key(a, b, out, addend, alpha, config, pipeline, decomposition):
-    return (decomposition,
+def _launch_key(a, b, out, addend, alpha, config, pipeline, decomposition, activation, residual, preact):
+    return (
+        decomposition, activation,
         a.shape, a.stride(), b.stride(), b.shape[-1], out.shape, out.stride(), out.dtype, a.dtype, a.device,
-        None if addend is None else (addend.stride(), addend.data_ptr() % 16 == 0),
+        None if addend is None else (addend.stride(), addend.dtype),
+        None if residual is None else (residual.stride(), residual.dtype),
+        None if preact is None else (preact.stride(), preact.dtype),
         alpha != 1.0, config, pipeline, a.dtype == torch.float32 and tf32_enabled(),
         a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
     )
 
 
 class _Launcher:
-    """A planned launch with every argument fixed except the tensors and scalars."""
+    """A planned launch with every argument fixed except the tensors and scalars.
 
-    def __init__(self, chosen: Plan, a, b, out, addend, alpha):
+    The epilogue's optional tensors (D = addend, R = residual, Z = pre-activation
+    output) are passed as ``out`` when absent; the kernel never touches them then.
+    """
+
+    def __init__(self, chosen: Plan, a, b, out, addend, alpha, activation, residual, preact):
         self.plan = chosen
         cfg = chosen.config
         M, K = a.shape[-2:]
@@ -466,14 +483,30 @@ class _Launcher:
         self.device_ctx = a.device if a.device.type == "cuda" else None
         self._runners: dict = {}
         interpreting = interpreter_enabled()
+        d = addend if addend is not None else out
+        r = residual if residual is not None else out
+        self.epilogue = dict(
+            HAS_ALPHA=(alpha != 1.0), HAS_ADDEND=addend is not None, ACTIVATION=activation,
+            HAS_RESIDUAL=residual is not None, STORE_PREACT=preact is not None,
+        )
+        self.mainloop = dict(
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            DOT_PRECISION=_dot_precision(a.dtype),
+            # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584).
+            UPCAST_OPERANDS=(interpreting and a.dtype == torch.bfloat16),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
         if chosen.kernel in ("tma", "tma_persistent"):
-            self._init_tma(cfg, a, b, out, addend, alpha, M, N, K, interpreting)
-            return
-        if chosen.kernel == "stream_k":
-            self._init_stream_k(cfg, a, b, out, addend, alpha, M, N, K, interpreting)
-            return
+            self._init_tma(cfg, a, b, out, d, r, M, N, K)
+        elif chosen.kernel == "stream_k":
+            self._init_stream_k(cfg, a, b, out, d, r, M, N, K)
+        else:
+            self._init_pointer(cfg, a, b, out, d, r, M, N, K)
+
+    # -- sliced-K and split-K on the pointer kernel ----------------------------------
+    def _init_pointer(self, cfg, a, b, out, d, r, M, N, K):
         self.kind = "pointer"
-        tensors = [a, b, out] + ([addend] if addend is not None else [])
+        tensors = [a, b, out, d, r]
         dims = _collapse_batch(tuple(out.shape[:-2]), tensors)
         # The kernel indexes one batch dimension; any further (rare: a broadcast
         # dim between two non-broadcast ones) are looped over here, as views.
@@ -483,37 +516,25 @@ class _Launcher:
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         if tiles * batch > _INT32_MAX:
             raise RuntimeError(f"gemm: {tiles * batch} programs exceed the grid limit of 2^31 - 1")
-        has_addend = addend is not None
-        d = addend if has_addend else out
-        self._init_split_k(cfg, a, batch, M, N, K, alpha != 1.0, has_addend)
+        self._init_split_k(cfg, a, batch, M, N, K)
         if self.splits > 1:
-            ws_bytes = self.splits * batch * M * N
-            index_64 = index_64 or ws_bytes > _INT32_MAX
+            index_64 = index_64 or self.splits * batch * M * N > _INT32_MAX
         self.grid = (batch * tiles, self.splits)
         self.ints = (
             M, N, K,
             bstrides[0], a.stride(-2), a.stride(-1),
             bstrides[1], b.stride(-2), b.stride(-1),
             bstrides[2], out.stride(-2), out.stride(-1),
-            bstrides[3] if has_addend else 0, d.stride(-2), d.stride(-1),
+            bstrides[3], d.stride(-2), d.stride(-1),
+            bstrides[4], r.stride(-2), r.stride(-1),
         )
         self.constexprs = dict(
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            EVEN_K=(K % cfg.block_k == 0),
-            HAS_ALPHA=(alpha != 1.0),
-            HAS_ADDEND=has_addend,
-            INDEX_64=index_64,
-            ACC_FP64=(a.dtype == torch.float64),
-            DOT_PRECISION=_dot_precision(a.dtype),
-            # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584).
-            UPCAST_OPERANDS=(interpreting and a.dtype == torch.bfloat16),
+            self.mainloop, **self.epilogue,
+            EVEN_K=(K % cfg.block_k == 0), INDEX_64=index_64, ACC_FP64=(a.dtype == torch.float64),
             SPLIT_K=self.splits,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
         )
 
-    def _init_split_k(self, cfg: TileConfig, a, batch: int, M: int, N: int, K: int,
-                      has_alpha: bool, has_addend: bool) -> None:
+    def _init_split_k(self, cfg: TileConfig, a, batch: int, M: int, N: int, K: int) -> None:
         """Split K into slices of whole K-tiles; no slice is empty."""
         k_tiles = max(triton.cdiv(K, cfg.block_k), 1)
         splits = min(cfg.split_k, k_tiles)
@@ -524,18 +545,34 @@ class _Launcher:
             return
         self.ws_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
         self.ws_shape = (self.splits, batch, M, N)
-        self.reduce_block = (32, 64)
-        reduce_tiles = triton.cdiv(M, self.reduce_block[0]) * triton.cdiv(N, self.reduce_block[1])
-        self.reduce_grid = (batch * reduce_tiles,)
+        block_m, block_n = 32, 64  # the reduction is memory-bound: small tiles, many programs
+        self.reduce_grid = (batch * triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
         self.reduce_constexprs = dict(
-            BLOCK_M=self.reduce_block[0], BLOCK_N=self.reduce_block[1],
-            HAS_ALPHA=has_alpha, HAS_ADDEND=has_addend, ACC_FP64=(a.dtype == torch.float64), num_warps=4,
+            BLOCK_M=block_m, BLOCK_N=block_n, **self.epilogue, ACC_FP64=(a.dtype == torch.float64), num_warps=4,
         )
 
-    def _init_stream_k(self, cfg, a, b, out, addend, alpha, M, N, K, interpreting):
+    def _pointer(self, a, b, out, d, r, z, alpha, beta):
+        if self.splits == 1:
+            self._launch(gemm_kernel, (a, b, out, d, r, z, *self.ints, alpha, beta, 0, 0))
+            return
+        # Split-K: slices write fp32 partials to a workspace (from torch's caching
+        # allocator: no cudaMalloc per call, and graph-capture safe), then one
+        # reduction adds them in slice order and runs the epilogue.
+        S, B, M, N = self.ws_shape
+        ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=a.device)
+        ints = list(self.ints)
+        ints[9:12] = [M * N, N, 1]  # C strides -> workspace strides
+        self._launch(gemm_kernel, (a, b, ws, d, r, z, *ints, alpha, beta, self.k_per_split, B * M * N))
+        self._launch(
+            splitk_reduce_kernel,
+            (ws, out, d, r, z, M, N, S, B * M * N, M * N, N, *self.ints[9:18], alpha, beta),
+            slot="reduce",
+        )
+
+    # -- Stream-K -----------------------------------------------------------------------
+    def _init_stream_k(self, cfg, a, b, out, d, r, M, N, K):
         self.kind = "stream_k"
-        a2, b2, c2 = (t.reshape(t.shape[-2:]) for t in (a, b, out))  # a batch of one: views
-        d = addend.reshape(addend.shape[-2:]) if addend is not None else c2
+        a2, b2, c2, d2, r2 = (t.reshape(t.shape[-2:]) for t in (a, b, out, d, r))  # a batch of one: views
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         k_tiles = triton.cdiv(K, cfg.block_k)
         programs = min(device_info(a.device).sm_count, tiles * k_tiles)
@@ -548,99 +585,78 @@ class _Launcher:
         self.ws_shape = (programs, 2, cfg.block_m, cfg.block_n)
         self.ws_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
         self.ints = (M, N, K, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1),
-                     c2.stride(0), c2.stride(1), d.stride(0), d.stride(1))
+                     c2.stride(0), c2.stride(1), d2.stride(0), d2.stride(1), r2.stride(0), r2.stride(1))
         self.sk_ints = (programs, dp_tiles, iters_per_program)
-        common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                      HAS_ALPHA=(alpha != 1.0), HAS_ADDEND=addend is not None,
-                      ACC_FP64=(a.dtype == torch.float64))
-        self.constexprs = dict(
-            common, EVEN_K=(K % cfg.block_k == 0), DOT_PRECISION=_dot_precision(a.dtype),
-            UPCAST_OPERANDS=(interpreting and a.dtype == torch.bfloat16),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        acc64 = a.dtype == torch.float64
+        self.constexprs = dict(self.mainloop, **self.epilogue, EVEN_K=(K % cfg.block_k == 0), ACC_FP64=acc64)
+        self.reduce_constexprs = dict(
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            **self.epilogue, ACC_FP64=acc64, num_warps=4,
         )
-        self.reduce_constexprs = dict(common, num_warps=4)
 
-    def _stream_k(self, a, b, out, d, alpha, beta):
+    def _stream_k(self, a, b, out, d, r, z, alpha, beta):
         ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=a.device)
         M, N, K = self.ints[:3]
-        self._launch(streamk_kernel, (a, b, out, d, ws, *self.ints, alpha, beta, *self.sk_ints))
+        self._launch(streamk_kernel, (a, b, out, d, r, z, ws, *self.ints, alpha, beta, *self.sk_ints))
         self._launch(
             streamk_fixup_kernel,
-            (out, d, ws, M, N, K, *self.ints[7:], alpha, beta, self.sk_ints[1], self.sk_ints[2]),
+            (out, d, r, z, ws, M, N, K, *self.ints[7:], alpha, beta, self.sk_ints[1], self.sk_ints[2]),
             slot="reduce",
         )
 
-    def _init_tma(self, cfg, a, b, out, addend, alpha, M, N, K, interpreting):
+    # -- TMA (Hopper) --------------------------------------------------------------------
+    def _init_tma(self, cfg, a, b, out, d, r, M, N, K):
         self.kind = "tma"
-        a2, b2, c2 = (t.reshape(t.shape[-2:]) for t in (a, b, out))  # a batch of one: views
+        a2, b2, c2, d2, r2 = (t.reshape(t.shape[-2:]) for t in (a, b, out, d, r))  # a batch of one: views
         # Descriptor templates: per call only the base tensor changes.
         self.a_desc, a_kmajor = _descriptor(a2, cfg.block_m, cfg.block_k)
         self.b_desc, b_kmajor = _descriptor(b2, cfg.block_k, cfg.block_n)
         c_cols = cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
         self.c_desc, _ = _descriptor(c2, cfg.block_m, c_cols)
-        d = addend.reshape(addend.shape[-2:]) if addend is not None else c2
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         programs = min(device_info(a.device).sm_count, tiles) if cfg.persistent else tiles
         self.grid = (programs,)
-        self.ints = (M, N, K, d.stride(0), d.stride(1))
+        self.ints = (M, N, K, d2.stride(0), d2.stride(1), r2.stride(0), r2.stride(1), c2.stride(0), c2.stride(1))
         self.programs = programs
         self.constexprs = dict(
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
-            HAS_ALPHA=(alpha != 1.0), HAS_ADDEND=addend is not None,
-            FLATTEN=False, WARP_SPECIALIZE=cfg.warp_specialize,
-            EPILOGUE_SUBTILE=cfg.epilogue_subtile, DOT_PRECISION="ieee",
-            UPCAST_OPERANDS=(interpreting and a.dtype == torch.bfloat16),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            self.mainloop, **self.epilogue, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
+            FLATTEN=False, WARP_SPECIALIZE=cfg.warp_specialize, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
         )
+        self.constexprs["DOT_PRECISION"] = "ieee"  # TMA path: 16-bit types only
 
-    def __call__(self, a, b, out, addend, alpha, beta):
+    # -- running -------------------------------------------------------------------------
+    def __call__(self, a, b, out, addend, residual, preact, alpha, beta):
         if self.device_ctx is not None and self.device_ctx.index != torch.cuda.current_device():
             with torch.cuda.device(self.device_ctx):
-                return self._run(a, b, out, addend, alpha, beta)
-        return self._run(a, b, out, addend, alpha, beta)
+                return self._run(a, b, out, addend, residual, preact, alpha, beta)
+        return self._run(a, b, out, addend, residual, preact, alpha, beta)
 
-    def _run(self, a, b, out, addend, alpha, beta):
+    def _run(self, a, b, out, addend, residual, preact, alpha, beta):
+        d = addend if addend is not None else out
+        r = residual if residual is not None else out
+        z = preact if preact is not None else out
+        alpha, beta = float(alpha), float(beta)
         if self.kind == "tma":
-            d = addend if addend is not None else out
-            args = (_rebase(self.a_desc, a), _rebase(self.b_desc, b), _rebase(self.c_desc, out), d,
-                    *self.ints, float(alpha), float(beta), self.programs)
+            args = (_rebase(self.a_desc, a), _rebase(self.b_desc, b), _rebase(self.c_desc, out), d, r, z,
+                    *self.ints, alpha, beta, self.programs)
             self._launch(gemm_tma_kernel, args)
             return
         if self.kind == "stream_k":
-            self._stream_k(a, b, out, addend if addend is not None else out, float(alpha), float(beta))
+            self._stream_k(a, b, out, d, r, z, alpha, beta)
             return
         if not self.outer:
-            self._pointer(a, b, out, addend if addend is not None else out, float(alpha), float(beta))
+            self._pointer(a, b, out, d, r, z, alpha, beta)
             return
-        tensors = [a, b, out] + ([addend] if addend is not None else [])
+        tensors = [a, b, out, d, r, z]
+        strides_of = [0, 1, 2, 3, 4, 2]  # z shares out's strides
         for outer_index in itertools.product(*[range(s) for s, _ in self.outer]):
             views = [
                 t.as_strided(t.shape[-2:], t.stride()[-2:],
-                             t.storage_offset() + sum(i * st[j] for i, (_, st) in zip(outer_index, self.outer)))
+                             t.storage_offset() + sum(i * st[strides_of[j]] for i, (_, st) in
+                                                      zip(outer_index, self.outer)))
                 for j, t in enumerate(tensors)
             ]
-            d = views[3] if addend is not None else views[2]
-            self._pointer(views[0], views[1], views[2], d, float(alpha), float(beta))
-
-    def _pointer(self, a, b, out, d, alpha, beta):
-        if self.splits == 1:
-            self._launch(gemm_kernel, (a, b, out, d, *self.ints, alpha, beta, 0, 0))
-            return
-        # Split-K: slices write fp32 partials to a workspace (from torch's caching
-        # allocator: no cudaMalloc per call, and graph-capture safe), then one
-        # reduction adds them in slice order and runs the epilogue.
-        S, B, M, N = self.ws_shape
-        ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=a.device)
-        ints = list(self.ints)
-        ints[9:12] = [M * N, N, 1]  # C strides -> workspace strides
-        self._launch(gemm_kernel, (a, b, ws, d, *ints, alpha, beta, self.k_per_split, B * M * N))
-        ib = self.ints
-        self._launch(
-            splitk_reduce_kernel,
-            (ws, out, d, M, N, S, B * M * N, M * N, N, ib[9], ib[10], ib[11], ib[12], ib[13], ib[14], alpha, beta),
-            slot="reduce",
-        )
+            self._pointer(*views, alpha, beta)
 
     def _launch(self, kernel, args, slot: str = "main"):
         """Launch; after the first launch, call the compiled kernel directly.

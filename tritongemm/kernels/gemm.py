@@ -68,33 +68,80 @@ def mainloop(
 
 
 @triton.jit
-def epilogue(
-    acc, c_ptr, d_ptr, offs_m, offs_n, M, N,
-    stride_cm, stride_cn, stride_dm, stride_dn, alpha, beta,
-    HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
+def activate(x, ACTIVATION: tl.constexpr):
+    """The fused activation, on fp32 (fp64) values."""
+    if ACTIVATION == "relu":
+        x = tl.maximum(x, 0.0)
+    elif ACTIVATION == "gelu":  # exact: x * Phi(x)
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    elif ACTIVATION == "gelu_tanh":  # 0.5 x (1 + tanh(u)) == x * sigmoid(2u)
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        x = x * tl.sigmoid(2.0 * u)
+    elif ACTIVATION == "silu":
+        x = x * tl.sigmoid(x)
+    return x
+
+
+@triton.jit
+def finish_tile(
+    acc, offs_m, offs_n, M, N, alpha, beta,
+    d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn, z_ptr, stride_zm, stride_zn,
+    HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr, ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr,
 ):
-    """Scale, add beta * D, cast to C's dtype, store the valid part of the tile."""
+    """The epilogue's arithmetic, while the accumulator is still in registers:
+
+        z = alpha * acc + beta * D      (D: addmm's input, or linear's bias, broadcast by strides)
+        y = activation(z) + R           (R: a residual of the output's shape)
+
+    ``z`` is also stored when backward needs it (STORE_PREACT).
+    """
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if HAS_ALPHA:
         acc = acc * alpha
     if HAS_ADDEND:
         d = tl.load(d_ptr + offs_m[:, None] * stride_dm + offs_n[None, :] * stride_dn, mask=mask, other=0.0)
         acc = acc + beta * d.to(acc.dtype)
+    if STORE_PREACT:
+        z_ptrs = z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn
+        tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    acc = activate(acc, ACTIVATION)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn, mask=mask, other=0.0)
+        acc = acc + r.to(acc.dtype)
+    return acc
+
+
+@triton.jit
+def epilogue(
+    acc, c_ptr, d_ptr, r_ptr, z_ptr, offs_m, offs_n, M, N,
+    stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
+    HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr, ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr,
+):
+    """``finish_tile``, cast to C's dtype, store the valid part of the tile (Z shares C's strides)."""
+    acc = finish_tile(
+        acc, offs_m, offs_n, M, N, alpha, beta, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn,
+        z_ptr, stride_cm, stride_cn, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+    )
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def gemm_kernel(
-    a_ptr, b_ptr, c_ptr, d_ptr,
+    a_ptr, b_ptr, c_ptr, d_ptr, r_ptr, z_ptr,
     M, N, K,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
     stride_cb, stride_cm, stride_cn,
     stride_db, stride_dm, stride_dn,
+    stride_rb, stride_rm, stride_rn,
     alpha, beta, k_per_split, stride_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr,
     INDEX_64: tl.constexpr, ACC_FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_OPERANDS: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
@@ -141,26 +188,30 @@ def gemm_kernel(
         # c_ptr is the workspace here: one (batch, M, N) fp32 slab per slice.
         c_ptr += tl.program_id(1).to(tl.int64) * stride_split
         epilogue(
-            acc, c_ptr + batch * stride_cb, c_ptr, offs_m, offs_n, M, N,
-            stride_cm, stride_cn, 0, 0, 1.0, 0.0, False, False,
+            acc, c_ptr + batch * stride_cb, c_ptr, c_ptr, c_ptr, offs_m, offs_n, M, N,
+            stride_cm, stride_cn, 0, 0, 0, 0, 1.0, 0.0, False, False, "none", False, False,
         )
         return
     epilogue(
-        acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, offs_m, offs_n, M, N,
-        stride_cm, stride_cn, stride_dm, stride_dn, alpha, beta, HAS_ALPHA, HAS_ADDEND,
+        acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb,
+        z_ptr + batch * stride_cb, offs_m, offs_n, M, N,
+        stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
+        HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
     )
 
 
 @triton.jit
 def splitk_reduce_kernel(
-    ws_ptr, c_ptr, d_ptr,
+    ws_ptr, c_ptr, d_ptr, r_ptr, z_ptr,
     M, N, SPLITS,
     stride_wk, stride_wb, stride_wm,
     stride_cb, stride_cm, stride_cn,
     stride_db, stride_dm, stride_dn,
+    stride_rb, stride_rm, stride_rn,
     alpha, beta,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr, ACC_FP64: tl.constexpr,
+    HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr, ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr, ACC_FP64: tl.constexpr,
 ):
     """C = epilogue(sum over s of workspace[s]), summed in order s = 0, 1, ...
 
@@ -184,6 +235,8 @@ def splitk_reduce_kernel(
     for s in range(0, SPLITS):
         acc += tl.load(ws + s * stride_wk, mask=mask, other=0.0)
     epilogue(
-        acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, offs_m, offs_n, M, N,
-        stride_cm, stride_cn, stride_dm, stride_dn, alpha, beta, HAS_ALPHA, HAS_ADDEND,
+        acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb,
+        z_ptr + batch * stride_cb, offs_m, offs_n, M, N,
+        stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
+        HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
     )

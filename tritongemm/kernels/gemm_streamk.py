@@ -38,14 +38,15 @@ def _tile_offsets(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G
 
 @triton.jit
 def streamk_kernel(
-    a_ptr, b_ptr, c_ptr, d_ptr, ws_ptr,
+    a_ptr, b_ptr, c_ptr, d_ptr, r_ptr, z_ptr, ws_ptr,
     M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn,
-    stride_cm, stride_cn, stride_dm, stride_dn,
+    stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn,
     alpha, beta,
     num_programs, dp_tiles, iters_per_program,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr,
     ACC_FP64: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -59,8 +60,9 @@ def streamk_kernel(
             a_ptr, b_ptr, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_FP64, DOT_PRECISION, UPCAST_OPERANDS,
         )
-        epilogue(acc, c_ptr, d_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_dm, stride_dn,
-                 alpha, beta, HAS_ALPHA, HAS_ADDEND)
+        epilogue(acc, c_ptr, d_ptr, r_ptr, z_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn,
+                 stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
+                 HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
 
     # Streamed part: this program's contiguous share of the remaining iterations.
     total = (tiles - dp_tiles) * k_tiles
@@ -79,8 +81,9 @@ def streamk_kernel(
             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_FP64, DOT_PRECISION, UPCAST_OPERANDS,
         )
         if k0 == 0 and k1 == k_tiles:
-            epilogue(acc, c_ptr, d_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_dm, stride_dn,
-                     alpha, beta, HAS_ALPHA, HAS_ADDEND)
+            epilogue(acc, c_ptr, d_ptr, r_ptr, z_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn,
+                     stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
+                     HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
         else:
             slot = tl.where(k0 > 0, 0, 1)
             base = ws_ptr + (pid * 2 + slot).to(tl.int64) * (BLOCK_M * BLOCK_N)
@@ -92,13 +95,14 @@ def streamk_kernel(
 
 @triton.jit
 def streamk_fixup_kernel(
-    c_ptr, d_ptr, ws_ptr,
+    c_ptr, d_ptr, r_ptr, z_ptr, ws_ptr,
     M, N, K,
-    stride_cm, stride_cn, stride_dm, stride_dn,
+    stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn,
     alpha, beta,
     dp_tiles, iters_per_program,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr, ACC_FP64: tl.constexpr,
+    HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr, ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr, ACC_FP64: tl.constexpr,
 ):
     tile = tl.program_id(0)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -119,5 +123,6 @@ def streamk_fixup_kernel(
             base = ws_ptr + (p * 2 + slot).to(tl.int64) * (BLOCK_M * BLOCK_N)
             acc += tl.load(base + rows[:, None] * BLOCK_N + cols[None, :])
         offs_m, offs_n = _tile_offsets(dp_tiles + tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        epilogue(acc, c_ptr, d_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_dm, stride_dn,
-                 alpha, beta, HAS_ALPHA, HAS_ADDEND)
+        epilogue(acc, c_ptr, d_ptr, r_ptr, z_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn,
+                 stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
+                 HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)

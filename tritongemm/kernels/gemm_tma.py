@@ -15,7 +15,7 @@ the epilogue of one tile overlaps the loads of the next.
 import triton
 import triton.language as tl
 
-from .gemm import grouped_tile_coords
+from .gemm import finish_tile, grouped_tile_coords
 
 
 @triton.jit
@@ -38,13 +38,14 @@ def load_b_tile(b_desc, off_k, off_n, B_KMAJOR: tl.constexpr):
 
 @triton.jit
 def gemm_tma_kernel(
-    a_desc, b_desc, c_desc, d_ptr,
+    a_desc, b_desc, c_desc, d_ptr, r_ptr, z_ptr,
     M, N, K,
-    stride_dm, stride_dn,
+    stride_dm, stride_dn, stride_rm, stride_rn, stride_zm, stride_zn,
     alpha, beta, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr,
     HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr,
     FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
 ):
@@ -71,14 +72,12 @@ def gemm_tma_kernel(
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        if HAS_ALPHA:
-            acc = acc * alpha
-        if HAS_ADDEND:
-            offs_m = off_m + tl.arange(0, BLOCK_M)
-            offs_n = off_n + tl.arange(0, BLOCK_N)
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            d = tl.load(d_ptr + offs_m[:, None] * stride_dm + offs_n[None, :] * stride_dn, mask=mask, other=0.0)
-            acc = acc + beta * d.to(tl.float32)
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        acc = finish_tile(
+            acc, offs_m, offs_n, M, N, alpha, beta, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn,
+            z_ptr, stride_zm, stride_zn, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+        )
         out_dtype = c_desc.dtype
         if EPILOGUE_SUBTILE:
             # Store the tile as two BLOCK_N/2 halves: half the shared-memory
