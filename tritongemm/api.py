@@ -12,9 +12,9 @@ import math
 
 import torch
 
-from .autograd import gemm_op, run_gemm
+from .autograd import gemm_op, is_tracing, run_gemm
 from .configs import TileConfig
-from .dispatch import SUPPORTED_DTYPES, UnsupportedInputError, unsupported_reason
+from .dispatch import ACTIVATIONS, SUPPORTED_DTYPES, UnsupportedInputError, unsupported_reason
 
 Config = TileConfig | dict | None
 Pipeline = str | int | None
@@ -123,6 +123,8 @@ def _batched(
     pipeline: Pipeline,
     out: torch.Tensor | None,
     decomposition: str | None = None,
+    activation: str = "none",
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """a: (*, M, K) with a.dim() >= 2, b: (*, K, N) with b.dim() >= 2."""
     m, k = a.shape[-2:]
@@ -137,7 +139,15 @@ def _batched(
                 f"{fn}: input of shape {_shape(addend)} cannot be broadcast to the result shape "
                 f"{result_shape}"
             ) from None
-    extra = [addend] if addend is not None else []
+    if residual is not None:
+        try:
+            residual = residual.expand(result_shape)
+        except RuntimeError:
+            raise RuntimeError(
+                f"{fn}: residual of shape {_shape(residual)} cannot be broadcast to the result shape "
+                f"{result_shape}"
+            ) from None
+    extra = [t for t in (addend, residual) if t is not None]
     out = _check_out(fn, out, result_shape, out_dtype or a.dtype, a, b, *extra)
 
     # Fold (*, M, K) @ (K, N) into one (prod(*) * M, K) @ (K, N) product when
@@ -146,28 +156,43 @@ def _batched(
     if a.dim() > 2 and math.prod(b.shape[:-2]) == 1 and math.prod(a.shape[:-2]) == math.prod(batch):
         a2 = _fold_rows(a)
         d2 = _fold_rows(addend) if addend is not None else None
-        if a2 is not None and (addend is None or d2 is not None):
+        r2 = _fold_rows(residual) if residual is not None else None
+        if a2 is not None and (addend is None or d2 is not None) and (residual is None or r2 is not None):
             b2 = b.reshape(k, n)  # size-1 batch dims only: a view
             o2 = _fold_rows(out) if out is not None else None
             if out is None or o2 is not None:
-                c2 = _dispatch(a2, b2, d2, alpha, beta, out_dtype, config, pipeline, o2, decomposition)
+                c2 = _dispatch(a2, b2, d2, alpha, beta, out_dtype, config, pipeline, o2, decomposition,
+                               activation, r2)
                 return out if out is not None else c2.view(result_shape)
 
     a_e = a.expand((*batch, m, k))
     b_e = b.expand((*batch, k, n))
-    return _dispatch(a_e, b_e, addend, alpha, beta, out_dtype, config, pipeline, out, decomposition)
+    return _dispatch(a_e, b_e, addend, alpha, beta, out_dtype, config, pipeline, out, decomposition,
+                     activation, residual)
 
 
-def _dispatch(a, b, addend, alpha, beta, out_dtype, config, pipeline, out, decomposition=None):
+def _dispatch(a, b, addend, alpha, beta, out_dtype, config, pipeline, out, decomposition=None,
+              activation="none", residual=None):
     if out is not None:
         return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, out=out,
-                        decomposition=decomposition)
+                        decomposition=decomposition, activation=activation, residual=residual)
     needs_grad = torch.is_grad_enabled() and (
-        a.requires_grad or b.requires_grad or (addend is not None and addend.requires_grad)
+        a.requires_grad or b.requires_grad
+        or (addend is not None and addend.requires_grad)
+        or (residual is not None and residual.requires_grad)
     )
-    if not needs_grad:  # skip the autograd.Function machinery (a few microseconds a call)
-        return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition=decomposition)
-    return gemm_op(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition)
+    if not needs_grad and not is_tracing(a):  # skip the autograd machinery (microseconds a call)
+        return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition=decomposition,
+                        activation=activation, residual=residual)
+    return gemm_op(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition, activation, residual)
+
+
+def _check_activation(fn: str, activation) -> str:
+    if activation is None:
+        return "none"
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{fn}: unknown activation {activation!r}; choose one of {list(ACTIVATIONS)}")
+    return activation
 
 
 def _check_out_dtype(fn: str, out_dtype) -> None:
@@ -187,23 +212,48 @@ def matmul(
     pipeline: Pipeline = None,
     decomposition: str | None = None,
     out: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``torch.matmul`` on Triton: 1-D operands, batches and broadcasting included.
 
     >>> c = tritongemm.matmul(a, b, pipeline="multi_stage")
+    >>> y = tritongemm.matmul(x, w.mT, bias=b, activation="gelu", residual=h)
 
     ``out_dtype`` stores the fp32 accumulator in another float dtype (e.g.
     fp16 inputs, fp32 output).  ``config`` (a ``TileConfig``), ``pipeline``
     ("single_stage", "double_buffer", "multi_stage", or a stage count) and
     ``decomposition`` ("sliced_k", "split_k", "stream_k") override the
     dispatcher's choice.
+
+    Fused epilogue (2-D or batched operands): ``activation(a @ b + bias) +
+    residual``, computed while the accumulator is in registers.  ``bias`` and
+    ``residual`` broadcast to the result: a bias of shape (N,) is per output
+    column (as ``F.linear``), one of shape (M, 1) per row.  ``activation`` is
+    one of "relu", "gelu", "gelu_tanh", "silu".
     """
-    _check_tensors("matmul", input=a, other=b)
+    named = {"input": a, "other": b}
+    if bias is not None:
+        named["bias"] = bias
+    if residual is not None:
+        named["residual"] = residual
+    _check_tensors("matmul", **named)
     _check_out_dtype("matmul", out_dtype)
     if a.dim() == 0 or b.dim() == 0:
         raise RuntimeError(
             f"matmul: both arguments to matmul need to be at least 1D, but they are {a.dim()}D and {b.dim()}D"
         )
+    activation = _check_activation("matmul", activation)
+    if bias is not None or residual is not None or activation != "none":
+        if a.dim() < 2 or b.dim() < 2:
+            raise RuntimeError(
+                f"matmul: bias/activation/residual need operands of at least 2 dimensions, got shapes "
+                f"{_shape(a)} and {_shape(b)}"
+            )
+        _check_inner("matmul", a.shape, b.shape, a.shape[-1], b.shape[-2])
+        return _batched("matmul", a, b, bias, 1.0, 1.0, out_dtype, config, pipeline, out, decomposition,
+                        activation, residual)
     if a.dim() == 2 and b.dim() == 2 and out is None:  # the common case, kept short
         _check_inner("matmul", a.shape, b.shape, a.shape[1], b.shape[0])
         return _dispatch(a, b, None, 1.0, 0.0, out_dtype, config, pipeline, None, decomposition)
@@ -348,6 +398,9 @@ def linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
     config: Config = None,
     pipeline: Pipeline = None,
     decomposition: str | None = None,
@@ -355,11 +408,19 @@ def linear(
     """``torch.nn.functional.linear``: input @ weight.T + bias, the bias added in the epilogue.
 
     >>> y = tritongemm.linear(x, layer.weight, layer.bias)
+    >>> y = tritongemm.linear(x, w_up, b_up, activation="gelu")          # Linear + bias + GELU, one kernel
+    >>> h = tritongemm.linear(y, w_down, b_down, residual=h)             # ... + residual add
+
+    The epilogue computes ``activation(input @ weight.T + bias) + residual``.
     """
     named = {"input": input, "weight": weight}
     if bias is not None:
         named["bias"] = bias
+    if residual is not None:
+        named["residual"] = residual
     _check_tensors("linear", **named)
+    _check_out_dtype("linear", out_dtype)
+    activation = _check_activation("linear", activation)
     if input.dim() == 0 or weight.dim() not in (1, 2):
         raise RuntimeError(
             f"linear: expected input of at least 1 dimension and a 1-D or 2-D weight, got shapes "
@@ -370,13 +431,20 @@ def linear(
             f"linear: input of shape {_shape(input)} and weight of shape {_shape(weight)} do not match "
             f"({input.shape[-1]} in-features != {weight.shape[-1]})"
         )
+    fused = activation != "none" or residual is not None
     if weight.dim() == 1:
-        y = matmul(input, weight, config=config, pipeline=pipeline, decomposition=decomposition)
+        if fused:
+            raise RuntimeError("linear: activation/residual need a 2-D weight")
+        y = matmul(input, weight, config=config, pipeline=pipeline, decomposition=decomposition,
+                   out_dtype=out_dtype)
         return y + bias if bias is not None else y
     x2 = input.unsqueeze(0) if input.dim() == 1 else input
     if bias is not None and bias.dim() > 1 and input.dim() == 1:
         raise RuntimeError(f"linear: bias of shape {_shape(bias)} does not fit a 1-D input")
-    y = _batched("linear", x2, weight.mT, bias, 1.0, 1.0, None, config, pipeline, None, decomposition)
+    if residual is not None and input.dim() == 1:
+        residual = residual.unsqueeze(0)
+    y = _batched("linear", x2, weight.mT, bias, 1.0, 1.0, out_dtype, config, pipeline, None, decomposition,
+                 activation, residual)
     return y.squeeze(-2) if input.dim() == 1 else y
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .kernels import KERNELS_INTERPRETED
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -50,13 +52,6 @@ def interpreter_enabled() -> bool:
     whether our kernels were built as interpreted functions, not the current
     environment.
     """
-    return _kernels_interpreted()
-
-
-@functools.lru_cache(maxsize=1)
-def _kernels_interpreted() -> bool:
-    from .kernels import KERNELS_INTERPRETED
-
     return KERNELS_INTERPRETED
 
 

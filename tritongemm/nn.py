@@ -14,25 +14,48 @@ from collections import Counter
 import torch
 
 from . import api
+from .autograd import is_tracing
 from .dispatch import unsupported_reason
 
 
+_TORCH_ACTIVATIONS = {
+    "none": lambda x: x,
+    "relu": torch.nn.functional.relu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+}
+
+
 class Linear(torch.nn.Linear):
-    """Drop-in ``torch.nn.Linear`` computed by tritongemm.
+    """Drop-in ``torch.nn.Linear`` computed by tritongemm, with an optional fused activation.
 
     >>> layer = tritongemm.nn.Linear(4096, 11008, bias=False, device="cuda", dtype=torch.bfloat16)
+    >>> up = tritongemm.nn.Linear(4096, 14336, activation="gelu")   # Linear + bias + GELU in one kernel
     """
 
     #: Reasons inputs were handed to torch instead, across all instances.
     fallbacks: Counter = Counter()
 
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 *, activation: str | None = None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.activation = activation or "none"
+        if self.activation not in _TORCH_ACTIVATIONS:
+            raise ValueError(f"Linear: unknown activation {activation!r}; choose one of {list(_TORCH_ACTIVATIONS)}")
+
+    def extra_repr(self) -> str:
+        act = f", activation={self.activation!r}" if self.activation != "none" else ""
+        return super().extra_repr() + act
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         tensors = [input, self.weight] + ([self.bias] if self.bias is not None else [])
-        reason = unsupported_reason(*tensors)
+        reason = None if is_tracing(input) else unsupported_reason(*tensors)
         if reason is not None:
             Linear.fallbacks[reason] += 1
-            return torch.nn.functional.linear(input, self.weight, self.bias)
-        return api.linear(input, self.weight, self.bias)
+            y = torch.nn.functional.linear(input, self.weight, self.bias)
+            return _TORCH_ACTIVATIONS[self.activation](y)
+        return api.linear(input, self.weight, self.bias, activation=self.activation)
 
     @classmethod
     def from_linear(cls, module: torch.nn.Linear) -> "Linear":
@@ -43,6 +66,7 @@ class Linear(torch.nn.Linear):
         new.out_features = module.out_features
         new.weight = module.weight
         new.bias = module.bias
+        new.activation = "none"
         new.train(module.training)
         return new
 

@@ -114,7 +114,8 @@ class _TritonGemmMode(TorchFunctionMode):
             return func(*args, **kwargs)
         op, impl, n_tensors = route
         reason = _route(op, args, kwargs, n_tensors)
-        self.stats._count(op, reason)
+        if not torch.compiler.is_compiling():  # counted in eager mode; a compiled graph is traced once
+            self.stats._count(op, reason)
         if reason is not None:
             return func(*args, **kwargs)
         return impl(*args, **kwargs)
