@@ -85,12 +85,12 @@ def test_out_dtype_cast_with_epilogue(device):
     assert_close(out, F.relu(F.linear(x.double(), w.double(), b.double())), dtype=torch.float32, tol=2e-3)
 
 
-def test_bad_activation_and_shapes():
-    x, w = torch.randn(3, 4), torch.randn(5, 4)
+def test_bad_activation_and_shapes(device):
+    x, w = random_tensor((3, 4), torch.float32, device), random_tensor((5, 4), torch.float32, device)
     with pytest.raises(ValueError, match="unknown activation 'tanh'"):
         tritongemm.linear(x, w, activation="tanh")
     with pytest.raises(RuntimeError, match=r"residual of shape \(7,\) cannot be broadcast"):
-        tritongemm.linear(x, w, residual=torch.randn(7))
+        tritongemm.linear(x, w, residual=random_tensor((7,), torch.float32, device))
     with pytest.raises(ValueError, match="unknown activation"):
         tritongemm.nn.Linear(4, 5, activation="swish")
 
