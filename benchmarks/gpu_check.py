@@ -96,6 +96,18 @@ def correctness(quick: bool) -> list[dict]:
     return rows
 
 
+def rotating(f, sets):
+    """A no-argument call of ``f`` on the next input set, round robin (L2 never holds them all)."""
+    state = {"i": 0}
+
+    def run():
+        args = sets[state["i"] % len(sets)]
+        state["i"] += 1
+        return f(*args)
+
+    return run
+
+
 def bench(fn, reps_ms=200):
     return triton.testing.do_bench(fn, warmup=50, rep=reps_ms, return_mode="median")
 
@@ -107,14 +119,8 @@ def ladder(sizes, dtypes) -> list[dict]:
         # rotate 4 input sets: 4 x (A + B) >> 50 MB of L2
         sets = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
                 for _ in range(4)]
-        idx = [0]
-
-        def rotate(f):
-            def run():
-                a, b = sets[idx[0] % len(sets)]
-                idx[0] += 1
-                return f(a, b)
-            return run
+        def rotate(f, sets=sets):
+            return rotating(f, sets)
 
         ref = torch.matmul(*sets[0])
         impls = {"cublas": lambda a, b: torch.matmul(a, b)}
@@ -204,7 +210,7 @@ def host_profile(out_dir: str) -> None:
             print("\n".join(buf.getvalue().splitlines()[6:22]), flush=True)
 
 
-def epilogue_bench(out_dir: str) -> "list[dict]":
+def epilogue_bench(out_dir: str) -> list[dict]:
     """Linear + bias + GELU: one fused tritongemm kernel vs cuBLAS linear then torch's GELU."""
     import torch.nn.functional as F
 
@@ -223,21 +229,16 @@ def epilogue_bench(out_dir: str) -> "list[dict]":
         for mode in ("fwd", "fwd+bwd"):
             times = {}
             for name, f in (("torch", ref), ("tritongemm", ours)):
-                idx = [0]
 
-                def step(f=f):
-                    x, w, b = sets[idx[0] % len(sets)]
-                    idx[0] += 1
+                def step(x, w, b, f=f, mode=mode, grad=grad):
                     if mode == "fwd":
                         with torch.no_grad():
                             return f(x, w, b)
-                    x.requires_grad_(True)
-                    w.requires_grad_(True)
-                    b.requires_grad_(True)
-                    y = f(x, w, b)
-                    torch.autograd.grad(y, (x, w, b), grad)
+                    for t in (x, w, b):
+                        t.requires_grad_(True)
+                    torch.autograd.grad(f(x, w, b), (x, w, b), grad)
 
-                times[name] = bench(step, 150)
+                times[name] = bench(rotating(step, sets), 150)
             flops = 2 * m * n * k * (1 if mode == "fwd" else 3)
             rows.append(dict(shape=f"{m}x{n}x{k}", dtype=dt, mode=mode, torch_ms=times["torch"],
                              tritongemm_ms=times["tritongemm"], speedup=times["torch"] / times["tritongemm"],
@@ -288,14 +289,8 @@ def sweep(shapes, dtypes, configs=None) -> list[dict]:
         dtype = DTYPES[dt]
         nsets = max(2, min(8, int(200e6 // ((m * k + k * n) * 2)) + 1))
         sets = [(operand(m, k, dtype, layout[0]), operand(k, n, dtype, layout[1])) for _ in range(nsets)]
-        idx = [0]
-
-        def rotate(f):
-            def run():
-                a, b = sets[idx[0] % len(sets)]
-                idx[0] += 1
-                return f(a, b)
-            return run
+        def rotate(f, sets=sets):
+            return rotating(f, sets)
 
         ref = torch.matmul(*sets[0]).double()
         t_cublas = bench(rotate(torch.matmul), 100)

@@ -17,9 +17,8 @@ A GEMM C[M, N] = A[M, K] · B[K, N] is cut into levels, as in CUTLASS:
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Iterator
 
 from .device import DeviceInfo
 
@@ -172,7 +171,7 @@ class TileConfig:
         return self.thread_fragment * acc_size // 4
 
     # -- conversions -------------------------------------------------------------------
-    def with_pipeline(self, pipeline: str | int) -> "TileConfig":
+    def with_pipeline(self, pipeline: str | int) -> TileConfig:
         """The same tiles under another mainloop scheme (name or stage count)."""
         stages = resolve_pipeline(pipeline, default_multi=max(self.num_stages, 3))
         return replace(self, num_stages=stages)
@@ -195,7 +194,7 @@ class TileConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TileConfig":
+    def from_dict(cls, data: dict) -> TileConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -247,7 +246,7 @@ class TileConfig:
             ]
         )
 
-    def validate(self, device: DeviceInfo, elem_size: int = 2, acc_size: int = 4) -> "TileConfig":
+    def validate(self, device: DeviceInfo, elem_size: int = 2, acc_size: int = 4) -> TileConfig:
         """Raise ``ConfigError`` naming the budget this config exceeds on ``device``."""
         smem = self.smem_bytes(elem_size)
         if smem > device.smem_per_block:
@@ -320,7 +319,7 @@ def _wave_efficiency(tiles: int, sm_count: int) -> float:
     return tiles / (waves * sm_count)
 
 
-def _rank(cfg: "TileConfig", problem: GemmProblem, device: DeviceInfo) -> float:
+def _rank(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> float:
     """A rough a-priori score used only to trim the space: SM fill x operand reuse."""
     tiles = problem.batch * -(-problem.m // cfg.block_m) * -(-problem.n // cfg.block_n) * cfg.split_k
     reuse = (cfg.block_m * cfg.block_n) / (cfg.block_m + cfg.block_n) / 85.3  # 1.0 at 128x256

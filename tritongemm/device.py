@@ -59,7 +59,7 @@ def env_requests_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_info(index: int) -> DeviceInfo:
     props = torch.cuda.get_device_properties(index)
     smem = getattr(props, "shared_memory_per_block_optin", 0)

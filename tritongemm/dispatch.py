@@ -171,7 +171,6 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
         return replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
     bm, bn, bk, warps, stages, _, tma = choose_cta_tile(problem, device)
     tma = tma and hopper
-    tiles = problem.batch * -(-problem.m // bm) * -(-problem.n // bn)
     split_k = choose_split_k(problem, device, bm, bn, bk)
     if split_k > 1:  # long K over few tiles (e.g. 1024 x 1024 x 32768)
         return TileConfig(bm, bn, bk, 8, warps, stages, split_k=split_k)

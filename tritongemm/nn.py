@@ -17,7 +17,6 @@ from . import api
 from .autograd import is_tracing
 from .dispatch import unsupported_reason
 
-
 _TORCH_ACTIVATIONS = {
     "none": lambda x: x,
     "relu": torch.nn.functional.relu,
@@ -58,7 +57,7 @@ class Linear(torch.nn.Linear):
         return api.linear(input, self.weight, self.bias, activation=self.activation)
 
     @classmethod
-    def from_linear(cls, module: torch.nn.Linear) -> "Linear":
+    def from_linear(cls, module: torch.nn.Linear) -> Linear:
         """A ``Linear`` that shares ``module``'s parameters (no copy)."""
         new = cls.__new__(cls)
         torch.nn.Module.__init__(new)
