@@ -14,7 +14,7 @@ import torch
 
 from .autograd import gemm_op, is_tracing, run_gemm
 from .configs import TileConfig
-from .dispatch import ACTIVATIONS, SUPPORTED_DTYPES, UnsupportedInputError, unsupported_reason
+from .dispatch import ACTIVATIONS, SUPPORTED_DTYPES, UnsupportedInputError, device_unsupported_reason
 
 Config = TileConfig | dict | None
 Pipeline = str | int | None
@@ -28,24 +28,29 @@ def _shape(t: torch.Tensor) -> str:
 
 
 def _check_tensors(fn: str, **named) -> None:
+    """Same dtype, same device, a dtype and device we run; torch's exception types.
+
+    Called on every call, so the common case is a few attribute reads.
+    """
+    first = None
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: argument '{name}' must be a Tensor, not {type(t).__name__}")
-    tensors = list(named.values())
-    dtypes = {t.dtype for t in tensors}
-    if len(dtypes) > 1:
-        desc = ", ".join(f"{n}: {t.dtype}" for n, t in named.items())
-        raise RuntimeError(f"{fn}: expected all operands to have the same dtype, but got {desc}")
-    devices = {t.device for t in tensors}
-    if len(devices) > 1:
-        desc = ", ".join(f"{n}: {t.device}" for n, t in named.items())
-        raise RuntimeError(f"{fn}: expected all tensors to be on the same device, but got {desc}")
-    dtype = tensors[0].dtype
-    if dtype not in SUPPORTED_DTYPES:
+        if first is None:
+            first = t
+        elif t.dtype != first.dtype:
+            desc = ", ".join(f"{n}: {x.dtype}" for n, x in named.items())
+            raise RuntimeError(f"{fn}: expected all operands to have the same dtype, but got {desc}")
+        elif t.device != first.device:
+            desc = ", ".join(f"{n}: {x.device}" for n, x in named.items())
+            raise RuntimeError(f"{fn}: expected all tensors to be on the same device, but got {desc}")
+    if first.dtype not in SUPPORTED_DTYPES:
         raise UnsupportedInputError(
-            f"{fn}: dtype {dtype} is not supported; tritongemm runs float16, bfloat16, float32 and float64"
+            f"{fn}: dtype {first.dtype} is not supported; tritongemm runs float16, bfloat16, float32 and float64"
         )
-    reason = unsupported_reason(*tensors)
+    if first.layout != torch.strided:
+        raise UnsupportedInputError(f"{fn}: {first.layout} tensors are not supported (strided only)")
+    reason = device_unsupported_reason(first.device)
     if reason is not None:
         raise UnsupportedInputError(f"{fn}: {reason}")
 

@@ -8,7 +8,6 @@ into what the kernel indexes, and launches.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 import os
@@ -52,7 +51,11 @@ def unsupported_reason(*tensors: torch.Tensor) -> str | None:
         return "mixed dtypes " + ", ".join(str(t.dtype) for t in tensors)
     if len({t.device for t in tensors}) > 1:
         return "tensors on different devices " + ", ".join(str(t.device) for t in tensors)
-    device = tensors[0].device
+    return device_unsupported_reason(tensors[0].device)
+
+
+def device_unsupported_reason(device: torch.device) -> str | None:
+    """Why tritongemm cannot run on ``device`` (None when it can)."""
     if device.type == "cuda":
         if interpreter_enabled():
             return "CUDA tensor while Triton runs on its CPU interpreter (TRITON_INTERPRET=1)"
@@ -686,8 +689,13 @@ _FAST_LAUNCH = os.environ.get("TRITONGEMM_FAST_LAUNCH", "1") != "0"
 
 
 def _rebase(template, t: torch.Tensor):
-    """The descriptor ``template`` over tensor ``t`` (same shape, strides, alignment)."""
-    desc = copy.copy(template)
+    """The descriptor ``template`` over tensor ``t`` (same shape, strides, alignment).
+
+    Built by copying the template's fields: ``copy.copy`` of a dataclass, or
+    re-running its validating constructor, costs microseconds per launch.
+    """
+    desc = object.__new__(type(template))
+    desc.__dict__.update(template.__dict__)
     desc.base = t
     return desc
 
