@@ -209,3 +209,16 @@ def test_patch_routes_into_compiled_graphs(device):
     assert not counters["graph_break"]
     assert any("tritongemm.gemm" in t for t in seen), seen
     assert_close(out, model(x).double())
+
+
+def test_epilogue_on_host_looped_batches(device):
+    """Batch dims that cannot merge are looped on the host: the epilogue tensors must follow each view."""
+    a = random_tensor((2, 1, 9, 12), torch.float32, device).requires_grad_()
+    b = random_tensor((1, 3, 12, 7), torch.float32, device).requires_grad_()
+    bias = random_tensor((7,), torch.float32, device)
+    r = random_tensor((2, 3, 9, 7), torch.float32, device).requires_grad_()
+    assert_matches_reference(
+        lambda x, y, res: tritongemm.matmul(x, y, bias=bias, activation="silu", residual=res),
+        lambda x, y, res: F.silu(x @ y + bias.to(x.dtype)) + res,
+        a, b, r,
+    )

@@ -381,3 +381,20 @@ def test_progress_bar_in_a_log_writes_one_line_per_shape():
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("[######..................] 1/4 shapes") and lines[1].startswith("[" + "#" * 24 + "]")
+
+
+def test_dispatch_uses_a_new_tuning_result_at_once(cache_dir):
+    """A shape dispatched before tuning must pick up the tuned config afterwards (plan cache cleared)."""
+    import tritongemm
+    from tritongemm.dispatch import explain
+    from tritongemm.testing import default_device
+
+    a = torch.randn(32, 32, device=default_device())
+    b = torch.randn(32, 32, device=default_device())
+    tritongemm.matmul(a, b)  # plans and caches the heuristic launch
+    assert explain(a, b).source == "heuristic"
+    (result,) = tune_quietly([TINY], candidates=[LARGE])
+    assert result.best == LARGE
+    plan = explain(a, b)
+    assert plan.source == "tuning cache" and plan.config == LARGE
+    assert torch.allclose(tritongemm.matmul(a, b), a @ b, rtol=1e-4, atol=1e-4)
