@@ -222,3 +222,13 @@ def test_epilogue_on_host_looped_batches(device):
         lambda x, y, res: F.silu(x @ y + bias.to(x.dtype)) + res,
         a, b, r,
     )
+
+
+def test_double_backward_through_fused_activation_is_refused(device):
+    x = torch.randn(4, 6, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(5, 6, dtype=torch.float64, device=device, requires_grad=True)
+    y = tritongemm.linear(x, w, activation="gelu")
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)
+    # without an activation, double backward is supported (and checked by gradgradcheck elsewhere)
+    assert torch.autograd.gradgradcheck(lambda x, w: tritongemm.linear(x, w), (x, w))

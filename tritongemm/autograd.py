@@ -87,6 +87,13 @@ def activation_backward(grad: torch.Tensor, z: torch.Tensor, activation: str) ->
 def _backward_gemms(ctx, grad_out, a, b, z):
     """Gradients of a, b, addend and residual from grad_out (shared by both doors)."""
     grad_a = grad_b = grad_addend = grad_residual = None
+    if ctx.activation != "none" and torch.is_grad_enabled() and not is_tracing(grad_out):
+        # The saved pre-activation is not part of the graph, so second derivatives
+        # through the activation would silently miss terms: refuse instead.
+        raise RuntimeError(
+            f"tritongemm: double backward (create_graph=True) through the fused activation "
+            f"{ctx.activation!r} is not supported; apply the activation with torch instead"
+        )
     if ctx.has_residual and ctx.needs_input_grad[3]:
         grad_residual = grad_out
     grad_z = activation_backward(grad_out, z, ctx.activation) if ctx.activation != "none" else grad_out
