@@ -105,6 +105,18 @@ def _check_scalar(fn: str, name: str, value) -> float:
     return float(value)
 
 
+def _expand_to(fn: str, name: str, t: torch.Tensor | None, shape) -> torch.Tensor | None:
+    """``t`` broadcast to ``shape`` as a stride-0 view, or torch's error with both shapes."""
+    if t is None:
+        return None
+    try:
+        return t.expand(shape)
+    except RuntimeError:
+        raise RuntimeError(
+            f"{fn}: {name} of shape {_shape(t)} cannot be broadcast to the result shape {tuple(shape)}"
+        ) from None
+
+
 def _fold_rows(a: torch.Tensor) -> torch.Tensor | None:
     """(*, M, K) as a (prod(*) * M, K) view, or None when the strides forbid it."""
     try:
@@ -136,22 +148,8 @@ def _batched(
     n = b.shape[-1]
     batch = _broadcast_batch(fn, a, b)
     result_shape = (*batch, m, n)
-    if addend is not None:
-        try:
-            addend = addend.expand(result_shape)
-        except RuntimeError:
-            raise RuntimeError(
-                f"{fn}: input of shape {_shape(addend)} cannot be broadcast to the result shape "
-                f"{result_shape}"
-            ) from None
-    if residual is not None:
-        try:
-            residual = residual.expand(result_shape)
-        except RuntimeError:
-            raise RuntimeError(
-                f"{fn}: residual of shape {_shape(residual)} cannot be broadcast to the result shape "
-                f"{result_shape}"
-            ) from None
+    addend = _expand_to(fn, "input", addend, result_shape)
+    residual = _expand_to(fn, "residual", residual, result_shape)
     extra = [t for t in (addend, residual) if t is not None]
     out = _check_out(fn, out, result_shape, out_dtype or a.dtype, a, b, *extra)
 

@@ -179,6 +179,11 @@ def _config_json(config) -> str | None:
     return json.dumps(cfg.to_dict(), sort_keys=True)
 
 
+def _parse_pipeline(pipeline: str | None) -> str | int | None:
+    """The custom op carries ``pipeline`` as a string: a name, or a stage count."""
+    return int(pipeline) if pipeline is not None and pipeline.isdigit() else pipeline
+
+
 def _traceable_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition, activation, residual):
     out, _ = torch.ops.tritongemm.gemm(
         a, b, addend, residual, float(alpha), float(beta), activation, out_dtype,
@@ -203,7 +208,7 @@ def _gemm_custom_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(act(alpha a@b + beta addend) + residual, pre-activation or an empty tensor)."""
     config = TileConfig.from_dict(json.loads(config_json)) if config_json else None
-    stages = int(pipeline) if pipeline is not None and pipeline.isdigit() else pipeline
+    stages = _parse_pipeline(pipeline)
     out = _alloc_out(tuple(a.shape[:-2]), a.shape[-2], b.shape[-1], out_dtype or a.dtype, a.device)
     preact = torch.empty_like(out) if activation != "none" else out.new_empty(0)
     run_gemm(a, b, addend, alpha, beta, out_dtype, config, stages, out=out, decomposition=decomposition,
@@ -222,7 +227,7 @@ def _(a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, deco
 def _setup_context(ctx, inputs, output):
     a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json = inputs
     ctx.alpha, ctx.beta, ctx.activation = alpha, beta, activation
-    ctx.pipeline = int(pipeline) if pipeline is not None and pipeline.isdigit() else pipeline
+    ctx.pipeline = _parse_pipeline(pipeline)
     ctx.has_addend, ctx.has_residual = addend is not None, residual is not None
     ctx.save_for_backward(a, b, output[1])
 

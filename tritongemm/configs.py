@@ -314,7 +314,8 @@ def _next_pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
 
-def _wave_efficiency(tiles: int, sm_count: int) -> float:
+def wave_efficiency(tiles: int, sm_count: int) -> float:
+    """Busy fraction of the SMs over all waves: 133 tiles on 132 SMs is ~50%."""
     waves = -(-tiles // sm_count)
     return tiles / (waves * sm_count)
 
@@ -324,7 +325,7 @@ def _rank(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> float:
     tiles = problem.batch * -(-problem.m // cfg.block_m) * -(-problem.n // cfg.block_n) * cfg.split_k
     reuse = (cfg.block_m * cfg.block_n) / (cfg.block_m + cfg.block_n) / 85.3  # 1.0 at 128x256
     full_line = 0.02 if cfg.block_k * problem.elem_size == 128 else 0.0  # K step of one 128-byte line
-    return _wave_efficiency(tiles, device.sm_count) * min(reuse, 1.0) + full_line + 0.005 * cfg.num_stages
+    return wave_efficiency(tiles, device.sm_count) * min(reuse, 1.0) + full_line + 0.005 * cfg.num_stages
 
 
 def candidate_configs(

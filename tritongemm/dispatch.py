@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from .configs import DECOMPOSITIONS, MAX_SPLIT_K, ConfigError, GemmProblem, TileConfig, resolve_pipeline
+from .configs import DECOMPOSITIONS, MAX_SPLIT_K, ConfigError, GemmProblem, TileConfig, wave_efficiency
 from .device import DeviceInfo, device_info, interpreter_enabled
 from .kernels import gemm_kernel, gemm_tma_kernel, splitk_reduce_kernel, streamk_fixup_kernel, streamk_kernel
 
@@ -97,12 +97,6 @@ _TILE_MENU = {
     ],
     8: [(64, 64, 16, 4, 2, 1.00, False)],  # fp64 dot runs on CUDA cores
 }
-
-
-def wave_efficiency(tiles: int, sm_count: int) -> float:
-    """Busy fraction of the SMs over all waves: 133 tiles on 132 SMs is ~50%."""
-    waves = -(-tiles // sm_count)
-    return tiles / (waves * sm_count)
 
 
 def choose_cta_tile(problem: GemmProblem, device: DeviceInfo):
@@ -241,7 +235,7 @@ def _select(problem, device, config, pipeline, decomposition=None) -> tuple[Tile
     else:
         raise TypeError(f"config must be a TileConfig or a dict, got {type(config).__name__}")
     if pipeline is not None:
-        cfg = replace(cfg, num_stages=resolve_pipeline(pipeline, default_multi=max(cfg.num_stages, 3)))
+        cfg = cfg.with_pipeline(pipeline)
         source += f", pipeline={pipeline!r}"
     if decomposition is not None:
         cfg = _apply_decomposition(cfg, decomposition, problem, device)

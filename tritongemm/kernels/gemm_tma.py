@@ -19,20 +19,13 @@ from .gemm import finish_tile, grouped_tile_coords
 
 
 @triton.jit
-def load_a_tile(a_desc, off_m, off_k, A_KMAJOR: tl.constexpr):
-    if A_KMAJOR:  # A is (M, K) row-major
-        tile = a_desc.load([off_m, off_k])
-    else:  # A^T is (K, M) row-major
-        tile = a_desc.load([off_k, off_m]).T
-    return tile
-
-
-@triton.jit
-def load_b_tile(b_desc, off_k, off_n, B_KMAJOR: tl.constexpr):
-    if B_KMAJOR:  # B is (K, N) row-major
-        tile = b_desc.load([off_k, off_n])
-    else:  # B^T is (N, K) row-major
-        tile = b_desc.load([off_n, off_k]).T
+def load_tile(desc, off_rows, off_cols, ROW_MAJOR: tl.constexpr):
+    """The (rows, cols) tile at (off_rows, off_cols) of a matrix whose descriptor is
+    row-major (ROW_MAJOR) or describes its transpose (then the tile is transposed back)."""
+    if ROW_MAJOR:
+        tile = desc.load([off_rows, off_cols])
+    else:
+        tile = desc.load([off_cols, off_rows]).T
     return tile
 
 
@@ -66,8 +59,8 @@ def gemm_tma_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             off_k = ki * BLOCK_K
-            a = load_a_tile(a_desc, off_m, off_k, A_KMAJOR)
-            b = load_b_tile(b_desc, off_k, off_n, B_KMAJOR)
+            a = load_tile(a_desc, off_m, off_k, A_KMAJOR)  # A is (M, K)
+            b = load_tile(b_desc, off_k, off_n, B_KMAJOR)  # B is (K, N)
             if UPCAST_OPERANDS:  # interpreter only: bf16 tl.dot bug, triton-lang/triton#11584
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
