@@ -7,6 +7,8 @@ reproducible, over ragged shapes, split counts that do not divide K, and
 slices shorter than one K-tile.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -24,22 +26,49 @@ def reference(a, b):
     return a.double() @ b.double()
 
 
+REDUCE = {"separate": False, "inline": True}  # split-K's reduction: a second kernel, or the last slice
+
+
+@pytest.mark.parametrize("reduce", REDUCE)
 @pytest.mark.parametrize("split_k", [2, 3, 5, 64], ids=lambda s: f"split{s}")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: shape_id(*s))
-def test_split_k_matches_reference(device, shape, split_k):
+def test_split_k_matches_reference(device, shape, split_k, reduce):
     m, n, k = shape
     a, b = make_operands(m, n, k, "NT", torch.float16, device)
-    out = tritongemm.matmul(a, b, config=TileConfig(16, 32, 16, 8, 4, 2, split_k=split_k))
+    cfg = TileConfig(16, 32, 16, 8, 4, 2, split_k=split_k, split_k_inline=REDUCE[reduce])
+    out = tritongemm.matmul(a, b, config=cfg)
     assert_close(out, reference(a, b))
 
 
+@pytest.mark.parametrize("reduce", REDUCE)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
                          ids=["fp16", "bf16", "fp32", "fp64"])
 @pytest.mark.parametrize("layout", ["NN", "TT", "SN"])
-def test_split_k_dtypes_and_layouts(device, dtype, layout):
+def test_split_k_dtypes_and_layouts(device, dtype, layout, reduce):
     a, b = make_operands(19, 45, 150, layout, dtype, device)
-    out = tritongemm.matmul(a, b, config=TileConfig(16, 16, 16, 8, 4, 2, split_k=4))
+    out = tritongemm.matmul(a, b, config=TileConfig(16, 16, 16, 8, 4, 2, split_k=4, split_k_inline=REDUCE[reduce]))
     assert_close(out, reference(a, b))
+
+
+def test_inline_and_separate_reductions_agree_bitwise(device):
+    # Both add the slices in slice order, so they must give the same bits.
+    a, b = make_operands(40, 70, 300, "NT", torch.float32, device)
+    cfg = TileConfig(16, 32, 16, 8, 4, 2, split_k=5)
+    separate = tritongemm.matmul(a, b, config=cfg)
+    inline = tritongemm.matmul(a, b, config=replace(cfg, split_k_inline=True))
+    assert torch.equal(separate, inline)
+
+
+def test_inline_reduction_rearms_its_counters(device):
+    # The reducing program resets its tile's arrival counter, so the next
+    # launch (here: another shape, sharing the stream's counters) starts from zero.
+    from tritongemm.dispatch import _COUNTERS
+
+    cfg = TileConfig(16, 16, 16, 8, 4, 2, split_k=3, split_k_inline=True)
+    for m, n, k in [(33, 40, 100), (33, 40, 100), (50, 17, 64), (5, 90, 200)]:
+        a, b = make_operands(m, n, k, "NN", torch.float32, device)
+        assert_close(tritongemm.matmul(a, b, config=cfg), reference(a, b))
+        assert all(int(buf.count_nonzero()) == 0 for buf in _COUNTERS.values())
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: shape_id(*s))
@@ -77,8 +106,9 @@ def test_bitwise_reproducible(device, decomposition):
 def test_split_k_batched_and_broadcast(device):
     a = random_tensor((3, 1, 20, 70), torch.float16, device)
     b = random_tensor((1, 2, 70, 9), torch.float16, device)
-    out = tritongemm.matmul(a, b, config=TileConfig(16, 16, 16, 8, 4, 2, split_k=3))
-    assert_close(out, reference(a, b))
+    for inline in (False, True):
+        out = tritongemm.matmul(a, b, config=TileConfig(16, 16, 16, 8, 4, 2, split_k=3, split_k_inline=inline))
+        assert_close(out, reference(a, b))
 
 
 def test_stream_k_batched_falls_back_to_sliced_k(device):
@@ -124,6 +154,8 @@ def test_split_k_and_tma_are_exclusive():
         TileConfig(64, 64, 64, 8, 4, 3, tma=True, split_k=2)
     with pytest.raises(tritongemm.ConfigError, match="stream_k"):
         TileConfig(64, 64, 64, 8, 4, 3, split_k=2, stream_k=True)
+    with pytest.raises(tritongemm.ConfigError, match="split_k_inline"):
+        TileConfig(64, 64, 64, 8, 4, 3, split_k_inline=True)
 
 
 def test_heuristic_splits_skinny_long_k():

@@ -67,7 +67,7 @@ def compile_one(kernel, types: dict, constexprs: dict, target, num_warps: int, n
 
 def pointer_cases():
     # NN layout: the unit strides are specialized to the constant 1, as at launch.
-    base = dict(stride_ak=1, stride_bn=1, stride_cn=1, stride_dn=1, GROUP_M=8, SPLIT_K=1,
+    base = dict(stride_ak=1, stride_bn=1, stride_cn=1, stride_dn=1, GROUP_M=8, SPLIT_K=False, REDUCE_INLINE=False,
                 ACTIVATION="none", HAS_RESIDUAL=False, STORE_PREACT=False, HAS_ALPHA=False, HAS_ADDEND=False, INDEX_64=False, UPCAST_OPERANDS=False)
     yield "ptr-fp16-128x256x64-s3", "fp16", dict(base, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, EVEN_K=True,
                                                   ACC_FP64=False, DOT_PRECISION="ieee"), 8, 3
@@ -79,8 +79,11 @@ def pointer_cases():
                                                 ACC_FP64=False, DOT_PRECISION="ieee", INDEX_64=True,
                                                 HAS_ADDEND=True, HAS_ALPHA=True, ACTIVATION="gelu",
                                                 HAS_RESIDUAL=True, STORE_PREACT=True), 4, 4
-    yield "ptr-fp16-splitk4", "fp16", dict(base, BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, SPLIT_K=4,
-                                           ACC_FP64=False, DOT_PRECISION="ieee"), 4, 4
+    yield "ptr-fp16-splitk", "fp16", dict(base, BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, SPLIT_K=True,
+                                          ACC_FP64=False, DOT_PRECISION="ieee"), 4, 4
+    yield "ptr-fp16-splitk-inline", "fp16", dict(base, BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, EVEN_K=True,
+                                                 SPLIT_K=True, REDUCE_INLINE=True, HAS_ADDEND=True,
+                                                 ACC_FP64=False, DOT_PRECISION="ieee"), 4, 4
 
 
 def tma_cases():
@@ -123,6 +126,7 @@ def main():
         if kernel is gemm:
             types = {n: (f"*{dt}" if n.endswith("_ptr") else "fp32" if n in ("alpha", "beta") else "i32")
                      for n in kernel.arg_names}
+            types.update(ws_ptr="*fp32", count_ptr="*i32")
         else:
             bm, bn, bk = consts["BLOCK_M"], consts["BLOCK_N"], consts["BLOCK_K"]
             a_block = [bm, bk] if consts["A_KMAJOR"] else [bk, bm]

@@ -49,7 +49,7 @@ MIN_STAGES, MAX_STAGES = 1, 6
 ACCUMULATOR_REGISTER_BUDGET = 192
 
 
-_BOOL_FIELDS = ("tma", "persistent", "warp_specialize", "epilogue_subtile", "stream_k")
+_BOOL_FIELDS = ("tma", "persistent", "warp_specialize", "epilogue_subtile", "split_k_inline", "stream_k")
 
 
 class ConfigError(ValueError):
@@ -92,8 +92,11 @@ class TileConfig:
     warp_specialize: bool = False
     epilogue_subtile: bool = False
     # work decomposition: K cut into split_k slices run by separate programs
-    # (pointer kernel), partials reduced in a fixed order.
+    # (pointer kernel), partials reduced in a fixed order: by a second kernel
+    # (CUTLASS's "parallel" split-K), or, with split_k_inline, by the last
+    # slice of each tile to finish, in the same launch.
     split_k: int = 1
+    split_k_inline: bool = False
     # Stream-K: a persistent grid sharing all MAC iterations evenly (pointer kernel).
     stream_k: bool = False
 
@@ -121,6 +124,8 @@ class TileConfig:
                 raise ConfigError(f"TileConfig.{flag}=True needs tma=True (only the TMA kernel has it)")
         if not 1 <= self.split_k <= MAX_SPLIT_K:
             raise ConfigError(f"TileConfig.split_k={self.split_k} must be in [1, {MAX_SPLIT_K}]")
+        if self.split_k_inline and self.split_k == 1:
+            raise ConfigError("TileConfig.split_k_inline=True needs split_k > 1")
         if self.split_k > 1 and self.tma:
             raise ConfigError("TileConfig.split_k > 1 runs on the pointer kernel: set tma=False")
         if self.stream_k and (self.tma or self.split_k > 1):
@@ -219,7 +224,7 @@ class TileConfig:
         flags = [name for name, on in (("tma", self.tma), ("persistent", self.persistent),
                                        ("ws", self.warp_specialize), ("subtile", self.epilogue_subtile)) if on]
         if self.split_k > 1:
-            flags.append(f"splitk{self.split_k}")
+            flags.append(f"splitk{self.split_k}" + ("i" if self.split_k_inline else ""))
         if self.stream_k:
             flags.append("streamk")
         return (
@@ -239,7 +244,9 @@ class TileConfig:
                 f"  thread level : {self.thread_fragment} fp32 accumulators per thread",
                 f"  pipeline     : {self.pipeline}, num_stages={self.num_stages}, "
                 f"{self.smem_bytes(elem_size) / 1024:.0f} KiB shared memory at {elem_size} B/element",
-                f"  decomposition: {self.decomposition}" + (f" x{self.split_k}" if self.split_k > 1 else ""),
+                f"  decomposition: {self.decomposition}" + (f" x{self.split_k}" if self.split_k > 1 else "")
+                + (", reduced in-kernel by each tile's last slice" if self.split_k_inline else
+                   ", reduced by a second kernel" if self.split_k > 1 else ""),
                 f"  kernel       : {self.kernel}"
                 + (" (warp-specialized)" if self.warp_specialize else "")
                 + (" (epilogue in two halves)" if self.epilogue_subtile else ""),

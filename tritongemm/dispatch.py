@@ -144,6 +144,17 @@ def choose_split_k(problem: GemmProblem, device: DeviceInfo, block_m: int, block
     return max(1, min(want, k_tiles // 4, 32))
 
 
+def choose_split_k_inline(problem: GemmProblem, block_m: int, block_n: int, split_k: int) -> bool:
+    """Reduce split-K partials in the GEMM's own launch (the last slice of a tile
+    to finish adds them), rather than in a second kernel?
+
+    Inline saves a launch (a few microseconds, most of a decode GEMM's slack)
+    but leaves each tile's sum to one program: worth it while that sum is
+    small (all slices of one tile within 256 KiB of fp32 partials).
+    """
+    return split_k > 1 and split_k * block_m * block_n * 4 <= 256 * 1024
+
+
 def _interpreter_config(problem: GemmProblem) -> TileConfig:
     # The interpreter runs one program at a time in numpy: small tiles keep
     # ragged-edge masks exercised, and speed does not matter.
@@ -164,13 +175,15 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
         bk = 128 // problem.elem_size
         bn = _pow2_at_least(problem.n, 32, 128)
         split_k = choose_split_k(problem, device, bm, bn, bk)
-        cfg = TileConfig(bm, bn, bk, 8, 4, 3, split_k=split_k)
+        cfg = TileConfig(bm, bn, bk, 8, 4, 3, split_k=split_k,
+                         split_k_inline=choose_split_k_inline(problem, bm, bn, split_k))
         return replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
     bm, bn, bk, warps, stages, _, tma = choose_cta_tile(problem, device)
     tma = tma and hopper
     split_k = choose_split_k(problem, device, bm, bn, bk)
     if split_k > 1:  # long K over few tiles (e.g. 1024 x 1024 x 32768)
-        return TileConfig(bm, bn, bk, 8, warps, stages, split_k=split_k)
+        return TileConfig(bm, bn, bk, 8, warps, stages, split_k=split_k,
+                          split_k_inline=choose_split_k_inline(problem, bm, bn, split_k))
     # Persistent even for a single wave: measured on the H100, the data-parallel
     # TMA grid loses up to 40% with a transposed A at 2048^3 (results/h100/sweeps/sweep_layouts.csv).
     cfg = TileConfig(bm, bn, bk, 8, warps, stages, tma=tma, persistent=tma)
@@ -209,15 +222,17 @@ def _apply_decomposition(cfg: TileConfig, decomposition: str, problem: GemmProbl
     """Force one way of sharing the K loop, keeping the tiles."""
     plain = dict(tma=False, persistent=False, warp_specialize=False, epilogue_subtile=False)
     if decomposition == "sliced_k":
-        return replace(cfg, split_k=1, stream_k=False)
+        return replace(cfg, split_k=1, split_k_inline=False, stream_k=False)
     if decomposition == "split_k":
         if cfg.split_k > 1:
             return replace(cfg, stream_k=False)
         k_tiles = -(-problem.k // cfg.block_k)
         split = choose_split_k(problem, device, cfg.block_m, cfg.block_n, cfg.block_k)
-        return replace(cfg, **plain, stream_k=False, split_k=max(2, min(split, max(k_tiles, 1), MAX_SPLIT_K)))
+        split = max(2, min(split, max(k_tiles, 1), MAX_SPLIT_K))
+        inline = choose_split_k_inline(problem, cfg.block_m, cfg.block_n, split)
+        return replace(cfg, **plain, stream_k=False, split_k=split, split_k_inline=inline)
     if decomposition == "stream_k":
-        return replace(cfg, **plain, split_k=1, stream_k=True)
+        return replace(cfg, **plain, split_k=1, split_k_inline=False, stream_k=True)
     raise ConfigError(f"unknown decomposition {decomposition!r}; choose one of {list(DECOMPOSITIONS)}")
 
 
@@ -527,7 +542,7 @@ class _Launcher:
         self.constexprs = dict(
             self.mainloop, **self.epilogue,
             EVEN_K=(K % cfg.block_k == 0), INDEX_64=index_64, ACC_FP64=(a.dtype == torch.float64),
-            SPLIT_K=self.splits,
+            SPLIT_K=self.splits > 1, REDUCE_INLINE=self.inline,
         )
 
     def _init_split_k(self, cfg: TileConfig, a, batch: int, M: int, N: int, K: int) -> None:
@@ -536,11 +551,14 @@ class _Launcher:
         splits = min(cfg.split_k, k_tiles)
         self.k_per_split = triton.cdiv(k_tiles, splits) * cfg.block_k
         self.splits = triton.cdiv(K, self.k_per_split) if K > 0 else 1
+        self.inline = False
         if self.splits <= 1:
             self.splits = 1
             return
+        self.inline = cfg.split_k_inline
         self.ws_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
         self.ws_shape = (self.splits, batch, M, N)
+        self.counters = batch * triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         block_m, block_n = 32, 64  # the reduction is memory-bound: small tiles, many programs
         self.reduce_grid = (batch * triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
         self.reduce_constexprs = dict(
@@ -549,21 +567,22 @@ class _Launcher:
 
     def _pointer(self, a, b, out, d, r, z, alpha, beta):
         if self.splits == 1:
-            self._launch(gemm_kernel, (a, b, out, d, r, z, *self.ints, alpha, beta, 0, 0))
+            self._launch(gemm_kernel, (a, b, out, d, r, z, out, out, *self.ints, alpha, beta, 0, 0))
             return
         # Split-K: slices write fp32 partials to a workspace (from torch's caching
-        # allocator: no cudaMalloc per call, and graph-capture safe), then one
-        # reduction adds them in slice order and runs the epilogue.
+        # allocator: no cudaMalloc per call, and graph-capture safe); they are
+        # added in slice order by the last slice to arrive or by a second kernel.
         S, B, M, N = self.ws_shape
         ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=a.device)
-        ints = list(self.ints)
-        ints[9:12] = [M * N, N, 1]  # C strides -> workspace strides
-        self._launch(gemm_kernel, (a, b, ws, d, r, z, *ints, alpha, beta, self.k_per_split, B * M * N))
-        self._launch(
-            splitk_reduce_kernel,
-            (ws, out, d, r, z, M, N, S, B * M * N, M * N, N, *self.ints[9:18], alpha, beta),
-            slot="reduce",
-        )
+        counts = _arrival_counters(a.device, self.counters) if self.inline else ws
+        self._launch(gemm_kernel, (a, b, out, d, r, z, ws, counts, *self.ints, alpha, beta, self.k_per_split,
+                                   B * M * N))
+        if not self.inline:
+            self._launch(
+                splitk_reduce_kernel,
+                (ws, out, d, r, z, M, N, S, B * M * N, *self.ints[9:18], alpha, beta),
+                slot="reduce",
+            )
 
     # -- Stream-K -----------------------------------------------------------------------
     def _init_stream_k(self, cfg, a, b, out, d, r, M, N, K):
@@ -680,6 +699,28 @@ class _Launcher:
 #: Set TRITONGEMM_FAST_LAUNCH=0 to always launch through JITFunction (e.g. to
 #: rule the direct launch out while debugging a Triton upgrade).
 _FAST_LAUNCH = os.environ.get("TRITONGEMM_FAST_LAUNCH", "1") != "0"
+
+
+#: (device, stream) -> int32 arrival counters for in-kernel split-K reduction.
+#: All zero between launches: the reducing program re-arms its tile's counter.
+#: One buffer per stream, since launches on one stream never overlap.
+_COUNTERS: dict = {}
+
+
+def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    if device.type != "cuda":
+        key = (str(device), None)
+    else:
+        if torch.cuda.is_current_stream_capturing():
+            # Inside CUDA-graph capture: a buffer of the graph's own, zeroed by
+            # a memset node at every replay; the shared buffers stay outside it.
+            return torch.zeros(n, dtype=torch.int32, device=device)
+        key = (str(device), torch.cuda.current_stream(device).cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def _rebase(template, t: torch.Tensor):

@@ -130,8 +130,36 @@ def epilogue(
 
 
 @triton.jit
+def splitk_partials(ws_ptr, slice_id, batch, offs_m, offs_n, M, N, stride_split):
+    """Pointers to one slice's fp32 partial tile in the (splits, batch, M, N) workspace."""
+    return ws_ptr + slice_id * stride_split + batch * M * N + offs_m[:, None] * N + offs_n[None, :]
+
+
+@triton.jit
+def sum_slices(
+    ws_ptr, splits, batch, offs_m, offs_n, M, N, stride_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr,
+):
+    """Add the partial tiles of slices 0, 1, ..., splits-1 in that order.
+
+    A fixed order makes the result bitwise-reproducible, unlike atomics.
+    ``.cg`` loads go to L2, where other programs' partials are visible.
+    """
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ptrs = splitk_partials(ws_ptr, 0, batch, offs_m, offs_n, M, N, stride_split)
+    if ACC_FP64:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, splits):
+        acc += tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+        ptrs += stride_split  # pointer arithmetic is 64-bit: no int32 wrap over many slices
+    return acc
+
+
+@triton.jit
 def gemm_kernel(
-    a_ptr, b_ptr, c_ptr, d_ptr, r_ptr, z_ptr,
+    a_ptr, b_ptr, c_ptr, d_ptr, r_ptr, z_ptr, ws_ptr, count_ptr,
     M, N, K,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
@@ -143,18 +171,22 @@ def gemm_kernel(
     EVEN_K: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr,
     INDEX_64: tl.constexpr, ACC_FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    UPCAST_OPERANDS: tl.constexpr, SPLIT_K: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr, SPLIT_K: tl.constexpr, REDUCE_INLINE: tl.constexpr,
 ):
-    """Sliced-K GEMM (SPLIT_K=1): one program per (batch, C tile), walking all of K.
+    """Sliced-K GEMM (SPLIT_K=False): one program per (batch, C tile), walking all of K.
 
     Axis 0 of the grid runs over batch x tiles (it allows 2^31 - 1 programs;
     axis 1 only 65535, too few for large batches).  A batch stride of 0
     broadcasts an operand across the batch.
 
-    Split-K (SPLIT_K>1): axis 1 picks a slice of ``k_per_split`` (a multiple
-    of BLOCK_K) of the K loop; each program stores its fp32 partial tile into
-    C (then a (SPLIT_K, batch, M, N) fp32 workspace) and ``splitk_reduce_kernel``
-    adds the slices in a fixed order (bitwise-reproducible) and runs the epilogue.
+    Split-K (SPLIT_K=True): axis 1 of the grid picks one of ``num_programs(1)``
+    slices of ``k_per_split`` (a multiple of BLOCK_K) of the K loop; each
+    program stores its fp32 partial tile into a (splits, batch, M, N)
+    workspace.  Then either ``splitk_reduce_kernel`` (a second launch) adds
+    the slices and runs the epilogue, or, with REDUCE_INLINE, the last slice
+    of each tile to finish does it: every slice bumps the tile's arrival
+    counter (``count_ptr``, zero at launch, re-armed to zero by the reducer).
+    Both sum the slices in slice order, so results are bitwise-reproducible.
     """
     pid = tl.program_id(0)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -174,37 +206,50 @@ def gemm_kernel(
 
     a_ptr += batch * stride_ab
     b_ptr += batch * stride_bb
-    if SPLIT_K > 1:
-        k_start = tl.program_id(1) * k_per_split
+    if SPLIT_K:
+        slice_id = tl.program_id(1).to(tl.int64)
+        k_start = slice_id * k_per_split
         a_ptr += k_start * stride_ak
         b_ptr += k_start * stride_bk
-        K = tl.minimum(K - k_start, k_per_split)
+        K = tl.minimum(K - k_start, k_per_split).to(tl.int32)
     acc = mainloop(
         a_ptr, b_ptr, offs_m, offs_n, M, N, K,
         stride_am, stride_ak, stride_bk, stride_bn,
         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_FP64, DOT_PRECISION, UPCAST_OPERANDS,
     )
-    if SPLIT_K > 1:
-        # c_ptr is the workspace here: one (batch, M, N) fp32 slab per slice.
-        c_ptr += tl.program_id(1).to(tl.int64) * stride_split
+    if SPLIT_K:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(splitk_partials(ws_ptr, slice_id, batch, offs_m, offs_n, M, N, stride_split), acc, mask=mask)
+        if REDUCE_INLINE:
+            splits = tl.num_programs(1)
+            # Every thread's partial is stored before thread 0's release below
+            # (the pattern of CUTLASS's split-K semaphore: barrier, then a
+            # gpu-scope release by one thread).
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if arrived == splits - 1:
+                tl.store(count_ptr + pid, 0)  # re-arm for the next launch
+                acc = sum_slices(ws_ptr, splits, batch, offs_m, offs_n, M, N, stride_split, BLOCK_M, BLOCK_N,
+                                 ACC_FP64)
+                epilogue(
+                    acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb,
+                    z_ptr + batch * stride_cb, offs_m, offs_n, M, N,
+                    stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
+                    HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+                )
+    else:
         epilogue(
-            acc, c_ptr + batch * stride_cb, c_ptr, c_ptr, c_ptr, offs_m, offs_n, M, N,
-            stride_cm, stride_cn, 0, 0, 0, 0, 1.0, 0.0, False, False, "none", False, False,
+            acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb,
+            z_ptr + batch * stride_cb, offs_m, offs_n, M, N,
+            stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
+            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
         )
-        return
-    epilogue(
-        acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb,
-        z_ptr + batch * stride_cb, offs_m, offs_n, M, N,
-        stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
-        HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
-    )
 
 
 @triton.jit
 def splitk_reduce_kernel(
     ws_ptr, c_ptr, d_ptr, r_ptr, z_ptr,
-    M, N, SPLITS,
-    stride_wk, stride_wb, stride_wm,
+    M, N, SPLITS, stride_split,
     stride_cb, stride_cm, stride_cn,
     stride_db, stride_dm, stride_dn,
     stride_rb, stride_rm, stride_rn,
@@ -213,9 +258,10 @@ def splitk_reduce_kernel(
     HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr, ACC_FP64: tl.constexpr,
 ):
-    """C = epilogue(sum over s of workspace[s]), summed in order s = 0, 1, ...
+    """C = epilogue(sum over s of workspace[s]): split-K's second launch.
 
-    A fixed order makes the result bitwise-reproducible, unlike atomics.
+    Its own small tiles (the reduction is memory-bound), so many programs
+    share the work, however few and large the GEMM's tiles were.
     """
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles = tl.cdiv(M, BLOCK_M) * tiles_n
@@ -226,14 +272,7 @@ def splitk_reduce_kernel(
     # int64 offsets: a reduction is memory-bound, so the wider arithmetic is free.
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    ws = ws_ptr + batch * stride_wb + offs_m[:, None] * stride_wm + offs_n[None, :]
-    if ACC_FP64:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in range(0, SPLITS):
-        acc += tl.load(ws + s * stride_wk, mask=mask, other=0.0)
+    acc = sum_slices(ws_ptr, SPLITS, batch, offs_m, offs_n, M, N, stride_split, BLOCK_M, BLOCK_N, ACC_FP64)
     epilogue(
         acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb,
         z_ptr + batch * stride_cb, offs_m, offs_n, M, N,
