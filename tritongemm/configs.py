@@ -353,14 +353,17 @@ def candidate_configs(
     Then the ``max_configs`` best by a rough score (SM fill x operand reuse)
     are kept, and the heuristic's own choice is always among them.
     """
-    from .dispatch import heuristic_config  # dispatch imports this module
+    from .dispatch import choose_split_k_inline, heuristic_config  # dispatch imports this module
 
     cap_m = max(_next_pow2(problem.m), 16)
     cap_n = max(_next_pow2(problem.n), 16)
     cap_k = max(_next_pow2(problem.k), 16)
     block_ms = [b for b in (16, 32, 64, 128, 256) if b <= cap_m][-3:]
     block_ns = [b for b in (16, 32, 64, 128, 256) if b <= cap_n][-3:]
-    block_ks = [b for b in {2: (32, 64, 128), 4: (16, 32, 64), 8: (16, 32)}[problem.elem_size] if b <= cap_k]
+    block_ks = {2: [32, 64, 128], 4: [16, 32, 64], 8: [16, 32]}[problem.elem_size]
+    if problem.m <= 64 and problem.elem_size <= 4:
+        block_ks.append(512 // problem.elem_size)  # skinny: long K runs of B rows keep more bytes in flight
+    block_ks = [b for b in block_ks if b <= cap_k]
     block_ks = block_ks or [16]
     k_tiles_of = {bk: -(-max(problem.k, 1) // bk) for bk in block_ks}
     hopper_tma = problem.elem_size == 2 and device.capability >= (9, 0)
@@ -390,7 +393,8 @@ def candidate_configs(
                     if tiles < device.sm_count and k_tiles_of[bk] >= 8:  # rule 5
                         for split_k in (2, 4, 8, 16):
                             if split_k * 4 <= k_tiles_of[bk]:
-                                consider(TileConfig(bm, bn, bk, 8, warps, 4, split_k=split_k))
+                                inline = choose_split_k_inline(problem, bm, bn, split_k)
+                                consider(TileConfig(bm, bn, bk, 8, warps, 4, split_k=split_k, split_k_inline=inline))
     ranked = sorted(found, key=lambda c: -found[c])[:max_configs]
     seed = heuristic_config(problem, device)
     try:

@@ -111,48 +111,96 @@ def choose_cta_tile(problem: GemmProblem, device: DeviceInfo):
     return best
 
 
-def choose_block_m_small(problem: GemmProblem) -> int:
-    # Decode-like problems (few rows) waste a 64-row tile; 16 is tl.dot's minimum.
-    return _pow2_at_least(problem.m, 16, 64)
+# Skinny problems (few rows of A: decode-time linears) are bound by reading B
+# once.  What matters is bytes in flight per SM, so the tiles are narrow in M
+# and N and long in K (a K step of 128-256 elements is a 256-512 byte run of
+# each B row).  Measured on the H100, fp16, M in {1, 32, 64, 128} over the
+# Llama-3 8B/70B projections (benchmarks/results/h100/sweeps/sweep_skinny.csv):
+# geomean 1.03x cuBLAS at M=1 against 0.87x for the old 16x128x64 tiles.
+# (rows up to, block_m, block_n, K step in bytes, warps, most stages)
+_SKINNY_MENU = [
+    (16, 16, 64, 512, 4, 3),
+    (32, 32, 64, 256, 4, 3),
+    (64, 64, 64, 256, 4, 4),
+    (128, 64, 128, 256, 4, 4),
+]
 
 
-def choose_num_stages(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> int:
-    """As many stages as shared memory holds, at most 4, at least 2."""
+def is_skinny(problem: GemmProblem, device: DeviceInfo) -> bool:
+    """Few enough rows that the skinny tiles beat the large ones.
+
+    Up to 64 rows always; up to 128 while 128-row tiles would fill fewer
+    than half the SMs (beyond that the large-tile kernel wins, measured).
+    """
+    if problem.elem_size > 4:
+        return False
+    if problem.m <= 64:
+        return True
+    large_tiles = problem.batch * -(-problem.m // 128) * -(-problem.n // 128)
+    return problem.m <= 128 and problem.elem_size == 2 and 2 * large_tiles < device.sm_count
+
+
+def is_long_k(problem: GemmProblem, device: DeviceInfo) -> bool:
+    """K much longer than M and N, and too few 128 x 128 tiles to fill half the SMs."""
+    tiles = problem.batch * -(-problem.m // 128) * -(-problem.n // 128)
+    return problem.k >= 8 * max(problem.m, problem.n) and 2 * tiles <= device.sm_count
+
+
+def choose_long_k_tile(problem: GemmProblem) -> tuple:
+    """The menu's 128 x 128 tile: with split-K filling the SMs, the larger tile's
+    operand reuse wins (measured on the H100: 1024x1024x32768 0.92x cuBLAS in
+    128x128 tiles split 2, against 0.67x in 64x128 tiles unsplit)."""
+    return next(e for e in _TILE_MENU[problem.elem_size] if e[:2] == (128, 128))
+
+
+def choose_skinny_tile(problem: GemmProblem) -> tuple[int, int, int, int, int]:
+    """(block_m, block_n, block_k, warps, most stages) for a skinny problem."""
+    entry = next((e for e in _SKINNY_MENU if problem.m <= e[0]), _SKINNY_MENU[-1])
+    _, bm, bn, k_bytes, warps, stages = entry
+    bn = min(bn, _pow2_at_least(problem.n, 16, bn))
+    bk = min(k_bytes // problem.elem_size, _pow2_at_least(problem.k, 16, 256))
+    return bm, bn, bk, warps, stages
+
+
+def choose_num_stages(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo, most: int = 4) -> int:
+    """As many stages as shared memory holds, at most ``most``, at least 2."""
     stage_size = (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * problem.elem_size
     fit = device.smem_per_block // stage_size
     k_tiles = math.ceil(max(problem.k, 1) / cfg.block_k)
-    return max(2, min(fit, 4, k_tiles + 1))
+    return max(2, min(fit, most, k_tiles + 1))
 
 
 def choose_split_k(problem: GemmProblem, device: DeviceInfo, block_m: int, block_n: int, block_k: int) -> int:
-    """Slices of K so that about two programs per SM are in flight.
+    """Slices of K so that the programs fill about one wave.
 
     Few output tiles (decode-time M, or small M x N with a long K) leave most
     SMs idle under sliced-K.  Splitting costs a round trip of fp32 partials
-    (splits x M x N) through memory, so it is used only when at most half the
-    SMs would be busy, or when K is very long (>= 256 K-tiles) and the tiles
-    do not fill one wave.  Each slice keeps at least 4 K-tiles so the mainloop
-    still pipelines.
+    through memory, so it is used only when the tiles fill at most half the
+    SMs; then each SM gets about one program (measured on the H100: one
+    program per SM with deep pipelines beat two or four, and splitting a
+    wave that is already half full lost).  Each slice keeps at least 2 K-tiles.
     """
     tiles = problem.batch * -(-problem.m // block_m) * -(-problem.n // block_n)
     k_tiles = -(-problem.k // block_k)
-    few_tiles = 2 * tiles <= device.sm_count
-    long_k = tiles < device.sm_count and k_tiles >= 256
-    if not (few_tiles or long_k):
+    if 2 * tiles > device.sm_count:
         return 1
-    want = -(-2 * device.sm_count // tiles)
-    return max(1, min(want, k_tiles // 4, 32))
+    return max(1, min(device.sm_count // tiles, k_tiles // 2, MAX_SPLIT_K))
 
 
 def choose_split_k_inline(problem: GemmProblem, block_m: int, block_n: int, split_k: int) -> bool:
     """Reduce split-K partials in the GEMM's own launch (the last slice of a tile
     to finish adds them), rather than in a second kernel?
 
-    Inline saves a launch (a few microseconds, most of a decode GEMM's slack)
-    but leaves each tile's sum to one program: worth it while that sum is
-    small (all slices of one tile within 256 KiB of fp32 partials).
+    Inline saves a launch (a few microseconds: most of a decode GEMM's slack)
+    but leaves each tile's sum to one program.  Measured on the H100
+    (sweeps/sweep_skinny.csv, 1500 pairs): inline is 1-3% faster (median) while
+    one tile's partials (its valid rows only) stay within 128 KiB, even at
+    256 KiB, and loses 5-15% beyond 512 KiB with small tiles.  With 128 x 128
+    tiles the second kernel's pass over all partials costs more (512x512x65536,
+    8 slices: inline 0.85x cuBLAS, second kernel 0.75x).
     """
-    return split_k > 1 and split_k * block_m * block_n * 4 <= 256 * 1024
+    partial_bytes = split_k * min(problem.m, block_m) * block_n * problem.acc_size
+    return split_k > 1 and (partial_bytes <= 256 * 1024 or block_m * block_n >= 128 * 128)
 
 
 def _interpreter_config(problem: GemmProblem) -> TileConfig:
@@ -169,15 +217,17 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
     if device.interpreter:
         return _interpreter_config(problem)
     hopper = device.capability >= (9, 0)
-    if problem.m <= 64 and problem.elem_size <= 4:
-        # Skinny: few rows of A, so the tile is narrow in M and wide in N.
-        bm = choose_block_m_small(problem)
-        bk = 128 // problem.elem_size
-        bn = _pow2_at_least(problem.n, 32, 128)
+    if is_skinny(problem, device):
+        bm, bn, bk, warps, most_stages = choose_skinny_tile(problem)
         split_k = choose_split_k(problem, device, bm, bn, bk)
-        cfg = TileConfig(bm, bn, bk, 8, 4, 3, split_k=split_k,
+        cfg = TileConfig(bm, bn, bk, 8, warps, 3, split_k=split_k,
                          split_k_inline=choose_split_k_inline(problem, bm, bn, split_k))
-        return replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
+        return replace(cfg, num_stages=choose_num_stages(cfg, problem, device, most_stages))
+    if problem.elem_size <= 4 and is_long_k(problem, device):
+        bm, bn, bk, warps, stages, _, _ = choose_long_k_tile(problem)
+        split_k = choose_split_k(problem, device, bm, bn, bk)
+        return TileConfig(bm, bn, bk, 8, warps, stages, split_k=split_k,
+                          split_k_inline=choose_split_k_inline(problem, bm, bn, split_k))
     bm, bn, bk, warps, stages, _, tma = choose_cta_tile(problem, device)
     tma = tma and hopper
     split_k = choose_split_k(problem, device, bm, bn, bk)
