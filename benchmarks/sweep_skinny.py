@@ -34,6 +34,10 @@ def decode_shapes():
     return [(m, n, k, "NT") for m in (1, 32, 64, 128) for (n, k) in NK]
 
 
+def gemv_shapes():
+    return [(1, n, k, "NT") for (n, k) in NK]
+
+
 def longk_shapes():
     return [(512, 512, 65536, "NN"), (1024, 1024, 32768, "NN"), (256, 256, 131072, "NN")]
 
@@ -56,6 +60,17 @@ def configs_for(m, n, k, group, sm=132):
     from tritongemm import TileConfig
 
     out = []
+    if group == "gemv":
+        for bn in (16, 32, 64, 128):
+            for bk in (64, 128, 256, 512):
+                for warps in (2, 4, 8):
+                    if not 16 <= bk * bn // (32 * warps) <= 64:
+                        continue
+                    tiles = -(-n // bn)
+                    for s in sorted({1, *(x for x in (2, 4, 8) if tiles * x <= 8 * sm and k // bk >= 2 * x)}):
+                        out.append(TileConfig(16, bn, bk, 8, warps, 1, split_k=s, split_k_inline=s > 1, gemv=True))
+        out.append(TileConfig(16, 64, 256, 8, 4, 3, split_k=2 if n <= 4096 else 1, split_k_inline=n <= 4096))
+        return out
     if group == "decode":
         bms = [max(16, 1 << (m - 1).bit_length())] if m <= 64 else [64, 128]
         for bm in bms:
@@ -123,7 +138,7 @@ def _compile_worker(jobs):
 def _compile_key(shape, cfg):
     """What Triton specializes a launch on, roughly: the config (split count aside), M == 1, ragged K, layout."""
     m, n, k, layout = shape
-    return (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.split_k > 1,
+    return (cfg.gemv, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.split_k > 1,
             cfg.split_k_inline, cfg.stream_k, cfg.tma, cfg.persistent, m == 1, k % cfg.block_k == 0, layout)
 
 
@@ -191,7 +206,7 @@ def main() -> int:
     groups = args.groups.split(",")
     plan = []
     for g in groups:
-        shapes = {"decode": decode_shapes, "longk": longk_shapes, "small": small_shapes}[g]()
+        shapes = {"decode": decode_shapes, "longk": longk_shapes, "small": small_shapes, "gemv": gemv_shapes}[g]()
         if args.mlist and g == "decode":
             keep = {int(x) for x in args.mlist.split(",")}
             shapes = [s for s in shapes if s[0] in keep]
@@ -229,7 +244,7 @@ def main() -> int:
             rows.append(dict(base, impl=name, ms=ms, ratio=t_cublas / ms, gbps=nbytes / ms * 1e-6,
                              block_m=c.block_m, block_n=c.block_n, block_k=c.block_k, warps=c.num_warps,
                              stages=c.num_stages, split_k=c.split_k, inline=c.split_k_inline,
-                             stream_k=c.stream_k, tma=c.tma))
+                             stream_k=c.stream_k, tma=c.tma, gemv=c.gemv))
         timed = [r for r in rows[-len(cfgs) - 1:] if "ratio" in r] or [dict(ratio=float("nan"), impl="-")]
         best = max(timed, key=lambda r: r["ratio"])
         heur_row = next(r for r in rows[-len(cfgs) - 1:] if r["impl"] == "heuristic")

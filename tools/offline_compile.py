@@ -111,6 +111,7 @@ def main():
     triton.runtime.driver.set_active(_FakeDriver(target))
     print(f"triton {triton.__version__}, target sm_{args.arch}")
     gemm = _load("gemm").gemm_kernel
+    gemv = _load("gemv").gemv_kernel
     tma = None
     try:
         tma = _load("gemm_tma").gemm_tma_kernel
@@ -118,12 +119,19 @@ def main():
         traceback.print_exc()
     failures = 0
     cases = [(gemm, *c) for c in pointer_cases()]
+    gemv_base = dict(stride_ak=1, stride_bk=1, stride_cn=1, stride_dn=1, EVEN_K=True, HAS_ALPHA=False,
+                     HAS_ADDEND=True, ACTIVATION="silu", HAS_RESIDUAL=False, STORE_PREACT=False, INDEX_64=False,
+                     ACC_FP64=False)
+    cases += [(gemv, "gemv-fp16-32x256", "fp16", dict(gemv_base, BLOCK_N=32, BLOCK_K=256, SPLIT_K=False,
+                                                        REDUCE_INLINE=False), 4, 3),
+              (gemv, "gemv-bf16-splitk-inline", "bf16", dict(gemv_base, BLOCK_N=64, BLOCK_K=128, SPLIT_K=True,
+                                                              REDUCE_INLINE=True), 4, 3)]
     if tma is not None:
         cases += [(tma, *c) for c in tma_cases()]
     for kernel, name, dt, consts, warps, stages in cases:
         if args.only and args.only not in name:
             continue
-        if kernel is gemm:
+        if kernel is not tma:
             types = {n: (f"*{dt}" if n.endswith("_ptr") else "fp32" if n in ("alpha", "beta") else "i32")
                      for n in kernel.arg_names}
             types.update(ws_ptr="*fp32", count_ptr="*i32")

@@ -49,7 +49,7 @@ MIN_STAGES, MAX_STAGES = 1, 6
 ACCUMULATOR_REGISTER_BUDGET = 192
 
 
-_BOOL_FIELDS = ("tma", "persistent", "warp_specialize", "epilogue_subtile", "split_k_inline", "stream_k")
+_BOOL_FIELDS = ("tma", "persistent", "warp_specialize", "epilogue_subtile", "split_k_inline", "stream_k", "gemv")
 
 
 class ConfigError(ValueError):
@@ -99,6 +99,9 @@ class TileConfig:
     split_k_inline: bool = False
     # Stream-K: a persistent grid sharing all MAC iterations evenly (pointer kernel).
     stream_k: bool = False
+    # GEMV: for one row of A (M = 1), a kernel without tensor cores whose
+    # programs own block_n outputs and walk K in block_k steps (block_m unused).
+    gemv: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -131,6 +134,8 @@ class TileConfig:
         if self.stream_k and (self.tma or self.split_k > 1):
             raise ConfigError("TileConfig.stream_k runs on the pointer kernel without split_k: "
                               "set tma=False and split_k=1")
+        if self.gemv and (self.tma or self.stream_k):
+            raise ConfigError("TileConfig.gemv is its own kernel: set tma=False and stream_k=False")
         if not MIN_STAGES <= self.num_stages <= MAX_STAGES:
             raise ConfigError(
                 f"TileConfig.num_stages={self.num_stages} must be in [{MIN_STAGES}, {MAX_STAGES}]"
@@ -161,12 +166,14 @@ class TileConfig:
     @property
     def thread_fragment(self) -> int:
         """Accumulator elements each thread keeps in registers."""
-        return self.block_m * self.block_n // (32 * self.num_warps)
+        rows = self.block_k if self.gemv else self.block_m  # GEMV accumulates a block_k x block_n tile
+        return rows * self.block_n // (32 * self.num_warps)
 
     def smem_bytes(self, elem_size: int) -> int:
         """Shared memory: one A and one B tile per stage (+ the TMA store's staging tile)."""
         stages = max(self.num_stages, 1)
-        mainloop = stages * (self.block_m * self.block_k + self.block_k * self.block_n) * elem_size
+        a_rows = 1 if self.gemv else self.block_m
+        mainloop = stages * (a_rows * self.block_k + self.block_k * self.block_n) * elem_size
         epilogue = 0
         if self.tma:  # the TMA store stages C (or half of it) in shared memory
             epilogue = self.block_m * self.block_n * elem_size // (2 if self.epilogue_subtile else 1)
@@ -216,6 +223,8 @@ class TileConfig:
     @property
     def kernel(self) -> str:
         """Which kernel this config asks for: 'pointer', 'tma' or 'tma_persistent'."""
+        if self.gemv:
+            return "gemv"
         if not self.tma:
             return "pointer"
         return "tma_persistent" if self.persistent else "tma"
@@ -227,6 +236,8 @@ class TileConfig:
             flags.append(f"splitk{self.split_k}" + ("i" if self.split_k_inline else ""))
         if self.stream_k:
             flags.append("streamk")
+        if self.gemv:
+            flags.append("gemv")
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} "
             f"w{self.num_warps} s{self.num_stages}" + (" " + "+".join(flags) if flags else "")

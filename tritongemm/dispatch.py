@@ -18,7 +18,14 @@ import triton
 
 from .configs import DECOMPOSITIONS, MAX_SPLIT_K, ConfigError, GemmProblem, TileConfig, wave_efficiency
 from .device import DeviceInfo, device_info, interpreter_enabled
-from .kernels import gemm_kernel, gemm_tma_kernel, splitk_reduce_kernel, streamk_fixup_kernel, streamk_kernel
+from .kernels import (
+    gemm_kernel,
+    gemm_tma_kernel,
+    gemv_kernel,
+    splitk_reduce_kernel,
+    streamk_fixup_kernel,
+    streamk_kernel,
+)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DTYPE_NAMES = {
@@ -387,6 +394,12 @@ def plan(a, b, out, *, addend=None, config=None, pipeline=None, decomposition=No
             cfg = replace(cfg, stream_k=False)
         else:
             kernel = "stream_k"
+    if cfg.gemv:
+        if problem.m == 1 and not batched:
+            kernel = "gemv"
+        else:
+            fallback = "GEMV takes one unbatched row of A (M = 1)"
+            cfg = replace(cfg, gemv=False)
     if cfg.tma:
         fallback = tma_unsupported_reason(a, b, out, device, batched)
         if fallback is None:
@@ -561,6 +574,8 @@ class _Launcher:
             self._init_tma(cfg, a, b, out, d, r, M, N, K)
         elif chosen.kernel == "stream_k":
             self._init_stream_k(cfg, a, b, out, d, r, M, N, K)
+        elif chosen.kernel == "gemv":
+            self._init_gemv(cfg, a, b, out, d, r, M, N, K)
         else:
             self._init_pointer(cfg, a, b, out, d, r, M, N, K)
 
@@ -633,6 +648,33 @@ class _Launcher:
                 (ws, out, d, r, z, M, N, S, B * M * N, *self.ints[9:18], alpha, beta),
                 slot="reduce",
             )
+
+    # -- GEMV (M = 1) --------------------------------------------------------------------
+    def _init_gemv(self, cfg, a, b, out, d, r, M, N, K):
+        self.kind = "gemv"
+        a2, b2, c2, d2, r2 = (t.reshape(t.shape[-2:]) for t in (a, b, out, d, r))  # one row, unbatched: views
+        self._init_split_k(cfg, a, 1, M, N, K)
+        self.grid = (triton.cdiv(N, cfg.block_n), self.splits)
+        self.ints = (N, K, a2.stride(1), b2.stride(0), b2.stride(1), c2.stride(1), d2.stride(1), r2.stride(1))
+        self.reduce_ints = (0, c2.stride(0), c2.stride(1), 0, d2.stride(0), d2.stride(1), 0, r2.stride(0), r2.stride(1))
+        self.constexprs = dict(
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=(K % cfg.block_k == 0), **self.epilogue,
+            INDEX_64=any(_max_offset(t) > _INT32_MAX for t in (a, b, out, d, r)),
+            ACC_FP64=(a.dtype == torch.float64), SPLIT_K=self.splits > 1, REDUCE_INLINE=self.inline,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    def _gemv(self, a, b, out, d, r, z, alpha, beta):
+        if self.splits == 1:
+            self._launch(gemv_kernel, (a, b, out, d, r, z, out, out, *self.ints, alpha, beta, 0, 0))
+            return
+        N = self.ints[0]
+        ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=a.device)
+        counts = _arrival_counters(a.device, self.counters) if self.inline else ws
+        self._launch(gemv_kernel, (a, b, out, d, r, z, ws, counts, *self.ints, alpha, beta, self.k_per_split, N))
+        if not self.inline:
+            self._launch(splitk_reduce_kernel,
+                         (ws, out, d, r, z, 1, N, self.splits, N, *self.reduce_ints, alpha, beta), slot="reduce")
 
     # -- Stream-K -----------------------------------------------------------------------
     def _init_stream_k(self, cfg, a, b, out, d, r, M, N, K):
@@ -708,6 +750,9 @@ class _Launcher:
             return
         if self.kind == "stream_k":
             self._stream_k(a, b, out, d, r, z, alpha, beta)
+            return
+        if self.kind == "gemv":
+            self._gemv(a, b, out, d, r, z, alpha, beta)
             return
         if not self.outer:
             self._pointer(a, b, out, d, r, z, alpha, beta)

@@ -7,9 +7,11 @@ chooses a config and launches.
 from .gemm import gemm_kernel, splitk_reduce_kernel
 from .gemm_streamk import streamk_fixup_kernel, streamk_kernel
 from .gemm_tma import gemm_tma_kernel
+from .gemv import gemv_kernel
 
 # Triton decides at decoration time whether a kernel runs compiled or on the
 # CPU interpreter (TRITON_INTERPRET=1 must be set before tritongemm is imported).
 KERNELS_INTERPRETED: bool = type(gemm_kernel).__name__ == "InterpretedFunction"
 
-__all__ = ["gemm_kernel", "gemm_tma_kernel", "splitk_reduce_kernel", "streamk_kernel", "streamk_fixup_kernel", "KERNELS_INTERPRETED"]
+__all__ = ["gemm_kernel", "gemm_tma_kernel", "gemv_kernel", "splitk_reduce_kernel", "streamk_kernel",
+           "streamk_fixup_kernel", "KERNELS_INTERPRETED"]
