@@ -60,10 +60,12 @@ def configs_for(m, n, k, group, sm=132):
     from tritongemm import TileConfig
 
     out = []
-    if group == "gemv":
-        for bn in (16, 32, 64, 128):
-            for bk in (64, 128, 256, 512):
-                for warps in (2, 4, 8):
+    if group in ("gemv", "gemv_narrow"):
+        bns, bks, ws = ((16, 32, 64, 128), (64, 128, 256, 512), (2, 4, 8)) if group == "gemv" else (
+            (4, 8, 16), (512, 1024, 2048), (4, 8, 16))
+        for bn in bns:
+            for bk in bks:
+                for warps in ws:
                     if not 16 <= bk * bn // (32 * warps) <= 64:
                         continue
                     tiles = -(-n // bn)
@@ -206,7 +208,8 @@ def main() -> int:
     groups = args.groups.split(",")
     plan = []
     for g in groups:
-        shapes = {"decode": decode_shapes, "longk": longk_shapes, "small": small_shapes, "gemv": gemv_shapes}[g]()
+        shapes = {"decode": decode_shapes, "longk": longk_shapes, "small": small_shapes, "gemv": gemv_shapes,
+                  "gemv_narrow": gemv_shapes}[g]()
         if args.mlist and g == "decode":
             keep = {int(x) for x in args.mlist.split(",")}
             shapes = [s for s in shapes if s[0] in keep]

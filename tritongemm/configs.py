@@ -113,6 +113,8 @@ class TileConfig:
                 raise ConfigError(f"TileConfig.{f.name} must be an int, got {value!r}")
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
+            if self.gemv and name == "block_n" and _is_pow2(value):
+                continue  # no tl.dot in the GEMV kernel: any power of two
             if not _is_pow2(value) or value < 16:
                 raise ConfigError(
                     f"TileConfig.{name}={value}: tiles must be powers of two >= 16 "
@@ -285,7 +287,8 @@ class TileConfig:
         if self.thread_fragment < 1:
             raise ConfigError(
                 f"{self.short()}: {32 * self.num_warps} threads for a "
-                f"{self.block_m}x{self.block_n} tile leaves threads without accumulators"
+                f"{self.block_k if self.gemv else self.block_m}x{self.block_n} accumulator tile "
+                "leaves threads without accumulators"
             )
         return self
 
@@ -407,6 +410,13 @@ def candidate_configs(
                                 inline = choose_split_k_inline(problem, bm, bn, split_k)
                                 consider(TileConfig(bm, bn, bk, 8, warps, 4, split_k=split_k, split_k_inline=inline))
     ranked = sorted(found, key=lambda c: -found[c])[:max_configs]
+    if problem.m == 1 and problem.batch == 1:  # the GEMV kernel, outside the tl.dot tile space
+        for bn in (8, 16, 32, 64):
+            for k_bytes in (512, 1024, 2048):  # K step as bytes of each B row
+                bk = k_bytes // problem.elem_size
+                for warps in (4, 8):
+                    if bk <= cap_k and bk * bn // (32 * warps) <= 64:  # accumulator registers
+                        ranked.append(TileConfig(16, bn, bk, 8, warps, 1, gemv=True))
     seed = heuristic_config(problem, device)
     try:
         seed.validate(device, problem.elem_size, problem.acc_size)
