@@ -163,5 +163,6 @@ def test_heuristic_splits_skinny_long_k():
     from tritongemm.device import DeviceInfo
 
     h100 = DeviceInfo("H100", (9, 0), 132, 232448)
-    assert tritongemm.heuristic_config(GemmProblem(1, 4096, 4096), h100).split_k > 1
+    assert tritongemm.heuristic_config(GemmProblem(8, 4096, 4096), h100).split_k > 1
+    assert tritongemm.heuristic_config(GemmProblem(512, 512, 65536), h100).split_k > 1
     assert tritongemm.heuristic_config(GemmProblem(4096, 4096, 4096), h100).split_k == 1

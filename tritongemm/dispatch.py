@@ -164,13 +164,14 @@ def choose_gemv_tile(problem: GemmProblem) -> tuple[int, int, int]:
     """(block_n, block_k, warps) for the GEMV kernel (M = 1).
 
     Measured on the H100, fp16, over the Llama-3 8B/70B projections
-    (sweeps/sweep_gemv.csv): 16 outputs per program, a K step of 1 KiB of each
-    B row, 8 warps was best on 6 of 8 shapes (geomean 1.06x cuBLAS, against
-    1.03x for the skinny tl.dot tiles).  More programs, not deeper pipelines,
-    keep the loads in flight: the loop has no tl.dot for Triton to pipeline.
+    (sweeps/sweep_gemv.csv, sweeps/sweep_gemv_narrow.csv): 8 outputs per
+    program, a K step of 2 KiB of each B row, 8 warps: geomean 1.07x cuBLAS,
+    against 1.06x for 16 outputs x 1 KiB and 1.03x for the skinny tl.dot
+    tiles.  Many narrow programs, not deep pipelines, keep the loads in
+    flight: the loop has no tl.dot for Triton to pipeline.
     """
-    bk = min(1024 // problem.elem_size, _pow2_at_least(problem.k, 16, 1024))
-    return 16, bk, 8
+    bk = min(2048 // problem.elem_size, _pow2_at_least(problem.k, 16, 2048))
+    return 8, bk, 8
 
 
 def choose_skinny_tile(problem: GemmProblem) -> tuple[int, int, int, int, int]:
