@@ -25,6 +25,8 @@ import time
 import torch
 import triton
 
+from .gpu_check import rotating
+
 NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
       (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)]
 
@@ -163,17 +165,6 @@ def precompile(plan, jobs: int) -> None:
 
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=30, return_mode="median")
-
-
-def rotating(f, sets):
-    state = {"i": 0}
-
-    def run():
-        args = sets[state["i"] % len(sets)]
-        state["i"] += 1
-        return f(*args)
-
-    return run
 
 
 def copy_bandwidth() -> float:
