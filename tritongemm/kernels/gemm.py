@@ -158,6 +158,32 @@ def sum_slices(
 
 
 @triton.jit
+def splitk_slice(a_ptr, b_ptr, K, k_per_split, stride_ak, stride_bk):
+    """This program's slice of K (axis 1 of the grid): its index, the operands
+    advanced to its start, and its length."""
+    slice_id = tl.program_id(1).to(tl.int64)
+    k_start = slice_id * k_per_split
+    k_len = tl.minimum(K - k_start, k_per_split).to(tl.int32)
+    return slice_id, a_ptr + k_start * stride_ak, b_ptr + k_start * stride_bk, k_len
+
+
+@triton.jit
+def last_slice_to_arrive(count_ptr, tile_id):
+    """Count this slice in for ``tile_id``; True for the last of the tile's slices,
+    which re-arms the counter to zero for the next launch.
+
+    Every thread's partial is stored before thread 0's release (the pattern of
+    CUTLASS's split-K semaphore: barrier, then a gpu-scope release by one thread).
+    """
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+    last = arrived == tl.num_programs(1) - 1
+    if last:
+        tl.store(count_ptr + tile_id, 0)
+    return last
+
+
+@triton.jit
 def gemm_kernel(
     a_ptr, b_ptr, c_ptr, d_ptr, r_ptr, z_ptr, ws_ptr, count_ptr,
     M, N, K,
@@ -207,11 +233,7 @@ def gemm_kernel(
     a_ptr += batch * stride_ab
     b_ptr += batch * stride_bb
     if SPLIT_K:
-        slice_id = tl.program_id(1).to(tl.int64)
-        k_start = slice_id * k_per_split
-        a_ptr += k_start * stride_ak
-        b_ptr += k_start * stride_bk
-        K = tl.minimum(K - k_start, k_per_split).to(tl.int32)
+        slice_id, a_ptr, b_ptr, K = splitk_slice(a_ptr, b_ptr, K, k_per_split, stride_ak, stride_bk)
     acc = mainloop(
         a_ptr, b_ptr, offs_m, offs_n, M, N, K,
         stride_am, stride_ak, stride_bk, stride_bn,
@@ -221,15 +243,8 @@ def gemm_kernel(
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(splitk_partials(ws_ptr, slice_id, batch, offs_m, offs_n, M, N, stride_split), acc, mask=mask)
         if REDUCE_INLINE:
-            splits = tl.num_programs(1)
-            # Every thread's partial is stored before thread 0's release below
-            # (the pattern of CUTLASS's split-K semaphore: barrier, then a
-            # gpu-scope release by one thread).
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
-            if arrived == splits - 1:
-                tl.store(count_ptr + pid, 0)  # re-arm for the next launch
-                acc = sum_slices(ws_ptr, splits, batch, offs_m, offs_n, M, N, stride_split, BLOCK_M, BLOCK_N,
+            if last_slice_to_arrive(count_ptr, pid):
+                acc = sum_slices(ws_ptr, tl.num_programs(1), batch, offs_m, offs_n, M, N, stride_split, BLOCK_M, BLOCK_N,
                                  ACC_FP64)
                 epilogue(
                     acc, c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb,

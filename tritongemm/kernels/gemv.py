@@ -14,7 +14,7 @@ or inline by the last slice to arrive, see ``gemm_kernel``) apply unchanged.
 import triton
 import triton.language as tl
 
-from .gemm import epilogue, splitk_partials, sum_slices
+from .gemm import epilogue, last_slice_to_arrive, splitk_partials, splitk_slice, sum_slices
 
 
 @triton.jit
@@ -36,11 +36,7 @@ def gemv_kernel(
     offs_n = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     if SPLIT_K:
-        slice_id = tl.program_id(1).to(tl.int64)
-        k_start = slice_id * k_per_split
-        a_ptr += k_start * stride_ak
-        b_ptr += k_start * stride_bk
-        K = tl.minimum(K - k_start, k_per_split).to(tl.int32)
+        slice_id, a_ptr, b_ptr, K = splitk_slice(a_ptr, b_ptr, K, k_per_split, stride_ak, stride_bk)
     a_ptrs = a_ptr + offs_k * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
     mask_n = offs_n[None, :] < N
@@ -66,12 +62,8 @@ def gemv_kernel(
         mask = offs_n[None, :] < N
         tl.store(splitk_partials(ws_ptr, slice_id, 0, offs_m, offs_n, 1, N, stride_split), tile, mask=mask)
         if REDUCE_INLINE:
-            splits = tl.num_programs(1)
-            tl.debug_barrier()  # see gemm_kernel: all partial stores before thread 0's release
-            arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
-            if arrived == splits - 1:
-                tl.store(count_ptr + pid, 0)
-                tile = sum_slices(ws_ptr, splits, 0, offs_m, offs_n, 1, N, stride_split, 1, BLOCK_N, ACC_FP64)
+            if last_slice_to_arrive(count_ptr, pid):
+                tile = sum_slices(ws_ptr, tl.num_programs(1), 0, offs_m, offs_n, 1, N, stride_split, 1, BLOCK_N, ACC_FP64)
                 epilogue(
                     tile, c_ptr, d_ptr, r_ptr, z_ptr, offs_m, offs_n, 1, N,
                     0, stride_cn, 0, stride_dn, 0, stride_rn, alpha, beta,
