@@ -1,6 +1,6 @@
 """Dev sweep (GPU): configs for skinny, long-K and small problems, to set the heuristics.
 
-    python -m benchmarks.sweep_skinny [--out DIR] [--jobs 14] [--groups decode,longk,small]
+    python -m benchmarks.sweep_skinny [--out DIR] [--jobs 14] [--groups decode,longk,small,wave]
 
 Decode linears (M = 1...128 over Llama-3 8B/70B N x K, B column-major as in
 ``F.linear``), long K (512x512x65536, 1024x1024x32768) and small or
@@ -49,6 +49,13 @@ def small_shapes():
             (1024, 1024, 1024, "NT"), (512, 512, 512, "NN")]
 
 
+def wave_shapes():
+    # Tile counts of 128x128 tiles on 132 SMs: 133 (one wave and a sliver), 64,
+    # 576 (4.4 waves), 256, 1024 (7.8), 1600 (12.1), and the long-K pair.
+    return [(896, 2432, 4096, "NN"), (1024, 1024, 1024, "NN"), (3072, 3072, 3072, "NN"), (2048, 2048, 2048, "NN"),
+            (4096, 4096, 4096, "NN"), (5120, 5120, 4096, "NT"), (512, 512, 65536, "NN"), (1024, 1024, 32768, "NN")]
+
+
 def _splits_for(tiles: int, k_tiles: int, sm: int) -> list[int]:
     """Split counts that put about 1, 2, 4 and 8 programs per SM, each slice >= 2 K-tiles."""
     out = {1}
@@ -74,6 +81,16 @@ def configs_for(m, n, k, group, sm=132):
                     for s in sorted({1, *(x for x in (2, 4, 8) if tiles * x <= 8 * sm and k // bk >= 2 * x)}):
                         out.append(TileConfig(16, bn, bk, 8, warps, 1, split_k=s, split_k_inline=s > 1, gemv=True))
         out.append(TileConfig(16, 64, 256, 8, 4, 3, split_k=2 if n <= 4096 else 1, split_k_inline=n <= 4096))
+        return out
+    if group == "wave":
+        from dataclasses import replace
+
+        for bm, bn, bk, warps, stages in [(128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3),
+                                          (64, 128, 64, 4, 4), (128, 128, 128, 8, 3)]:
+            base = TileConfig(bm, bn, bk, 8, warps, stages)
+            out += [base, replace(base, stream_k=True)]
+        out += [TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
+                TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True)]
         return out
     if group == "decode":
         bms = [max(16, 1 << (m - 1).bit_length())] if m <= 64 else [64, 128]
@@ -200,7 +217,7 @@ def main() -> int:
     plan = []
     for g in groups:
         shapes = {"decode": decode_shapes, "longk": longk_shapes, "small": small_shapes, "gemv": gemv_shapes,
-                  "gemv_narrow": gemv_shapes}[g]()
+                  "gemv_narrow": gemv_shapes, "wave": wave_shapes}[g]()
         if args.mlist and g == "decode":
             keep = {int(x) for x in args.mlist.split(",")}
             shapes = [s for s in shapes if s[0] in keep]
@@ -221,10 +238,18 @@ def main() -> int:
         t_cublas = bench(rotating(torch.matmul, sets))
         rows.append(dict(base, impl="cublas", ms=t_cublas, ratio=1.0, gbps=nbytes / t_cublas * 1e-6))
         heur = tritongemm.explain(*sets[0]).config
-        for cfg in [None] + cfgs:
+        # Stream-K configs run twice: streaming the last partial wave plus one
+        # full wave (the default), and the partial wave alone.
+        variants = [(cfg, None) for cfg in [None] + cfgs] + [(c, 0) for c in cfgs if c.stream_k]
+        for cfg, extra_waves in variants:
             def f(a, b, c=cfg):
                 return tritongemm.matmul(a, b, config=c)
             name = "heuristic" if cfg is None else cfg.short()
+            default_waves = tritongemm.dispatch.STREAM_K_EXTRA_WAVES
+            if extra_waves is not None:
+                tritongemm.dispatch.STREAM_K_EXTRA_WAVES = extra_waves
+                tritongemm.dispatch.clear_plan_cache()
+                name += f" sk+{extra_waves}w"
             try:
                 out = f(*sets[0]).double()
                 err = ((out - ref).norm() / ref.norm()).item()
@@ -234,14 +259,18 @@ def main() -> int:
             except Exception as e:
                 rows.append(dict(base, impl=name, error=f"{type(e).__name__}: {str(e)[:120]}"))
                 continue
+            finally:
+                if extra_waves is not None:
+                    tritongemm.dispatch.STREAM_K_EXTRA_WAVES = default_waves
+                    tritongemm.dispatch.clear_plan_cache()
             c = heur if cfg is None else cfg
             rows.append(dict(base, impl=name, ms=ms, ratio=t_cublas / ms, gbps=nbytes / ms * 1e-6,
                              block_m=c.block_m, block_n=c.block_n, block_k=c.block_k, warps=c.num_warps,
                              stages=c.num_stages, split_k=c.split_k, inline=c.split_k_inline,
                              stream_k=c.stream_k, tma=c.tma, gemv=c.gemv))
-        timed = [r for r in rows[-len(cfgs) - 1:] if "ratio" in r] or [dict(ratio=float("nan"), impl="-")]
+        timed = [r for r in rows[-len(variants):] if "ratio" in r] or [dict(ratio=float("nan"), impl="-")]
         best = max(timed, key=lambda r: r["ratio"])
-        heur_row = next(r for r in rows[-len(cfgs) - 1:] if r["impl"] == "heuristic")
+        heur_row = next(r for r in rows[-len(variants):] if r["impl"] == "heuristic")
         print(f"[{idx + 1}/{len(plan)} {time.time() - t0:.0f}s] {m}x{n}x{k} {layout}: cublas {t_cublas * 1e3:.1f}us "
               f"heur {heur_row.get('ratio', float('nan')):.3f} best {best['ratio']:.3f} {best['impl']}", flush=True)
         del sets
@@ -252,6 +281,16 @@ def main() -> int:
     heur = ok[ok.impl == "heuristic"].set_index(["group", "m", "n", "k"]).ratio
     best = best.assign(heur=[heur.get((g, m, n, k)) for g, m, n, k in zip(best.group, best.m, best.n, best.k)])
     best = best.dropna(subset=["heur"])
+    wave = ok[ok.group == "wave"]
+    if len(wave):
+        # The issue's measure: Stream-K over the same kernel and tile's sliced-K schedule.
+        print("\nStream-K speedup over sliced-K, same tile (wave group)")
+        sliced = wave[~wave.impl.str.contains("streamk")].set_index(["m", "n", "k", "impl"]).ms
+        sk = wave[wave.impl.str.contains("streamk")]
+        sk = sk.assign(tile=sk.impl.str.replace(r" streamk.*", "", regex=True))
+        sk = sk.assign(speedup=[sliced.get((m, n, k, t), float("nan")) / ms
+                                for m, n, k, t, ms in zip(sk.m, sk.n, sk.k, sk.tile, sk.ms)])
+        print(sk[["m", "n", "k", "impl", "ratio", "speedup"]].to_string(index=False, float_format="%.3f"))
     for g, sub in best.groupby("group"):
         gm_best = math.exp(sum(math.log(r) for r in sub.ratio) / len(sub))
         gm_heur = math.exp(sum(math.log(r) for r in sub.heur) / len(sub))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tritongemm
-from tritongemm import TileConfig
+from tritongemm import TileConfig, dispatch
 from tritongemm.dispatch import explain
 from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor, shape_id
 
@@ -85,6 +85,43 @@ def test_stream_k_dtypes(device, dtype):
     a, b = make_operands(40, 70, 96, "NT", dtype, device)
     out = tritongemm.matmul(a, b, config=SMALL, decomposition="stream_k")
     assert_close(out, reference(a, b))
+
+
+@pytest.mark.parametrize("extra_waves", [0, 1], ids=lambda w: f"extra{w}")
+@pytest.mark.parametrize("sm_count", [1, 3, 7, 132], ids=lambda s: f"sm{s}")
+def test_stream_k_schedule_covers_every_iteration_once(sm_count, extra_waves, monkeypatch):
+    # Data-parallel tiles plus the streamed shares cover each (tile, K-step) once;
+    # only the last partial wave plus `extra_waves` full waves are streamed.
+    monkeypatch.setattr(dispatch, "STREAM_K_EXTRA_WAVES", extra_waves)
+    for tiles, k_tiles in [(1, 1), (10, 13), (133, 64), (7, 2), (264, 3), (5, 200)]:
+        programs, dp_tiles, ipp = dispatch.stream_k_schedule(tiles, k_tiles, sm_count)
+        assert programs <= sm_count and dp_tiles % programs == 0 and dp_tiles <= tiles
+        covered = [0] * ((tiles - dp_tiles) * k_tiles)
+        for p in range(programs):
+            share = range(p * ipp, min((p + 1) * ipp, len(covered)))
+            for it in share:
+                covered[it] += 1
+        assert covered == [1] * len(covered)
+        if tiles % programs and tiles > programs:
+            assert tiles - dp_tiles < (extra_waves + 1) * programs + programs
+
+
+@pytest.mark.parametrize("extra_waves", [0, 1], ids=lambda w: f"extra{w}")
+@pytest.mark.parametrize("sm_count", [2, 3, 7], ids=lambda s: f"sm{s}")
+def test_stream_k_hybrid_schedule(device, sm_count, extra_waves, monkeypatch):
+    # A small SM count makes these shapes span several waves: whole waves run
+    # data-parallel, the rest is streamed, and split tiles are fixed up in-kernel.
+    from tritongemm.dispatch import _COUNTERS
+
+    small_device = replace(dispatch.device_info(device), sm_count=sm_count)
+    monkeypatch.setattr(dispatch, "device_info", lambda *_: small_device)
+    monkeypatch.setattr(dispatch, "STREAM_K_EXTRA_WAVES", extra_waves)
+    dispatch.clear_plan_cache()
+    for m, n, k in [(70, 50, 203), (33, 64, 48), (16, 32, 16)]:
+        a, b = make_operands(m, n, k, "NN", torch.float32, device)
+        assert_close(tritongemm.matmul(a, b, config=SMALL, decomposition="stream_k"), reference(a, b))
+        assert all(int(buf.count_nonzero()) == 0 for buf in _COUNTERS.values())  # re-armed for the next launch
+    dispatch.clear_plan_cache()
 
 
 @pytest.mark.parametrize("decomposition", ["split_k", "stream_k"])

@@ -112,6 +112,7 @@ def main():
     print(f"triton {triton.__version__}, target sm_{args.arch}")
     gemm = _load("gemm").gemm_kernel
     gemv = _load("gemv").gemv_kernel
+    streamk = _load("gemm_streamk").streamk_kernel
     tma = None
     try:
         tma = _load("gemm_tma").gemm_tma_kernel
@@ -126,6 +127,12 @@ def main():
                                                         REDUCE_INLINE=False), 4, 3),
               (gemv, "gemv-bf16-splitk-inline", "bf16", dict(gemv_base, BLOCK_N=64, BLOCK_K=128, SPLIT_K=True,
                                                               REDUCE_INLINE=True), 4, 3)]
+    sk_base = dict(stride_ak=1, stride_bn=1, stride_cn=1, stride_dn=1, GROUP_M=8, EVEN_K=True, HAS_ALPHA=False,
+                   HAS_ADDEND=False, ACTIVATION="none", HAS_RESIDUAL=False, STORE_PREACT=False, ACC_FP64=False,
+                   DOT_PRECISION="ieee", UPCAST_OPERANDS=False)
+    cases += [(streamk, "streamk-fp16-128x128x64-s4", "fp16", dict(sk_base, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64), 8, 4),
+              (streamk, "streamk-bf16-128x256x64-s3-gelu", "bf16",
+               dict(sk_base, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, HAS_ADDEND=True, ACTIVATION="gelu"), 8, 3)]
     if tma is not None:
         cases += [(tma, *c) for c in tma_cases()]
     for kernel, name, dt, consts, warps, stages in cases:

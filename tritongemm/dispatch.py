@@ -23,7 +23,6 @@ from .kernels import (
     gemm_tma_kernel,
     gemv_kernel,
     splitk_reduce_kernel,
-    streamk_fixup_kernel,
     streamk_kernel,
 )
 
@@ -206,6 +205,27 @@ def choose_split_k(problem: GemmProblem, device: DeviceInfo, block_m: int, block
     if 2 * tiles > device.sm_count:
         return 1
     return max(1, min(device.sm_count // tiles, k_tiles // 2, MAX_SPLIT_K))
+
+
+#: Stream-K's hybrid schedule streams the last partial wave of tiles plus this
+#: many full waves before it (CUTLASS's "DP + SK": 0 streams only the sliver,
+#: 1 gives every program one to two tiles' worth of streamed work).
+STREAM_K_EXTRA_WAVES = 1
+
+
+def stream_k_schedule(tiles: int, k_tiles: int, sm_count: int) -> tuple[int, int, int]:
+    """(programs, dp_tiles, iters_per_program) for Stream-K.
+
+    One program per SM (all resident at once: a finisher may wait for its
+    contributors).  Whole waves run data-parallel; the rest of the tiles'
+    K-steps are cut into equal contiguous shares.
+    """
+    programs = max(1, min(sm_count, tiles * k_tiles))
+    full_waves = tiles // programs
+    dp_waves = max(full_waves - STREAM_K_EXTRA_WAVES, 0) if tiles % programs else full_waves
+    dp_tiles = dp_waves * programs
+    iters_per_program = max(1, triton.cdiv((tiles - dp_tiles) * k_tiles, programs))
+    return programs, dp_tiles, iters_per_program
 
 
 def choose_split_k_inline(problem: GemmProblem, block_m: int, block_n: int, split_k: int) -> bool:
@@ -700,34 +720,23 @@ class _Launcher:
         a2, b2, c2, d2, r2 = (t.reshape(t.shape[-2:]) for t in (a, b, out, d, r))  # a batch of one: views
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         k_tiles = triton.cdiv(K, cfg.block_k)
-        programs = min(device_info(a.device).sm_count, tiles * k_tiles)
-        # Hybrid: all whole waves but the last run data-parallel; the rest is streamed.
-        dp_tiles = max(tiles // programs - 1, 0) * programs
-        streamed = (tiles - dp_tiles) * k_tiles
-        iters_per_program = triton.cdiv(streamed, programs)
+        programs, dp_tiles, iters_per_program = stream_k_schedule(tiles, k_tiles, device_info(a.device).sm_count)
         self.grid = (programs,)
-        self.reduce_grid = (tiles - dp_tiles,)
-        self.ws_shape = (programs, 2, cfg.block_m, cfg.block_n)
+        self.counters = tiles - dp_tiles
+        self.ws_shape = (programs, cfg.block_m, cfg.block_n)
         self.ws_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
         self.ints = (M, N, K, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1),
                      c2.stride(0), c2.stride(1), d2.stride(0), d2.stride(1), r2.stride(0), r2.stride(1))
-        self.sk_ints = (programs, dp_tiles, iters_per_program)
-        acc64 = a.dtype == torch.float64
-        self.constexprs = dict(self.mainloop, **self.epilogue, EVEN_K=(K % cfg.block_k == 0), ACC_FP64=acc64)
-        self.reduce_constexprs = dict(
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            **self.epilogue, ACC_FP64=acc64, num_warps=4,
-        )
+        self.sk_ints = (dp_tiles, iters_per_program)
+        self.constexprs = dict(self.mainloop, **self.epilogue, EVEN_K=(K % cfg.block_k == 0),
+                               ACC_FP64=(a.dtype == torch.float64))
 
     def _stream_k(self, a, b, out, d, r, z, alpha, beta):
+        # Each program's partial slot is written before it is read in the same
+        # launch, so the workspace needs no zeroing (torch's caching allocator).
         ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=a.device)
-        M, N, K = self.ints[:3]
-        self._launch(streamk_kernel, (a, b, out, d, r, z, ws, *self.ints, alpha, beta, *self.sk_ints))
-        self._launch(
-            streamk_fixup_kernel,
-            (out, d, r, z, ws, M, N, K, *self.ints[7:], alpha, beta, self.sk_ints[1], self.sk_ints[2]),
-            slot="reduce",
-        )
+        counts = _arrival_counters(a.device, self.counters)
+        self._launch(streamk_kernel, (a, b, out, d, r, z, ws, counts, *self.ints, alpha, beta, *self.sk_ints))
 
     # -- TMA (Hopper) --------------------------------------------------------------------
     def _init_tma(self, cfg, a, b, out, d, r, M, N, K):

@@ -5,7 +5,7 @@ chooses a config and launches.
 """
 
 from .gemm import gemm_kernel, splitk_reduce_kernel
-from .gemm_streamk import streamk_fixup_kernel, streamk_kernel
+from .gemm_streamk import streamk_kernel
 from .gemm_tma import gemm_tma_kernel
 from .gemv import gemv_kernel
 
@@ -14,4 +14,4 @@ from .gemv import gemv_kernel
 KERNELS_INTERPRETED: bool = type(gemm_kernel).__name__ == "InterpretedFunction"
 
 __all__ = ["gemm_kernel", "gemm_tma_kernel", "gemv_kernel", "splitk_reduce_kernel", "streamk_kernel",
-           "streamk_fixup_kernel", "KERNELS_INTERPRETED"]
+           "KERNELS_INTERPRETED"]
