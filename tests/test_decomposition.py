@@ -203,3 +203,23 @@ def test_heuristic_splits_skinny_long_k():
     assert tritongemm.heuristic_config(GemmProblem(8, 4096, 4096), h100).split_k > 1
     assert tritongemm.heuristic_config(GemmProblem(512, 512, 65536), h100).split_k > 1
     assert tritongemm.heuristic_config(GemmProblem(4096, 4096, 4096), h100).split_k == 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_heuristic_streams_one_wave_plus_a_sliver(dtype):
+    from tritongemm.configs import GemmProblem
+    from tritongemm.device import DeviceInfo
+
+    h100 = DeviceInfo("H100", (9, 0), 132, 232448)
+
+    def chosen(m, n, k):
+        return tritongemm.heuristic_config(GemmProblem(m, n, k, dtype=dtype), h100)
+
+    # 133 and 144 tiles of 128 x 128 on 132 SMs: sliced-K would run a nearly empty second wave.
+    assert chosen(896, 2432, 4096).stream_k
+    assert chosen(1536, 1536, 8192).stream_k
+    # Full waves, too little K per program, batches, fp32: sliced-K.
+    for m, n, k in [(4096, 4096, 4096), (2048, 2048, 2048), (1024, 1024, 1024), (896, 2432, 256)]:
+        assert not chosen(m, n, k).stream_k, (m, n, k)
+    assert not tritongemm.heuristic_config(GemmProblem(896, 2432, 4096, batch=2, dtype=dtype), h100).stream_k
+    assert not tritongemm.heuristic_config(GemmProblem(896, 2432, 4096, dtype="float32"), h100).stream_k

@@ -244,6 +244,34 @@ def choose_split_k_inline(problem: GemmProblem, block_m: int, block_n: int, spli
     return split_k > 1 and (partial_bytes <= 256 * 1024 or block_m * block_n >= 128 * 128)
 
 
+# Stream-K's tile and its efficiency against a full wave of the same tile's
+# sliced-K schedule: 896x2432x4096 (133 tiles on 132 SMs) ran in 37.4 us where
+# the ideal 133/132 of one wave is 23.4 us (H100, fp16, CUDA-graph timing;
+# results/h100/sweeps/sweep_wave.csv): 0.63, the cost of restarting the
+# pipeline per segment and of the fix-up.  Below about 32 K-steps a program
+# that cost dominates (1024^3: 8 K-steps each, 1.7x slower than sliced-K).
+_STREAM_K_TILE = (128, 128, 64, 8, 4)  # block_m, block_n, block_k, warps, stages
+_STREAM_K_EFFICIENCY = 0.63
+_STREAM_K_MIN_STEPS = 32
+
+
+def prefers_stream_k(problem: GemmProblem, device: DeviceInfo, sliced_score: float) -> bool:
+    """Stream-K beats the best sliced-K tile (score = wave efficiency x tile speed)?
+
+    True mostly for one wave of tiles plus a sliver, where sliced-K runs a
+    nearly empty second wave.
+    """
+    if problem.batch != 1 or problem.elem_size != 2:
+        return False
+    bm, bn, bk = _STREAM_K_TILE[:3]
+    tiles = -(-problem.m // bm) * -(-problem.n // bn)
+    steps_per_program = tiles * -(-problem.k // bk) / device.sm_count
+    if steps_per_program < _STREAM_K_MIN_STEPS:
+        return False
+    speed = next(e[5] for e in _TILE_MENU[2] if e[:2] == (bm, bn))
+    return speed * _STREAM_K_EFFICIENCY > sliced_score
+
+
 def _interpreter_config(problem: GemmProblem) -> TileConfig:
     # The interpreter runs one program at a time in numpy: small tiles keep
     # ragged-edge masks exercised, and speed does not matter.
@@ -273,12 +301,16 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
         split_k = choose_split_k(problem, device, bm, bn, bk)
         return TileConfig(bm, bn, bk, 8, warps, stages, split_k=split_k,
                           split_k_inline=choose_split_k_inline(problem, bm, bn, split_k))
-    bm, bn, bk, warps, stages, _, tma = choose_cta_tile(problem, device)
+    bm, bn, bk, warps, stages, speed, tma = choose_cta_tile(problem, device)
     tma = tma and hopper
     split_k = choose_split_k(problem, device, bm, bn, bk)
     if split_k > 1:  # long K over few tiles (e.g. 1024 x 1024 x 32768)
         return TileConfig(bm, bn, bk, 8, warps, stages, split_k=split_k,
                           split_k_inline=choose_split_k_inline(problem, bm, bn, split_k))
+    tiles = problem.batch * -(-problem.m // bm) * -(-problem.n // bn)
+    if prefers_stream_k(problem, device, wave_efficiency(tiles, device.sm_count) * speed):
+        sbm, sbn, sbk, swarps, sstages = _STREAM_K_TILE
+        return TileConfig(sbm, sbn, sbk, 8, swarps, sstages, stream_k=True)
     # Persistent even for a single wave: measured on the H100, the data-parallel
     # TMA grid loses up to 40% with a transposed A at 2048^3 (results/h100/sweeps/sweep_layouts.csv).
     cfg = TileConfig(bm, bn, bk, 8, warps, stages, tma=tma, persistent=tma)
