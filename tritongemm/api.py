@@ -50,9 +50,30 @@ def _check_tensors(fn: str, **named) -> None:
         )
     if first.layout != torch.strided:
         raise UnsupportedInputError(f"{fn}: {first.layout} tensors are not supported (strided only)")
-    reason = device_unsupported_reason(first.device)
-    if reason is not None:
-        raise UnsupportedInputError(f"{fn}: {reason}")
+    if first.device not in _RUNNABLE_DEVICES:
+        reason = device_unsupported_reason(first.device)
+        if reason is not None:
+            raise UnsupportedInputError(f"{fn}: {reason}")
+        _RUNNABLE_DEVICES.add(first.device)
+
+
+#: Devices that passed ``device_unsupported_reason`` (fixed per process: the
+#: interpreter is chosen when the kernels are decorated), so the common call
+#: skips the device check.
+_RUNNABLE_DEVICES: set = set()
+
+
+def _check_pair(fn: str, a, b, b_name: str = "other") -> None:
+    """``_check_tensors(fn, input=a, other=b)`` for the common call, in a few attribute reads.
+
+    Any doubt takes the full check, which raises torch's exception with the details.
+    """
+    if not (
+        isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+        and a.dtype in SUPPORTED_DTYPES and a.layout == torch.strided and b.layout == torch.strided
+        and a.device == b.device and a.device in _RUNNABLE_DEVICES
+    ):
+        _check_tensors(fn, **{"input": a, b_name: b})
 
 
 def _check_out(fn: str, out: torch.Tensor | None, shape, dtype, *inputs) -> torch.Tensor | None:
@@ -236,12 +257,15 @@ def matmul(
     column (as ``F.linear``), one of shape (M, 1) per row.  ``activation`` is
     one of "relu", "gelu", "gelu_tanh", "silu".
     """
-    named = {"input": a, "other": b}
-    if bias is not None:
-        named["bias"] = bias
-    if residual is not None:
-        named["residual"] = residual
-    _check_tensors("matmul", **named)
+    if bias is None and residual is None:
+        _check_pair("matmul", a, b)
+    else:
+        named = {"input": a, "other": b}
+        if bias is not None:
+            named["bias"] = bias
+        if residual is not None:
+            named["residual"] = residual
+        _check_tensors("matmul", **named)
     _check_out_dtype("matmul", out_dtype)
     if a.dim() == 0 or b.dim() == 0:
         raise RuntimeError(
@@ -293,7 +317,7 @@ def mm(
 
     >>> c = tritongemm.mm(a, b)
     """
-    _check_tensors("mm", input=input, mat2=mat2)
+    _check_pair("mm", input, mat2, "mat2")
     _check_out_dtype("mm", out_dtype)
     if input.dim() != 2 or mat2.dim() != 2:
         raise RuntimeError(
