@@ -11,6 +11,9 @@ Suites (``python -m benchmarks run --suite NAME``):
 * ``stages``    num_stages 1..5 at fixed 128x256x64 tiles, 8 warps (the pipeline ladder).
 * ``hierarchy`` block_m x block_n x num_warps at fixed 3 stages.
 * ``backward``  autograd forward + backward of ``tritongemm.matmul`` vs torch.
+* ``decomposition`` long K (512x512x65536, 1024x1024x32768) and one wave of
+                128x128 tiles plus a sliver (896x2432x4096: 133 tiles, 1536x1536x8192:
+                144 tiles on 132 SMs) with sliced-K, split-K and Stream-K forced.
 
 Every case compares, on the same inputs in the same process: cuBLAS
 (``torch.matmul``), ``torch.compile(mode="max-autotune-no-cudagraphs")`` unless
@@ -28,6 +31,7 @@ import torch
 
 import tritongemm
 from tritongemm import PIPELINES, TileConfig
+from tritongemm.configs import DECOMPOSITIONS
 from tritongemm.dispatch import problem_of
 
 from . import harness
@@ -104,6 +108,13 @@ def llm_cases() -> list[Case]:
 
 def decode_cases() -> list[Case]:
     return _llama_cases("decode", DECODE_TOKENS)
+
+
+def decomposition_cases() -> list[Case]:
+    """Issue 4's shapes: long K over few tiles, and one wave of 128x128 tiles plus a sliver (132 SMs)."""
+    shapes = [("long K", 512, 512, 65536), ("long K", 1024, 1024, 32768),
+              ("wave + sliver", 896, 2432, 4096), ("wave + sliver", 1536, 1536, 8192)]
+    return [Case("decomposition", group, f"{m}x{n}x{k}", m, n, k, "NN", k, "K") for group, m, n, k in shapes]
 
 
 def stages_cases() -> list[Case]:
@@ -209,6 +220,21 @@ def sabotaged() -> Impl:
     return Impl("sabotaged", "test", wrong, variant="drops K/8 (gate check)")
 
 
+def tritongemm_decomposition(decomposition: str) -> Impl:
+    """The heuristic's tiles with one way of sharing the K loop forced."""
+    def config_of(a: torch.Tensor, b: torch.Tensor) -> TileConfig:
+        return tritongemm.select_config(problem_of(a, b), tritongemm.device_info(a.device),
+                                        decomposition=decomposition)
+
+    return Impl(f"tritongemm:{decomposition}", "tritongemm",
+                functools.partial(tritongemm.matmul, decomposition=decomposition), variant=decomposition,
+                config_of=config_of)
+
+
+def decomposition_impls() -> list[Impl]:
+    return [tritongemm_decomposition(d) for d in DECOMPOSITIONS]
+
+
 def pipeline_impls() -> list[Impl]:
     return [tritongemm_pipeline(p) for p in PIPELINES]
 
@@ -266,6 +292,8 @@ SUITES: dict[str, Suite] = {
         Suite("hierarchy", "block_m x block_n x num_warps at 3 stages", hierarchy_cases, hierarchy_impls,
               ("fp16",)),
         Suite("backward", "autograd forward + backward", backward_cases, lambda d: []),
+        Suite("decomposition", "sliced-K, split-K and Stream-K on long-K and wave-quantized shapes",
+              decomposition_cases, lambda d: decomposition_impls()),
     )
 }
 

@@ -56,6 +56,11 @@ def wave_shapes():
             (4096, 4096, 4096, "NN"), (5120, 5120, 4096, "NT"), (512, 512, 65536, "NN"), (1024, 1024, 32768, "NN")]
 
 
+def tail_shapes():
+    # The weakest LLM/square rows of the last H100 runs (0.83-0.92 of cuBLAS).
+    return [(8192, 8192, 28672, "NT"), (1024, 6144, 4096, "NT"), (5120, 5120, 4096, "NT"), (3072, 3072, 3072, "NN")]
+
+
 def _splits_for(tiles: int, k_tiles: int, sm: int) -> list[int]:
     """Split counts that put about 1, 2, 4 and 8 programs per SM, each slice >= 2 K-tiles."""
     out = {1}
@@ -82,6 +87,14 @@ def configs_for(m, n, k, group, sm=132):
                         out.append(TileConfig(16, bn, bk, 8, warps, 1, split_k=s, split_k_inline=s > 1, gemv=True))
         out.append(TileConfig(16, 64, 256, 8, 4, 3, split_k=2 if n <= 4096 else 1, split_k_inline=n <= 4096))
         return out
+    if group == "tail":
+        T = TileConfig
+        return [T(128, 256, 64, g, 8, 3, tma=True, persistent=p) for g in (4, 8, 16) for p in (True, False)] + [
+            T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True),
+            T(256, 128, 64, 8, 8, 3, tma=True, persistent=True, epilogue_subtile=True),
+            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True), T(128, 128, 64, 8, 8, 4, tma=True),
+            T(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True),
+            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True)]
     if group == "wave":
         from dataclasses import replace
 
@@ -160,7 +173,8 @@ def _compile_key(shape, cfg):
     """What Triton specializes a launch on, roughly: the config (split count aside), M == 1, ragged K, layout."""
     m, n, k, layout = shape
     return (cfg.gemv, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.split_k > 1,
-            cfg.split_k_inline, cfg.stream_k, cfg.tma, cfg.persistent, m == 1, k % cfg.block_k == 0, layout)
+            cfg.split_k_inline, cfg.stream_k, cfg.tma, cfg.persistent, cfg.group_m, cfg.warp_specialize,
+            cfg.epilogue_subtile, m == 1, k % cfg.block_k == 0, layout)
 
 
 def precompile(plan, jobs: int) -> None:
@@ -217,7 +231,8 @@ def main() -> int:
     plan = []
     for g in groups:
         shapes = {"decode": decode_shapes, "longk": longk_shapes, "small": small_shapes, "gemv": gemv_shapes,
-                  "gemv_narrow": gemv_shapes, "wave": wave_shapes}[g]()
+                  "gemv_narrow": gemv_shapes, "wave": wave_shapes,
+                  "tail": tail_shapes}[g]()
         if args.mlist and g == "decode":
             keep = {int(x) for x in args.mlist.split(",")}
             shapes = [s for s in shapes if s[0] in keep]

@@ -336,6 +336,12 @@ def test_square_stages_hierarchy_backward_cases():
     grid = suites.hierarchy_configs(torch.float16)
     assert {c.num_stages for c in grid} == {3} and len(grid) == 3 * 3 * 2
     assert all(c.backward for c in suites.backward_cases())
+    dec = suites.decomposition_cases()
+    assert [(c.m, c.n, c.k) for c in dec] == [(512, 512, 65536), (1024, 1024, 32768), (896, 2432, 4096),
+                                              (1536, 1536, 8192)]
+    variants = [i.variant for i in suites.implementations(suites.SUITES["decomposition"], torch.float16,
+                                                          compile=False)]
+    assert {"sliced_k", "split_k", "stream_k"} <= set(variants)
     for suite in suites.SUITES.values():
         labels = [c.label for c in suite.cases()]
         assert len(labels) == len(set(labels)), suite.name

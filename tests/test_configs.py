@@ -239,3 +239,30 @@ def test_heuristic_config_is_valid(shape, dtype):
     assert cfg.validate(INTERPRETER_DEVICE, problem.elem_size, problem.acc_size) is cfg
     assert tritongemm.select_config(problem, INTERPRETER_DEVICE) == cfg
     assert tritongemm.select_config(problem, INTERPRETER_DEVICE, pipeline="single_stage").num_stages == 1
+
+
+GPUS = {
+    "h100": DeviceInfo(name="H100", capability=(9, 0), sm_count=132, smem_per_block=232448),
+    "a100": DeviceInfo(name="A100", capability=(8, 0), sm_count=108, smem_per_block=166912),
+    "small": SMALL_GPU,
+}
+GPU_SHAPES = [(1, 1, 1), (1, 7, 3), (1, 1, 4096), (1, 4096, 1), (2, 3, 5), (17, 31, 65), (64, 64, 16), (1, 11008, 4096),
+              (16, 4096, 4096), (128, 8192, 8192), (896, 2432, 4096), (512, 512, 65536), (4096, 4096, 4096)]
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_gpu_heuristic_configs_are_valid(gpu, dtype):
+    # The heuristic's GPU branch (never taken on the interpreter) must produce a
+    # config that validates for every shape class, tiny ones included, and so
+    # must each forced pipeline and decomposition.
+    device = GPUS[gpu]
+    for shape in GPU_SHAPES:
+        for batch in (1, 3):
+            problem = GemmProblem(*shape, batch=batch, dtype=dtype)
+            cfg = tritongemm.heuristic_config(problem, device)
+            assert cfg.validate(device, problem.elem_size, problem.acc_size) is cfg, (shape, batch)
+            for pipeline in ("single_stage", "double_buffer", "multi_stage"):
+                tritongemm.select_config(problem, device, pipeline=pipeline)
+            for decomposition in ("sliced_k", "split_k", "stream_k"):
+                tritongemm.select_config(problem, device, decomposition=decomposition)

@@ -169,8 +169,10 @@ def choose_gemv_tile(problem: GemmProblem) -> tuple[int, int, int]:
     tiles.  Many narrow programs, not deep pipelines, keep the loads in
     flight: the loop has no tl.dot for Triton to pipeline.
     """
+    bn = 8
     bk = min(2048 // problem.elem_size, _pow2_at_least(problem.k, 16, 2048))
-    return 8, bk, 8
+    warps = min(8, bk * bn // 32)  # a short K (bk < 32) has work for fewer warps: each thread needs one output
+    return bn, bk, warps
 
 
 def choose_skinny_tile(problem: GemmProblem) -> tuple[int, int, int, int, int]:
@@ -285,6 +287,12 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
     """A good config without tuning: from the shape class and the device."""
     if device.interpreter:
         return _interpreter_config(problem)
+    # The shape-class tiles were measured on an H100: on a GPU with less shared
+    # memory a long K step is the part to give up.
+    return _fit_shared_memory(_gpu_heuristic_config(problem, device), problem, device)
+
+
+def _gpu_heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
     hopper = device.capability >= (9, 0)
     if problem.m == 1 and problem.batch == 1 and problem.elem_size <= 4:
         bn, bk, warps = choose_gemv_tile(problem)
@@ -359,8 +367,18 @@ def _apply_decomposition(cfg: TileConfig, decomposition: str, problem: GemmProbl
         inline = choose_split_k_inline(problem, cfg.block_m, cfg.block_n, split)
         return replace(cfg, **plain, stream_k=False, split_k=split, split_k_inline=inline)
     if decomposition == "stream_k":
+        if cfg.gemv:  # Stream-K runs tl.dot tiles: take the skinny tile for this one-row problem
+            bm, bn, bk, warps, stages = choose_skinny_tile(problem)
+            cfg = TileConfig(bm, bn, bk, cfg.group_m, warps, stages)
         return replace(cfg, **plain, split_k=1, split_k_inline=False, stream_k=True, gemv=False)
     raise ConfigError(f"unknown decomposition {decomposition!r}; choose one of {list(DECOMPOSITIONS)}")
+
+
+def _fit_shared_memory(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> TileConfig:
+    """Halve block_k (not below 16) until the stages fit the device's shared memory."""
+    while cfg.smem_bytes(problem.elem_size) > device.smem_per_block and cfg.block_k > 16:
+        cfg = replace(cfg, block_k=cfg.block_k // 2)
+    return cfg
 
 
 def _select(problem, device, config, pipeline, decomposition=None) -> tuple[TileConfig, str]:
@@ -382,6 +400,9 @@ def _select(problem, device, config, pipeline, decomposition=None) -> tuple[Tile
     if decomposition is not None:
         cfg = _apply_decomposition(cfg, decomposition, problem, device)
         source += f", decomposition={decomposition!r}"
+    if config is None and (pipeline is not None or decomposition is not None):
+        # The tiles were ours, not the caller's: keep the requested scheme within shared memory.
+        cfg = _fit_shared_memory(cfg, problem, device)
     return cfg.validate(device, problem.elem_size, problem.acc_size), source
 
 
