@@ -381,10 +381,25 @@ def test_cli_run_without_gpu_explains_itself(capsys):
     assert "quick" in capsys.readouterr().err
 
 
+_LOOP_PROBE = """
+import triton, triton.language as tl, torch
+@triton.jit
+def k(x, n):
+    for i in range(0, n):
+        tl.store(x + i, i)
+k[(1,)](torch.zeros(3), 3)
+"""
+
+
 def test_quick_reexecs_with_the_interpreter(tmp_path):
     """`python -m benchmarks quick` from a shell without TRITON_INTERPRET: it sets it itself."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITONGEMM_POISON_OUTPUTS")}
     env["CUDA_VISIBLE_DEVICES"] = ""
+    probe = subprocess.run([sys.executable, "-c", _LOOP_PROBE], env={**env, "TRITON_INTERPRET": "1"},
+                           capture_output=True, text=True, timeout=120)
+    if "only 0-dimensional arrays can be converted" in probe.stderr:
+        # Triton 3.6's interpreter with numpy >= 2.4 (the GPU image): tritongemm raises a clear error there.
+        pytest.skip("this Triton's interpreter cannot loop over a runtime bound with this numpy")
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "quick", "--out", str(tmp_path)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

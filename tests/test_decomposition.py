@@ -223,3 +223,13 @@ def test_heuristic_streams_one_wave_plus_a_sliver(dtype):
         assert not chosen(m, n, k).stream_k, (m, n, k)
     assert not tritongemm.heuristic_config(GemmProblem(896, 2432, 4096, batch=2, dtype=dtype), h100).stream_k
     assert not tritongemm.heuristic_config(GemmProblem(896, 2432, 4096, dtype="float32"), h100).stream_k
+
+
+def test_heuristic_keeps_sliced_k_below_one_wave():
+    # Llama-3-70B QKV at M = 128: 80 tiles of 128x128 on 132 SMs; measured, the
+    # sliced TMA tiles beat Stream-K there (benchmarks/results/h100/decode/).
+    from tritongemm.configs import GemmProblem
+    from tritongemm.device import DeviceInfo
+
+    h100 = DeviceInfo("H100", (9, 0), 132, 232448)
+    assert not tritongemm.heuristic_config(GemmProblem(128, 10240, 8192), h100).stream_k

@@ -255,18 +255,25 @@ def choose_split_k_inline(problem: GemmProblem, block_m: int, block_n: int, spli
 _STREAM_K_TILE = (128, 128, 64, 8, 4)  # block_m, block_n, block_k, warps, stages
 _STREAM_K_EFFICIENCY = 0.63
 _STREAM_K_MIN_STEPS = 32
+# Only for one wave of its tiles plus a sliver: below one wave the sliced-K
+# tiles run faster than the wave-efficiency model says (Llama-3-70B QKV at
+# M = 128, 80 tiles: TMA 128x128 0.91x cuBLAS, Stream-K 0.88x), and at two
+# waves Stream-K measured slower (2048^3, 1.94 waves: 0.73x sliced-K).
+_STREAM_K_MAX_WAVES = 1.25
 
 
 def prefers_stream_k(problem: GemmProblem, device: DeviceInfo, sliced_score: float) -> bool:
     """Stream-K beats the best sliced-K tile (score = wave efficiency x tile speed)?
 
-    True mostly for one wave of tiles plus a sliver, where sliced-K runs a
-    nearly empty second wave.
+    Considered only for one wave of 128x128 tiles plus a sliver (up to
+    ``_STREAM_K_MAX_WAVES``), where sliced-K runs a nearly empty second wave.
     """
     if problem.batch != 1 or problem.elem_size != 2:
         return False
     bm, bn, bk = _STREAM_K_TILE[:3]
     tiles = -(-problem.m // bm) * -(-problem.n // bn)
+    if not device.sm_count < tiles <= _STREAM_K_MAX_WAVES * device.sm_count:
+        return False
     steps_per_program = tiles * -(-problem.k // bk) / device.sm_count
     if steps_per_program < _STREAM_K_MIN_STEPS:
         return False
@@ -864,7 +871,18 @@ class _Launcher:
         grid, constexprs = (self.reduce_grid, self.reduce_constexprs) if slot == "reduce" else (
             self.grid, self.constexprs)
         grid = tuple(grid) + (1,) * (3 - len(grid))  # CompiledKernel's runner reads grid[0..2]
-        compiled = kernel[grid](*args, **constexprs)
+        try:
+            compiled = kernel[grid](*args, **constexprs)
+        except Exception as exc:
+            if interpreter_enabled() and "only 0-dimensional arrays can be converted" in str(exc):
+                import numpy
+
+                raise RuntimeError(
+                    f"Triton {triton.__version__}'s interpreter cannot run with numpy {numpy.__version__}: it "
+                    f"converts 1-element arrays to Python ints, which numpy 2.4 made an error. Install "
+                    f"numpy<2.4 or a newer triton (3.9 works) to use TRITON_INTERPRET=1."
+                ) from exc
+            raise
         if _FAST_LAUNCH and hasattr(compiled, "run") and hasattr(compiled, "__getitem__"):
             names = kernel.arg_names[len(args):]
             if all(n in constexprs for n in names):
