@@ -233,3 +233,23 @@ def test_heuristic_keeps_sliced_k_below_one_wave():
 
     h100 = DeviceInfo("H100", (9, 0), 132, 232448)
     assert not tritongemm.heuristic_config(GemmProblem(128, 10240, 8192), h100).stream_k
+
+
+@pytest.mark.gpu
+def test_inline_reduction_counters_are_per_stream():
+    # Launches on one stream never overlap, so each stream gets its own arrival
+    # counters; a side stream must not share the default stream's buffer.
+    from tritongemm.dispatch import _COUNTERS
+
+    cfg = TileConfig(16, 64, 64, 8, 4, 3, split_k=4, split_k_inline=True)
+    a, b = make_operands(40, 200, 1024, "NN", torch.float16, "cuda")
+    expected = reference(a, b)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        out_side = tritongemm.matmul(a, b, config=cfg)
+    out_main = tritongemm.matmul(a, b, config=cfg)
+    torch.cuda.synchronize()
+    assert_close(out_side, expected)
+    assert_close(out_main, expected)
+    streams = {key[1] for key in _COUNTERS if key[0].type == "cuda"}
+    assert {side.cuda_stream, torch.cuda.current_stream().cuda_stream} <= streams

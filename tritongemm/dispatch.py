@@ -900,15 +900,25 @@ _FAST_LAUNCH = os.environ.get("TRITONGEMM_FAST_LAUNCH", "1") != "0"
 _COUNTERS: dict = {}
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher itself calls
+
+
+def _current_raw_stream(device: torch.device) -> int:
+    """The current CUDA stream's handle: a microsecond less than building a ``torch.cuda.Stream``."""
+    if _RAW_STREAM is not None and device.index is not None:
+        return _RAW_STREAM(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     if device.type != "cuda":
-        key = (str(device), None)
+        key = (device, None)
     else:
         if torch.cuda.is_current_stream_capturing():
             # Inside CUDA-graph capture: a buffer of the graph's own, zeroed by
             # a memset node at every replay; the shared buffers stay outside it.
             return torch.zeros(n, dtype=torch.int32, device=device)
-        key = (str(device), torch.cuda.current_stream(device).cuda_stream)
+        key = (device, _current_raw_stream(device))
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
