@@ -100,8 +100,13 @@ def _check_out(fn: str, out: torch.Tensor | None, shape, dtype, *inputs) -> torc
 
 
 def _broadcast_batch(fn: str, a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
+    batch_a, batch_b = tuple(a.shape[:-2]), tuple(b.shape[:-2])
+    if batch_a == batch_b or not batch_b:  # the common cases (torch.broadcast_shapes costs ~10 us)
+        return batch_a
+    if not batch_a:
+        return batch_b
     try:
-        return tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        return tuple(torch.broadcast_shapes(batch_a, batch_b))
     except RuntimeError:
         raise RuntimeError(
             f"{fn}: batch dimensions of {_shape(a)} and {_shape(b)} cannot be broadcast "
@@ -189,8 +194,8 @@ def _batched(
                                activation, r2)
                 return out if out is not None else c2.view(result_shape)
 
-    a_e = a.expand((*batch, m, k))
-    b_e = b.expand((*batch, k, n))
+    a_e = a if tuple(a.shape[:-2]) == batch else a.expand((*batch, m, k))
+    b_e = b if tuple(b.shape[:-2]) == batch else b.expand((*batch, k, n))
     return _dispatch(a_e, b_e, addend, alpha, beta, out_dtype, config, pipeline, out, decomposition,
                      activation, residual)
 
