@@ -61,6 +61,13 @@ def tail_shapes():
     return [(8192, 8192, 28672, "NT"), (1024, 6144, 4096, "NT"), (5120, 5120, 4096, "NT"), (3072, 3072, 3072, "NN")]
 
 
+def backward_shapes():
+    # The GEMMs of Llama-3-8B's backward at M = 4096 tokens: dA = dY @ W (long K for gate_up, NN)
+    # and dW^T = X^T @ dY (A transposed, TN), plus 70B down's forward at M = 8192.
+    return [(4096, 4096, 28672, "NN"), (4096, 28672, 4096, "TN"), (4096, 4096, 14336, "NN"),
+            (4096, 14336, 4096, "TN"), (4096, 4096, 6144, "NN"), (4096, 6144, 4096, "TN")]
+
+
 def _splits_for(tiles: int, k_tiles: int, sm: int) -> list[int]:
     """Split counts that put about 1, 2, 4 and 8 programs per SM, each slice >= 2 K-tiles."""
     out = {1}
@@ -87,7 +94,7 @@ def configs_for(m, n, k, group, sm=132):
                         out.append(TileConfig(16, bn, bk, 8, warps, 1, split_k=s, split_k_inline=s > 1, gemv=True))
         out.append(TileConfig(16, 64, 256, 8, 4, 3, split_k=2 if n <= 4096 else 1, split_k_inline=n <= 4096))
         return out
-    if group == "tail":
+    if group in ("tail", "backward"):
         T = TileConfig
         return [T(128, 256, 64, g, 8, 3, tma=True, persistent=p) for g in (4, 8, 16) for p in (True, False)] + [
             T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True),
@@ -232,7 +239,8 @@ def main() -> int:
     for g in groups:
         shapes = {"decode": decode_shapes, "longk": longk_shapes, "small": small_shapes, "gemv": gemv_shapes,
                   "gemv_narrow": gemv_shapes, "wave": wave_shapes,
-                  "tail": tail_shapes}[g]()
+                  "tail": tail_shapes,
+                  "backward": backward_shapes}[g]()
         if args.mlist and g == "decode":
             keep = {int(x) for x in args.mlist.split(",")}
             shapes = [s for s in shapes if s[0] in keep]
