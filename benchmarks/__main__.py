@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-plots", action="store_true", help="write the CSV only")
     r.add_argument("--warmup", type=float, default=25, help="do_bench warm-up, ms (default 25)")
     r.add_argument("--rep", type=float, default=100, help="do_bench measuring time, ms (default 100)")
+    r.add_argument("--rounds", type=int, default=3,
+                   help="time each case's implementations in this many interleaved rounds (default 3)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     pl = sub.add_parser("plot", help="regenerate figures from results CSVs (no GPU needed)")
@@ -128,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = suites.run_suite(
             name, args.dtype, args.out, compile=not args.no_compile, case_filter=args.filter,
             impl_filter=args.impls, include_sabotaged=args.sabotaged, ceilings=not args.no_ceilings,
-            warmup_ms=args.warmup, rep_ms=args.rep, progress=not args.no_progress, plots=not args.no_plots,
+            warmup_ms=args.warmup, rep_ms=args.rep, rounds=args.rounds, progress=not args.no_progress,
+            plots=not args.no_plots,
         )
         print(f"\n== {name} ==")
         print(suites.summary_table(summary.csv))

@@ -11,8 +11,9 @@ Rules every measurement follows:
   they exceed twice the L2 cache (``triton.testing.do_bench`` also flushes L2
   before each call).  Data is random normal, never zeros (zeros make tensor
   cores draw less power and run faster than real data).
-* **Medians.** ``do_bench`` after its warm-up; the 20th and 80th percentiles
-  are recorded too.
+* **Medians, interleaved.** ``do_bench`` after its warm-up, in rounds that
+  alternate the implementations of a case (cuBLAS included); the median over
+  all rounds, with the 20th and 80th percentiles.
 * **Results are data.** One tidy row per (case, dtype, implementation), with
   the environment in every row (``env_*`` columns) and in a JSON sidecar.
 
@@ -290,9 +291,9 @@ def gate(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple]) 
 # ----------------------------------------------------------------------------------
 # Timing
 # ----------------------------------------------------------------------------------
-def time_ms(step: Callable[[], Any], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,
-            grad_to_none: Sequence[torch.Tensor] | None = None) -> tuple[float, float, float]:
-    """(median, p20, p80) milliseconds of ``step``.
+def time_samples(step: Callable[[], Any], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,
+                 grad_to_none: Sequence[torch.Tensor] | None = None) -> list[float]:
+    """Milliseconds of each timed call of ``step``.
 
     On CUDA: ``triton.testing.do_bench`` (CUDA events around each call, L2
     flushed before each).  On CPU: a wall clock, for tests only.
@@ -300,9 +301,9 @@ def time_ms(step: Callable[[], Any], device: torch.device, warmup_ms: float = 25
     if device.type == "cuda":
         import triton.testing
 
-        q = triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none,
-                                    quantiles=[0.5, 0.2, 0.8])
-        return float(q[0]), float(q[1]), float(q[2])
+        times = triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none,
+                                        return_mode="all")
+        return [float(t) for t in times]
     step()
     times = []
     deadline = time.perf_counter() + rep_ms / 1000
@@ -313,8 +314,19 @@ def time_ms(step: Callable[[], Any], device: torch.device, warmup_ms: float = 25
         t0 = time.perf_counter()
         step()
         times.append((time.perf_counter() - t0) * 1000)
-    times.sort()
-    return statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8)
+    return times
+
+
+def summarize(times: Sequence[float]) -> tuple[float, float, float]:
+    """(median, p20, p80) of timings."""
+    ordered = sorted(times)
+    return statistics.median(ordered), _quantile(ordered, 0.2), _quantile(ordered, 0.8)
+
+
+def time_ms(step: Callable[[], Any], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,
+            grad_to_none: Sequence[torch.Tensor] | None = None) -> tuple[float, float, float]:
+    """(median, p20, p80) milliseconds of ``step`` (see ``time_samples``)."""
+    return summarize(time_samples(step, device, warmup_ms, rep_ms, grad_to_none))
 
 
 def host_overhead_us(step: Callable[[], Any], device: torch.device, calls: int | None = None) -> float:
@@ -373,9 +385,20 @@ def _short_error(exc: BaseException) -> str:
     return text[:400]
 
 
-def measure(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple], device: torch.device,
-            warmup_ms: float, rep_ms: float) -> dict:
-    """One row: gate, then (only if the gate passed) time over the rotated copies."""
+@dataclass
+class Prepared:
+    """An implementation that passed the gate, ready to time: its row so far and its step."""
+
+    row: dict
+    step: Callable[[], Any]
+    leaves: list | None
+    grad_mode: Callable[[], Any]
+    samples: list = field(default_factory=list)
+
+
+def prepare(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple],
+            device: torch.device) -> Prepared | dict:
+    """Gate ``impl``; a finished row if it cannot be timed, else what timing needs."""
     row = {"impl": impl.name, "family": impl.family, "variant": impl.variant, "n_copies": len(sets)}
     row.update(_config_columns(impl.config))
     try:
@@ -408,14 +431,38 @@ def measure(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple
             a, b = rotation.next()
             impl.fn(a, b)
 
+    grad_mode = torch.enable_grad if case.backward else torch.no_grad
+    return Prepared(row, step, leaves, grad_mode)
+
+
+def time_round(prepared: Prepared, device: torch.device, warmup_ms: float, rep_ms: float) -> dict | None:
+    """Add one round of timings to ``prepared``; a finished error row if timing fails."""
     try:
-        grad_mode = torch.enable_grad() if case.backward else torch.no_grad()
-        with grad_mode:
-            ms, p20, p80 = time_ms(step, device, warmup_ms, rep_ms, grad_to_none=leaves)
-            host_us = host_overhead_us(step, device)
+        with prepared.grad_mode():
+            prepared.samples += time_samples(prepared.step, device, warmup_ms, rep_ms, grad_to_none=prepared.leaves)
     except Exception as exc:
-        return {**row, "status": ERROR, "message": "timing: " + _short_error(exc)}
-    return {**row, "status": OK, "message": "", "ms": ms, "ms_p20": p20, "ms_p80": p80, "host_us": host_us}
+        return {**prepared.row, "status": ERROR, "message": "timing: " + _short_error(exc)}
+    return None
+
+
+def finish(prepared: Prepared, device: torch.device) -> dict:
+    """The timed row: median and 20th/80th percentiles over all rounds, and the host time."""
+    try:
+        with prepared.grad_mode():
+            host_us = host_overhead_us(prepared.step, device)
+    except Exception as exc:
+        return {**prepared.row, "status": ERROR, "message": "timing: " + _short_error(exc)}
+    ms, p20, p80 = summarize(prepared.samples)
+    return {**prepared.row, "status": OK, "message": "", "ms": ms, "ms_p20": p20, "ms_p80": p80, "host_us": host_us}
+
+
+def measure(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple], device: torch.device,
+            warmup_ms: float, rep_ms: float) -> dict:
+    """One row: gate, then (only if the gate passed) time over the rotated copies, in one round."""
+    prepared = prepare(case, impl, sets, refs, device)
+    if isinstance(prepared, dict):
+        return prepared
+    return time_round(prepared, device, warmup_ms, rep_ms) or finish(prepared, device)
 
 
 def _references(case: Case, sets: Sequence[tuple], reference: Impl) -> dict[int, tuple]:
@@ -486,8 +533,12 @@ def run_cases(
     l2_bytes: int | None = None,
     progress: bool = True,
     seed: int = 0,
+    rounds: int = 3,
 ) -> list[dict]:
     """Measure every implementation on every (case, dtype); returns tidy rows.
+
+    Each implementation is timed ``rounds`` times for ``rep_ms / rounds``,
+    interleaved with the others, and its row holds the median of all samples.
 
     ``impls_for(case, dtype)`` lists the implementations to compare (built per
     case, so e.g. ``torch.compile`` starts fresh); ``reference`` (cuBLAS) is
@@ -511,10 +562,24 @@ def run_cases(
                 rows.append({**base, "impl": impl.name, "family": impl.family, "variant": impl.variant,
                              "status": ERROR, "message": "inputs: " + _short_error(exc)})
             continue
+        # Gate every implementation, then time them in interleaved rounds (the
+        # order reversed every other round), so a drift of the GPU's clocks
+        # (power capping swings them by +-5% over about a second) falls on all
+        # of them alike instead of on whichever ran during a slow phase.
+        slots: list = []
         for impl in impls:
             bar.update(f"{base['dtype']} {case.label} {impl.name}")
-            rows.append({**base, **measure(case, impl, sets, refs, device, warmup_ms, rep_ms)})
-        del sets, refs
+            slots.append(prepare(case, impl, sets, refs, device))
+        for r in range(rounds):
+            order = range(len(slots)) if r % 2 == 0 else reversed(range(len(slots)))
+            for i in order:
+                if isinstance(slots[i], Prepared):
+                    failed = time_round(slots[i], device, warmup_ms if r == 0 else warmup_ms / 5, rep_ms / rounds)
+                    if failed is not None:
+                        slots[i] = failed
+        for slot in slots:
+            rows.append({**base, **(finish(slot, device) if isinstance(slot, Prepared) else slot)})
+        del sets, refs, slots
         if device.type == "cuda":
             torch.cuda.empty_cache()
     bar.close()

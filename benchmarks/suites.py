@@ -331,6 +331,7 @@ def run_suite(
     ceilings: bool = True,
     warmup_ms: float = 25,
     rep_ms: float = 100,
+    rounds: int = 3,
     progress: bool = True,
     plots: bool = True,
 ) -> harness.RunSummary:
@@ -366,7 +367,7 @@ def run_suite(
     if ceilings:
         rows += harness.measure_ceilings(device, warmup_ms=warmup_ms, rep_ms=rep_ms)
     rows += harness.run_cases(cases, dtype_list, impls_for, cublas(), device=device,
-                              warmup_ms=warmup_ms, rep_ms=rep_ms, progress=progress)
+                              warmup_ms=warmup_ms, rep_ms=rep_ms, rounds=rounds, progress=progress)
     extra = {"suite": name, "l2_rotation_factor": harness.L2_ROTATION_FACTOR,
              "gate_tolerance": {harness.DTYPE_NAMES[d]: harness.gate_tolerance(d) for d in dtype_list}}
     csv = harness.write_results(rows, out_dir / f"{name}.csv", env, extra)

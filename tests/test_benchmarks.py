@@ -246,6 +246,26 @@ def _cpu_impls(case, dtype, seen):
     return impls
 
 
+def test_run_cases_interleaves_timing_rounds(monkeypatch):
+    # Implementations are timed in rounds, the order reversed every other round
+    # (A B | B A | A B), and each row's median covers every round's samples.
+    case = Case("test", "tiny", "16x16x16", 16, 16, 16, "NN")
+    timed: list = []
+
+    def fake_samples(step, device, warmup_ms, rep_ms, grad_to_none=None):
+        timed.append(step)
+        return [float(len(timed))]
+
+    monkeypatch.setattr(harness, "time_samples", fake_samples)
+    impls = [suites.cublas(), Impl("other", "test", torch.matmul)]
+    rows = harness.run_cases([case], [torch.float32], lambda c, d: impls, suites.cublas(), device="cpu",
+                             rep_ms=3, progress=False, rounds=3)
+    first_seen = list(dict.fromkeys(timed))
+    assert [first_seen.index(s) for s in timed] == [0, 1, 1, 0, 0, 1]
+    by_impl = {r["impl"]: r for r in rows}
+    assert by_impl["cublas"]["ms"] == 4.0 and by_impl["other"]["ms"] == 3.0  # medians of (1, 4, 5) and (2, 3, 6)
+
+
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 def test_run_cases_gates_before_timing_and_rotates_inputs(backward):
     case = Case("test", "tiny", "48x40x64", 48, 40, 64, "NT", backward=backward)
