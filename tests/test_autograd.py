@@ -146,3 +146,42 @@ def test_double_backward_values(device):
     theirs = second(torch.matmul, ra, rb)
     for o, t in zip(ours, theirs):
         assert_close(o, t, dtype=F64)
+
+
+@pytest.mark.parametrize("which", ["weight", "input"])
+def test_gradient_of_a_transposed_operand_keeps_its_layout(which, device):
+    # nn.Linear multiplies by weight.mT: its gradient is computed transposed, so
+    # it arrives in weight's own (contiguous) layout and accumulating it into
+    # weight.grad needs no transposing copy.  Same for a transposed A.  (The
+    # forward records the layouts: backward may not have the operand saved.)
+    from types import SimpleNamespace
+
+    from tritongemm.autograd import _backward_gemms
+
+    a = random_tensor((24, 40), torch.float32, device)
+    b = random_tensor((17, 40), torch.float32, device).mT  # (40, 17), column-major
+    if which == "input":
+        a, b = random_tensor((40, 24), torch.float32, device).mT, random_tensor((40, 17), torch.float32, device)
+    grad_out = random_tensor((24, 17), torch.float32, device)
+    ctx = SimpleNamespace(activation="none", has_residual=False, has_addend=False, alpha=1.0, beta=0.0,
+                          pipeline=None, needs_input_grad=(True, True, False, False),
+                          a_transposed=which == "input", b_transposed=which == "weight")
+    with torch.no_grad():
+        grad_a, grad_b, _, _ = _backward_gemms(ctx, grad_out, a, b, None)
+    assert_close(grad_a, grad_out.double() @ b.double().mT)
+    assert_close(grad_b, a.double().mT @ grad_out.double())
+    transposed = grad_b if which == "weight" else grad_a
+    assert transposed.mT.is_contiguous() and not transposed.is_contiguous()
+
+
+def test_forward_records_transposed_operands(device):
+    from tritongemm.autograd import _is_transposed_view
+
+    w = random_tensor((17, 40), torch.float32, device)
+    assert _is_transposed_view(w.mT) and not _is_transposed_view(w)
+    assert not _is_transposed_view(random_tensor((1, 40), torch.float32, device).mT)  # a vector: either layout
+    lin = torch.nn.Linear(40, 17).to(device)
+    x = random_tensor((5, 40), torch.float32, device)  # no grad: only weight's gradient is computed
+    tritongemm.linear(x, lin.weight, lin.bias).sum().backward()
+    assert lin.weight.grad.is_contiguous()
+    assert_close(lin.weight.grad, torch.ones(5, 17, dtype=torch.float64, device=device).mT @ x.double())

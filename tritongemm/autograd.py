@@ -103,13 +103,29 @@ def _backward_gemms(ctx, grad_out, a, b, z):
     gemm = gemm_op if torch.is_grad_enabled() or is_tracing(grad_out) else _gemm_no_grad
     # Gradients are computed in the operands' dtype (an fp32 out_dtype's
     # gradient is rounded to fp16/bf16 first, as torch's autocast does).
+    # An operand that is a transposed view of a contiguous matrix (nn.Linear's
+    # weight.mT) gets its gradient computed transposed, so it lands in the
+    # layout of the tensor behind the view: autograd then accumulates it into
+    # weight.grad without a transposing copy (which cost about 4% of a step).
+    eager = not is_tracing(grad_out)
     if ctx.needs_input_grad[0]:
-        grad_a = gemm(grad_z.to(b.dtype), b.mT, alpha=ctx.alpha, pipeline=ctx.pipeline)  # dA = alpha dZ B^T
+        if eager and getattr(ctx, "a_transposed", False):
+            grad_a = gemm(b, grad_z.to(b.dtype).mT, alpha=ctx.alpha, pipeline=ctx.pipeline).mT  # dA^T = B dZ^T
+        else:
+            grad_a = gemm(grad_z.to(b.dtype), b.mT, alpha=ctx.alpha, pipeline=ctx.pipeline)  # dA = alpha dZ B^T
     if ctx.needs_input_grad[1]:
-        grad_b = gemm(a.mT, grad_z.to(a.dtype), alpha=ctx.alpha, pipeline=ctx.pipeline)  # dB = alpha A^T dZ
+        if eager and getattr(ctx, "b_transposed", False):
+            grad_b = gemm(grad_z.to(a.dtype).mT, a, alpha=ctx.alpha, pipeline=ctx.pipeline).mT  # dB^T = dZ^T A
+        else:
+            grad_b = gemm(a.mT, grad_z.to(a.dtype), alpha=ctx.alpha, pipeline=ctx.pipeline)  # dB = alpha A^T dZ
     if ctx.has_addend and ctx.needs_input_grad[2]:
         grad_addend = grad_z * ctx.beta if ctx.beta != 1 else grad_z
     return grad_a, grad_b, grad_addend, grad_residual
+
+
+def _is_transposed_view(t: torch.Tensor) -> bool:
+    """A 2-D column-major matrix: the transpose of a contiguous one."""
+    return t.dim() == 2 and t.shape[0] > 1 and t.shape[1] > 1 and t.mT.is_contiguous() and not t.is_contiguous()
 
 
 class GemmFunction(torch.autograd.Function):
@@ -117,6 +133,7 @@ class GemmFunction(torch.autograd.Function):
     def forward(ctx, a, b, addend, residual, alpha, beta, out_dtype, config, pipeline, decomposition, activation):
         ctx.alpha, ctx.beta, ctx.pipeline, ctx.activation = alpha, beta, pipeline, activation
         ctx.has_addend, ctx.has_residual = addend is not None, residual is not None
+        ctx.a_transposed, ctx.b_transposed = _is_transposed_view(a), _is_transposed_view(b)
         out = _alloc_out(tuple(a.shape[:-2]), a.shape[-2], b.shape[-1], out_dtype or a.dtype, a.device)
         # The pre-activation is written by the same kernel, only when backward needs it.
         wants_z = activation != "none" and any(ctx.needs_input_grad[:3])
