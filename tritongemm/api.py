@@ -76,6 +76,19 @@ def _check_pair(fn: str, a, b, b_name: str = "other") -> None:
         _check_tensors(fn, **{"input": a, b_name: b})
 
 
+def _check_operands(fn: str, a, b, b_name: str, bias=None, residual=None) -> None:
+    """``_check_pair``, or the full check when the epilogue brings more tensors."""
+    if bias is None and residual is None:
+        _check_pair(fn, a, b, b_name)
+        return
+    named = {"input": a, b_name: b}
+    if bias is not None:
+        named["bias"] = bias
+    if residual is not None:
+        named["residual"] = residual
+    _check_tensors(fn, **named)
+
+
 def _check_out(fn: str, out: torch.Tensor | None, shape, dtype, *inputs) -> torch.Tensor | None:
     if out is None:
         return None
@@ -262,15 +275,7 @@ def matmul(
     column (as ``F.linear``), one of shape (M, 1) per row.  ``activation`` is
     one of "relu", "gelu", "gelu_tanh", "silu".
     """
-    if bias is None and residual is None:
-        _check_pair("matmul", a, b)
-    else:
-        named = {"input": a, "other": b}
-        if bias is not None:
-            named["bias"] = bias
-        if residual is not None:
-            named["residual"] = residual
-        _check_tensors("matmul", **named)
+    _check_operands("matmul", a, b, "other", bias, residual)
     _check_out_dtype("matmul", out_dtype)
     if a.dim() == 0 or b.dim() == 0:
         raise RuntimeError(
@@ -445,12 +450,7 @@ def linear(
 
     The epilogue computes ``activation(input @ weight.T + bias) + residual``.
     """
-    named = {"input": input, "weight": weight}
-    if bias is not None:
-        named["bias"] = bias
-    if residual is not None:
-        named["residual"] = residual
-    _check_tensors("linear", **named)
+    _check_operands("linear", input, weight, "weight", bias, residual)
     _check_out_dtype("linear", out_dtype)
     activation = _check_activation("linear", activation)
     if input.dim() == 0 or weight.dim() not in (1, 2):
