@@ -68,6 +68,13 @@ def backward_shapes():
             (4096, 14336, 4096, "TN"), (4096, 4096, 6144, "NN"), (4096, 6144, 4096, "TN")]
 
 
+def tma_streamk_shapes():
+    # Partial last waves of 128x256 / 128x128 tiles on 132 SMs: 70, 144, 288, 800, 192, 320 tiles ...
+    return [(896, 2432, 4096, "NN"), (1536, 1536, 8192, "NN"), (3072, 3072, 3072, "NN"), (5120, 5120, 4096, "NT"),
+            (1024, 6144, 4096, "NT"), (1024, 10240, 8192, "NT"), (4096, 4096, 4096, "NN"), (2048, 2048, 2048, "NN"),
+            (1024, 1024, 1024, "NN")]
+
+
 def _splits_for(tiles: int, k_tiles: int, sm: int) -> list[int]:
     """Split counts that put about 1, 2, 4 and 8 programs per SM, each slice >= 2 K-tiles."""
     out = {1}
@@ -94,6 +101,14 @@ def configs_for(m, n, k, group, sm=132):
                         out.append(TileConfig(16, bn, bk, 8, warps, 1, split_k=s, split_k_inline=s > 1, gemv=True))
         out.append(TileConfig(16, 64, 256, 8, 4, 3, split_k=2 if n <= 4096 else 1, split_k_inline=n <= 4096))
         return out
+    if group == "tma_streamk":
+        T = TileConfig
+        return [T(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
+                T(128, 256, 64, 8, 8, 3, tma=True, persistent=True, stream_k=True),
+                T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True, stream_k=True),
+                T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
+                T(128, 128, 64, 8, 8, 4, tma=True, persistent=True, stream_k=True),
+                T(128, 128, 64, 8, 8, 4, stream_k=True)]
     if group in ("tail", "backward"):
         T = TileConfig
         return [T(128, 256, 64, g, 8, 3, tma=True, persistent=p) for g in (4, 8, 16) for p in (True, False)] + [
@@ -240,7 +255,8 @@ def main() -> int:
         shapes = {"decode": decode_shapes, "longk": longk_shapes, "small": small_shapes, "gemv": gemv_shapes,
                   "gemv_narrow": gemv_shapes, "wave": wave_shapes,
                   "tail": tail_shapes,
-                  "backward": backward_shapes}[g]()
+                  "backward": backward_shapes,
+                  "tma_streamk": tma_streamk_shapes}[g]()
         if args.mlist and g == "decode":
             keep = {int(x) for x in args.mlist.split(",")}
             shapes = [s for s in shapes if s[0] in keep]
@@ -304,13 +320,13 @@ def main() -> int:
     heur = ok[ok.impl == "heuristic"].set_index(["group", "m", "n", "k"]).ratio
     best = best.assign(heur=[heur.get((g, m, n, k)) for g, m, n, k in zip(best.group, best.m, best.n, best.k)])
     best = best.dropna(subset=["heur"])
-    wave = ok[ok.group == "wave"]
+    wave = ok[ok.group.isin(["wave", "tma_streamk"])]
     if len(wave):
         # The issue's measure: Stream-K over the same kernel and tile's sliced-K schedule.
         print("\nStream-K speedup over sliced-K, same tile (wave group)")
         sliced = wave[~wave.impl.str.contains("streamk")].set_index(["m", "n", "k", "impl"]).ms
         sk = wave[wave.impl.str.contains("streamk")]
-        sk = sk.assign(tile=sk.impl.str.replace(r" streamk.*", "", regex=True))
+        sk = sk.assign(tile=sk.impl.str.replace(r"[ +]streamk.*", "", regex=True))
         sk = sk.assign(speedup=[sliced.get((m, n, k, t), float("nan")) / ms
                                 for m, n, k, t, ms in zip(sk.m, sk.n, sk.k, sk.tile, sk.ms)])
         print(sk[["m", "n", "k", "impl", "ratio", "speedup"]].to_string(index=False, float_format="%.3f"))

@@ -71,3 +71,48 @@ def test_fallback_makes_no_copy(device):
     before = (a.data_ptr(), b.data_ptr(), a.stride(), b.stride())
     tritongemm.matmul(a, b, config=TMA)
     assert (a.data_ptr(), b.data_ptr(), a.stride(), b.stride()) == before
+
+
+TMA_STREAM_K = TileConfig(32, 32, 16, 2, 4, 3, tma=True, persistent=True, stream_k=True)
+
+
+@pytest.mark.parametrize("sm_count", [None, 3], ids=["all-streamed", "hybrid"])
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_tma_stream_k_matches_reference(device, dtype, layout, sm_count, monkeypatch):
+    # The TMA kernel's own Stream-K: with the real SM count every tile is split
+    # between programs; with 3 "SMs" whole waves run data-parallel first.
+    _needs_tma(device)
+    from dataclasses import replace
+
+    from tritongemm import dispatch
+    from tritongemm.dispatch import _COUNTERS
+
+    if sm_count is not None:
+        small = replace(dispatch.device_info(device), sm_count=sm_count)
+        monkeypatch.setattr(dispatch, "device_info", lambda *_: small)
+    dispatch.clear_plan_cache()
+    for m, n, k in [(72, 88, 40), (64, 64, 160)]:
+        a, b = make_operands(m, n, k, layout, dtype, device)
+        assert explain(a, b, config=TMA_STREAM_K).kernel == "tma_persistent"
+        first = tritongemm.matmul(a, b, config=TMA_STREAM_K)
+        assert_close(first, a.double() @ b.double())
+        assert torch.equal(first, tritongemm.matmul(a, b, config=TMA_STREAM_K))  # fixed order: same bits
+        assert all(int(buf.count_nonzero()) == 0 for buf in _COUNTERS.values())
+    dispatch.clear_plan_cache()
+
+
+def test_tma_stream_k_epilogue_and_fallback(device):
+    _needs_tma(device)
+    a, b = make_operands(40, 48, 96, "NT", torch.float16, device)
+    bias = random_tensor((48,), torch.float16, device)
+    out = tritongemm.linear(a, b.mT, bias, activation="gelu", config=TMA_STREAM_K)
+    assert_close(out, torch.nn.functional.gelu(a.double() @ b.double() + bias.double()))
+    # Operands TMA cannot describe run the pointer kernel's Stream-K, and say why.
+    a, b = make_operands(20, 24, 13, "NN", torch.float16, device)
+    plan = explain(a, b, config=TMA_STREAM_K)
+    assert plan.kernel == "stream_k" and "16 bytes" in plan.fallback
+    assert_close(tritongemm.matmul(a, b, config=TMA_STREAM_K), a.double() @ b.double())
+    # Forcing Stream-K on a TMA config keeps the TMA kernel.
+    a, b = make_operands(64, 64, 64, "NN", torch.float16, device)
+    assert explain(a, b, config=TMA_PERSISTENT, decomposition="stream_k").kernel == "tma_persistent"

@@ -98,7 +98,13 @@ def tma_cases():
             BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, A_KMAJOR=a_k, B_KMAJOR=b_k,
             HAS_ALPHA=False, HAS_ADDEND=True, FLATTEN=False, ACTIVATION="gelu_tanh" if sub else "silu",
             HAS_RESIDUAL=persistent, STORE_PREACT=persistent,
-            WARP_SPECIALIZE=ws, EPILOGUE_SUBTILE=sub, DOT_PRECISION="ieee", UPCAST_OPERANDS=False), 8, 3
+            WARP_SPECIALIZE=ws, EPILOGUE_SUBTILE=sub, DOT_PRECISION="ieee", UPCAST_OPERANDS=False,
+            STREAM_K=False), 8, 3
+    yield "tma-fp16-streamk-sub", "fp16", dict(
+        BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, A_KMAJOR=True, B_KMAJOR=False, HAS_ALPHA=False,
+        HAS_ADDEND=True, FLATTEN=False, ACTIVATION="gelu", HAS_RESIDUAL=False, STORE_PREACT=False,
+        WARP_SPECIALIZE=False, EPILOGUE_SUBTILE=True, DOT_PRECISION="ieee", UPCAST_OPERANDS=False,
+        STREAM_K=True), 8, 3
 
 
 def main():
@@ -150,7 +156,7 @@ def main():
             types = {n: "i32" for n in kernel.arg_names}
             types.update(a_desc=f"tensordesc<{dt}{a_block}>", b_desc=f"tensordesc<{dt}{b_block}>",
                          c_desc=f"tensordesc<{dt}{c_block}>", d_ptr=f"*{dt}", r_ptr=f"*{dt}", z_ptr=f"*{dt}",
-                         alpha="fp32", beta="fp32")
+                         ws_ptr="*fp32", count_ptr="*i32", alpha="fp32", beta="fp32")
         try:
             k = compile_one(kernel, types, consts, target, warps, stages)
             ptx = k.asm["ptx"]

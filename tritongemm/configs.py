@@ -133,9 +133,12 @@ class TileConfig:
             raise ConfigError("TileConfig.split_k_inline=True needs split_k > 1")
         if self.split_k > 1 and self.tma:
             raise ConfigError("TileConfig.split_k > 1 runs on the pointer kernel: set tma=False")
-        if self.stream_k and (self.tma or self.split_k > 1):
-            raise ConfigError("TileConfig.stream_k runs on the pointer kernel without split_k: "
-                              "set tma=False and split_k=1")
+        if self.stream_k and self.split_k > 1:
+            raise ConfigError("TileConfig.stream_k and split_k > 1 are two ways of splitting K: pick one")
+        if self.stream_k and self.tma and not self.persistent:
+            raise ConfigError("TileConfig.stream_k with tma=True needs persistent=True (Stream-K is a persistent grid)")
+        if self.stream_k and self.warp_specialize:
+            raise ConfigError("TileConfig.stream_k does not combine with warp_specialize")
         if self.gemv and (self.tma or self.stream_k):
             raise ConfigError("TileConfig.gemv is its own kernel: set tma=False and stream_k=False")
         if not MIN_STAGES <= self.num_stages <= MAX_STAGES:

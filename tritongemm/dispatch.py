@@ -377,6 +377,9 @@ def _apply_decomposition(cfg: TileConfig, decomposition: str, problem: GemmProbl
         if cfg.gemv:  # Stream-K runs tl.dot tiles: take the skinny tile for this one-row problem
             bm, bn, bk, warps, stages = choose_skinny_tile(problem)
             cfg = TileConfig(bm, bn, bk, cfg.group_m, warps, stages)
+        if cfg.tma:  # the TMA kernel streams on its persistent grid
+            return replace(cfg, persistent=True, warp_specialize=False, split_k=1, split_k_inline=False,
+                           stream_k=True)
         return replace(cfg, **plain, split_k=1, split_k_inline=False, stream_k=True, gemv=False)
     raise ConfigError(f"unknown decomposition {decomposition!r}; choose one of {list(DECOMPOSITIONS)}")
 
@@ -491,7 +494,7 @@ def plan(a, b, out, *, addend=None, config=None, pipeline=None, decomposition=No
             fallback = "Stream-K takes one (unbatched) problem with K > 0"
             cfg = replace(cfg, stream_k=False)
         else:
-            kernel = "stream_k"
+            kernel = "stream_k"  # the TMA kernel's own Stream-K replaces this below when TMA applies
     if cfg.gemv:
         if problem.m == 1 and not batched:
             kernel = "gemv"
@@ -503,7 +506,7 @@ def plan(a, b, out, *, addend=None, config=None, pipeline=None, decomposition=No
         if fallback is None:
             kernel = cfg.kernel
         else:
-            # Same tiles on the pointer kernel; the TMA-only knobs do not apply.
+            # Same tiles on the pointer kernel (Stream-K included); the TMA-only knobs do not apply.
             cfg = replace(cfg, tma=False, persistent=False, warp_specialize=False, epilogue_subtile=False)
     return Plan(cfg, source, kernel, fallback, problem)
 
@@ -809,12 +812,19 @@ class _Launcher:
         self.c_desc, _ = _descriptor(c2, cfg.block_m, c_cols)
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         programs = min(device_info(a.device).sm_count, tiles) if cfg.persistent else tiles
+        dp_tiles, iters_per_program, self.counters = tiles, 0, 0
+        if cfg.stream_k:
+            programs, dp_tiles, iters_per_program = stream_k_schedule(
+                tiles, triton.cdiv(K, cfg.block_k), device_info(a.device).sm_count)
+            self.counters = tiles - dp_tiles
+            self.ws_shape = (programs, cfg.block_m, cfg.block_n)
         self.grid = (programs,)
         self.ints = (M, N, K, d2.stride(0), d2.stride(1), r2.stride(0), r2.stride(1), c2.stride(0), c2.stride(1))
-        self.programs = programs
+        self.sk_ints = (programs, dp_tiles, iters_per_program)
         self.constexprs = dict(
             self.mainloop, **self.epilogue, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
             FLATTEN=False, WARP_SPECIALIZE=cfg.warp_specialize, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+            STREAM_K=cfg.stream_k,
         )
         self.constexprs["DOT_PRECISION"] = "ieee"  # TMA path: 16-bit types only
 
@@ -831,8 +841,12 @@ class _Launcher:
         z = preact if preact is not None else out
         alpha, beta = float(alpha), float(beta)
         if self.kind == "tma":
-            args = (_rebase(self.a_desc, a), _rebase(self.b_desc, b), _rebase(self.c_desc, out), d, r, z,
-                    *self.ints, alpha, beta, self.programs)
+            ws = counts = out  # not read without STREAM_K
+            if self.counters:
+                ws = torch.empty(self.ws_shape, dtype=torch.float32, device=a.device)
+                counts = _arrival_counters(a.device, self.counters)
+            args = (_rebase(self.a_desc, a), _rebase(self.b_desc, b), _rebase(self.c_desc, out), d, r, z, ws, counts,
+                    *self.ints, alpha, beta, *self.sk_ints)
             self._launch(gemm_tma_kernel, args)
             return
         if self.kind == "stream_k":

@@ -55,6 +55,40 @@ def _partial_ptrs(ws_ptr, program, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
 
 
 @triton.jit
+def streamk_segment(first, last, k_tiles):
+    """The segment of a program's share that ends at ``last`` (exclusive): its
+    tile (counted from the first streamed tile), the tile's first iteration,
+    and where the segment starts (``first`` or the tile's start)."""
+    tile = (last - 1) // k_tiles
+    tile_start = tile * k_tiles
+    return tile, tile_start, tl.maximum(tile_start, first)
+
+
+@triton.jit
+def streamk_contribute(acc, ws_ptr, count_ptr, tile, pid, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Hand a partial tile to its finisher: store it in this program's slot, then count it in."""
+    tl.store(_partial_ptrs(ws_ptr, pid, BLOCK_M, BLOCK_N), acc)
+    tl.debug_barrier()  # every thread's part is stored before the release
+    tl.atomic_add(count_ptr + tile, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def streamk_collect(acc, ws_ptr, count_ptr, tile, tile_start, pid, iters_per_program,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The finisher of a split tile: wait for the programs ``tile_start //
+    iters_per_program .. pid - 1`` that contributed, add their partials in
+    program order, and re-arm the tile's counter for the next launch."""
+    owner = tile_start // iters_per_program
+    while tl.atomic_add(count_ptr + tile, 0, sem="acquire", scope="gpu") < pid - owner:
+        pass
+    tl.debug_barrier()
+    for p in range(owner, pid):
+        acc += tl.load(_partial_ptrs(ws_ptr, p, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+    tl.store(count_ptr + tile, 0)
+    return acc
+
+
+@triton.jit
 def streamk_kernel(
     a_ptr, b_ptr, c_ptr, d_ptr, r_ptr, z_ptr, ws_ptr, count_ptr,
     M, N, K,
@@ -88,9 +122,7 @@ def streamk_kernel(
     first = pid * iters_per_program
     last = tl.minimum(first + iters_per_program, (tiles - dp_tiles) * k_tiles)
     while last > first:
-        tile = (last - 1) // k_tiles  # counted from dp_tiles
-        tile_start = tile * k_tiles
-        seg_start = tl.maximum(tile_start, first)
+        tile, tile_start, seg_start = streamk_segment(first, last, k_tiles)
         k_start = (seg_start - tile_start) * BLOCK_K
         offs_m, offs_n = _tile_offsets(dp_tiles + tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = mainloop(
@@ -99,22 +131,12 @@ def streamk_kernel(
             stride_am, stride_ak, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_FP64, DOT_PRECISION, UPCAST_OPERANDS,
         )
-        if last < tile_start + k_tiles:
-            # A contributor: hand the partial to the tile's finisher.
-            tl.store(_partial_ptrs(ws_ptr, pid, BLOCK_M, BLOCK_N), acc)
-            tl.debug_barrier()  # every thread's part is stored before the release
-            tl.atomic_add(count_ptr + tile, 1, sem="release", scope="gpu")
+        if last < tile_start + k_tiles:  # a contributor
+            streamk_contribute(acc, ws_ptr, count_ptr, tile, pid, BLOCK_M, BLOCK_N)
         else:
-            if seg_start > tile_start:
-                # The finisher of a split tile: programs tile_start // iters_per_program
-                # .. pid - 1 contributed; wait for them, then add in program order.
-                owner = tile_start // iters_per_program
-                while tl.atomic_add(count_ptr + tile, 0, sem="acquire", scope="gpu") < pid - owner:
-                    pass
-                tl.debug_barrier()
-                for p in range(owner, pid):
-                    acc += tl.load(_partial_ptrs(ws_ptr, p, BLOCK_M, BLOCK_N), cache_modifier=".cg")
-                tl.store(count_ptr + tile, 0)  # re-armed for the next launch
+            if seg_start > tile_start:  # the finisher of a split tile
+                acc = streamk_collect(acc, ws_ptr, count_ptr, tile, tile_start, pid, iters_per_program,
+                                      BLOCK_M, BLOCK_N)
             epilogue(acc, c_ptr, d_ptr, r_ptr, z_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn,
                      stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
                      HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
