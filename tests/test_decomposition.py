@@ -274,3 +274,18 @@ def test_decompositions_under_cuda_graph_replay(decomposition):
         graph.replay()
         torch.cuda.synchronize()
         assert_close(static_out, reference(fresh, b))
+
+
+def test_heuristic_streams_a_nearly_empty_last_wave_on_the_tma_kernel():
+    from tritongemm.configs import GemmProblem
+    from tritongemm.device import DeviceInfo
+
+    h100 = DeviceInfo("H100", (9, 0), 132, 232448)
+    a100 = DeviceInfo("A100", (8, 0), 108, 166912)
+    for m, n, k in [(5120, 5120, 4096), (3072, 3072, 3072)]:  # 6.06 and 2.18 waves of 128x256 tiles
+        cfg = tritongemm.heuristic_config(GemmProblem(m, n, k), h100)
+        assert cfg.stream_k and cfg.tma and cfg.persistent and (cfg.block_m, cfg.block_n) == (128, 256), cfg
+        assert not tritongemm.heuristic_config(GemmProblem(m, n, k), a100).tma
+    # A fuller last wave (3.88, 2.42 waves) or many waves (27.2): sliced-K.
+    for m, n, k in [(4096, 4096, 4096), (1024, 10240, 8192), (4096, 28672, 4096)]:
+        assert not tritongemm.heuristic_config(GemmProblem(m, n, k), h100).stream_k, (m, n, k)

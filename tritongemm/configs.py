@@ -367,8 +367,9 @@ def candidate_configs(
     4. deep pipelines only when K holds that many K-tiles;
     5. TMA variants only for 2-byte types on sm_90+; split-K only when the
        tiles alone do not fill the SMs.
-    6. Stream-K variants of the large tiles (added after the trim) when
-       those tiles keep the SMs less than 75% busy over their waves.
+    6. Stream-K variants of the large tiles (added after the trim; on the
+       TMA kernel too on sm_90+) when those tiles keep the SMs less than 75%
+       busy over their waves.
     Then the ``max_configs`` best by a rough score (SM fill x operand reuse)
     are kept, and the heuristic's own choice is always among them.
     """
@@ -426,12 +427,13 @@ def candidate_configs(
         for bm, bn, bk, warps, stages in ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3)):
             tiles = -(-problem.m // bm) * -(-problem.n // bn)
             if bk in block_ks and tiles > device.sm_count and wave_efficiency(tiles, device.sm_count) < 0.75:
-                cfg = TileConfig(bm, bn, bk, 8, warps, stages, stream_k=True)
-                try:
-                    cfg.validate(device, problem.elem_size, problem.acc_size)
-                    ranked.append(cfg)
-                except ConfigError:
-                    pass
+                for tma in (False, True) if hopper_tma else (False,):
+                    cfg = TileConfig(bm, bn, bk, 8, warps, stages, tma=tma, persistent=tma, stream_k=True)
+                    try:
+                        cfg.validate(device, problem.elem_size, problem.acc_size)
+                        ranked.append(cfg)
+                    except ConfigError:
+                        pass
     seed = heuristic_config(problem, device)
     try:
         seed.validate(device, problem.elem_size, problem.acc_size)
