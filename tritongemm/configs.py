@@ -368,7 +368,7 @@ def candidate_configs(
     5. TMA variants only for 2-byte types on sm_90+; split-K only when the
        tiles alone do not fill the SMs.
     6. Stream-K variants of the large tiles (added after the trim; on the
-       TMA kernel too on sm_90+) when those tiles keep the SMs less than 75%
+       TMA kernel too on sm_90+) when those tiles keep the SMs less than 90%
        busy over their waves.
     Then the ``max_configs`` best by a rough score (SM fill x operand reuse)
     are kept, and the heuristic's own choice is always among them.
@@ -426,7 +426,7 @@ def candidate_configs(
     if problem.batch == 1 and problem.k > 0:  # rule 6
         for bm, bn, bk, warps, stages in ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3)):
             tiles = -(-problem.m // bm) * -(-problem.n // bn)
-            if bk in block_ks and tiles > device.sm_count and wave_efficiency(tiles, device.sm_count) < 0.75:
+            if bk in block_ks and tiles > device.sm_count and wave_efficiency(tiles, device.sm_count) < 0.9:
                 for tma in (False, True) if hopper_tma else (False,):
                     cfg = TileConfig(bm, bn, bk, 8, warps, stages, tma=tma, persistent=tma, stream_k=True)
                     try:
