@@ -89,6 +89,20 @@ def streamk_collect(acc, ws_ptr, count_ptr, tile, tile_start, pid, iters_per_pro
 
 
 @triton.jit
+def streamk_settle(acc, ws_ptr, count_ptr, tile, tile_start, seg_start, last, k_tiles, pid, iters_per_program,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """After a segment: a contributor hands its partial over; the finisher of a
+    split tile collects the others'.  Returns the accumulator and whether this
+    program finishes the tile (then the caller runs the epilogue)."""
+    finished = last >= tile_start + k_tiles
+    if not finished:
+        streamk_contribute(acc, ws_ptr, count_ptr, tile, pid, BLOCK_M, BLOCK_N)
+    elif seg_start > tile_start:
+        acc = streamk_collect(acc, ws_ptr, count_ptr, tile, tile_start, pid, iters_per_program, BLOCK_M, BLOCK_N)
+    return acc, finished
+
+
+@triton.jit
 def streamk_kernel(
     a_ptr, b_ptr, c_ptr, d_ptr, r_ptr, z_ptr, ws_ptr, count_ptr,
     M, N, K,
@@ -131,12 +145,9 @@ def streamk_kernel(
             stride_am, stride_ak, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_FP64, DOT_PRECISION, UPCAST_OPERANDS,
         )
-        if last < tile_start + k_tiles:  # a contributor
-            streamk_contribute(acc, ws_ptr, count_ptr, tile, pid, BLOCK_M, BLOCK_N)
-        else:
-            if seg_start > tile_start:  # the finisher of a split tile
-                acc = streamk_collect(acc, ws_ptr, count_ptr, tile, tile_start, pid, iters_per_program,
-                                      BLOCK_M, BLOCK_N)
+        acc, finished = streamk_settle(acc, ws_ptr, count_ptr, tile, tile_start, seg_start, last, k_tiles, pid,
+                                       iters_per_program, BLOCK_M, BLOCK_N)
+        if finished:
             epilogue(acc, c_ptr, d_ptr, r_ptr, z_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn,
                      stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
                      HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)

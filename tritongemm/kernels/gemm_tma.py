@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .gemm import finish_tile, grouped_tile_coords
-from .gemm_streamk import streamk_collect, streamk_contribute, streamk_segment
+from .gemm_streamk import streamk_segment, streamk_settle
 
 
 @triton.jit
@@ -120,12 +120,9 @@ def gemm_tma_kernel(
             off_n = pid_n * BLOCK_N
             acc = tma_k_loop(a_desc, b_desc, off_m, off_n, seg_start - tile_start, last - tile_start,
                              BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR, DOT_PRECISION, UPCAST_OPERANDS)
-            if last < tile_start + k_tiles:  # a contributor
-                streamk_contribute(acc, ws_ptr, count_ptr, tile, start, BLOCK_M, BLOCK_N)
-            else:
-                if seg_start > tile_start:  # the finisher of a split tile
-                    acc = streamk_collect(acc, ws_ptr, count_ptr, tile, tile_start, start, iters_per_program,
-                                          BLOCK_M, BLOCK_N)
+            acc, finished = streamk_settle(acc, ws_ptr, count_ptr, tile, tile_start, seg_start, last, k_tiles,
+                                           start, iters_per_program, BLOCK_M, BLOCK_N)
+            if finished:
                 offs_m = off_m + tl.arange(0, BLOCK_M)
                 offs_n = off_n + tl.arange(0, BLOCK_N)
                 acc = finish_tile(
