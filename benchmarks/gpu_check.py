@@ -140,6 +140,19 @@ def ladder(sizes, dtypes) -> list[dict]:
     return rows
 
 
+def _host_us_per_call(f, calls: int, warmup: int) -> float:
+    """Host microseconds per call of ``f``, launches queued back to back."""
+    for _ in range(warmup):
+        f()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        f()
+    host = (time.perf_counter() - t) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
 def host_overhead() -> list[dict]:
     """Microseconds of host time per call, launches queued back to back (tiny GPU work)."""
     rows = []
@@ -151,14 +164,7 @@ def host_overhead() -> list[dict]:
             "tritongemm tma cfg": (lambda c: lambda: tritongemm.matmul(a, b, config=c))(
                 TileConfig(64, 64, 64, 8, 4, 3, tma=True, persistent=True))}
     for name, f in cfgs.items():
-        for _ in range(50):
-            f()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(2000):
-            f()
-        host = (time.perf_counter() - t) / 2000 * 1e6
-        torch.cuda.synchronize()
+        host = _host_us_per_call(f, calls=2000, warmup=50)
         rows.append(dict(impl=name, host_us=host))
         print(f"host overhead {name}: {host:.1f} us/call", flush=True)
     return rows
@@ -187,14 +193,7 @@ def host_profile(out_dir: str) -> None:
         torch.matmul(a, b).backward(g)
 
     for name, f in (("fwd", fwd), ("fwd_bwd", fwd_bwd), ("torch_fwd_bwd", torch_fwd_bwd)):
-        for _ in range(20):
-            f()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(200):
-            f()
-        host = (time.perf_counter() - t) / 200 * 1e6
-        torch.cuda.synchronize()
+        host = _host_us_per_call(f, calls=200, warmup=20)
         print(f"host {name}: {host:.1f} us/call", flush=True)
         if name != "torch_fwd_bwd":
             prof = cProfile.Profile()

@@ -30,7 +30,6 @@ import math
 import os
 import platform
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -456,15 +455,6 @@ def finish(prepared: Prepared, device: torch.device) -> dict:
     return {**prepared.row, "status": OK, "message": "", "ms": ms, "ms_p20": p20, "ms_p80": p80, "host_us": host_us}
 
 
-def measure(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple], device: torch.device,
-            warmup_ms: float, rep_ms: float) -> dict:
-    """One row: gate, then (only if the gate passed) time over the rotated copies, in one round."""
-    prepared = prepare(case, impl, sets, refs, device)
-    if isinstance(prepared, dict):
-        return prepared
-    return time_round(prepared, device, warmup_ms, rep_ms) or finish(prepared, device)
-
-
 def _references(case: Case, sets: Sequence[tuple], reference: Impl) -> dict[int, tuple]:
     """cuBLAS's outputs on the copies the gate checks (the first and the last)."""
     checked = sorted({0, len(sets) - 1})
@@ -488,37 +478,6 @@ def _finish_rows(rows: list[dict]) -> None:
         base = cublas.get(key(row))
         if base and row.get("status") == OK and row.get("flops"):
             row["speedup_vs_cublas"] = base / row["ms"]
-
-
-class Progress:
-    """A one-line progress bar on stderr (one line per step when stderr is not a terminal)."""
-
-    def __init__(self, total: int, enabled: bool = True, stream=None):
-        self.total, self.done, self.enabled = max(total, 1), 0, enabled
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.start = time.perf_counter()
-
-    def update(self, desc: str) -> None:
-        if not self.enabled:
-            return
-        self.done += 1
-        frac = self.done / self.total
-        width = 24
-        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        elapsed = time.perf_counter() - self.start
-        line = f"[{bar}] {self.done}/{self.total} {elapsed:5.0f}s {desc}"
-        if self.tty:
-            cols = shutil.get_terminal_size((120, 20)).columns
-            self.stream.write("\r" + line[: cols - 1].ljust(cols - 1))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def run_cases(
@@ -547,7 +506,10 @@ def run_cases(
     device = torch.device(device)
     l2 = l2_bytes if l2_bytes is not None else l2_cache_bytes(device)
     plan = [(dtype, case) for dtype in dtypes for case in cases]
-    bar = Progress(sum(len(impls_for(case, dtype)) for dtype, case in plan), enabled=progress)
+    from tritongemm.tuning.progress import ProgressBar  # here, not at import: see benchmarks/__init__.py
+
+    bar = ProgressBar(sum(len(impls_for(case, dtype)) for dtype, case in plan), enabled=progress, unit="runs")
+    done = 0
     rows: list[dict] = []
     for dtype, case in plan:
         impls = impls_for(case, dtype)  # built right before use: torch.compile starts fresh per case
@@ -558,7 +520,8 @@ def run_cases(
             refs = _references(case, sets, reference)
         except Exception as exc:  # e.g. out of memory: record every impl as not run
             for impl in impls:
-                bar.update(f"{base['dtype']} {case.label} {impl.name}")
+                done += 1
+                bar.step(done, f"{base['dtype']} {case.label} {impl.name}")
                 rows.append({**base, "impl": impl.name, "family": impl.family, "variant": impl.variant,
                              "status": ERROR, "message": "inputs: " + _short_error(exc)})
             continue
@@ -568,7 +531,8 @@ def run_cases(
         # of them alike instead of on whichever ran during a slow phase.
         slots: list = []
         for impl in impls:
-            bar.update(f"{base['dtype']} {case.label} {impl.name}")
+            done += 1
+            bar.step(done, f"{base['dtype']} {case.label} {impl.name}")
             slots.append(prepare(case, impl, sets, refs, device))
         for r in range(rounds):
             order = range(len(slots)) if r % 2 == 0 else reversed(range(len(slots)))

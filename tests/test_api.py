@@ -127,15 +127,16 @@ ADDMM_CASES = {
 }
 
 
-def _addmm_cases():
+def _addend_cases(table):
+    """Every dtype for the "full" case, one dtype (in turn) for each other case."""
     return [
         pytest.param(name, dtype, id=f"{name}-{DTYPE_IDS[dtype]}")
-        for i, name in enumerate(ADDMM_CASES)
+        for i, name in enumerate(table)
         for dtype in (DTYPES if name == "full" else [DTYPES[i % len(DTYPES)]])
     ]
 
 
-@pytest.mark.parametrize("name, dtype", _addmm_cases())
+@pytest.mark.parametrize("name, dtype", _addend_cases(ADDMM_CASES))
 def test_addmm(name, dtype, device):
     input_shape, beta, alpha = ADDMM_CASES[name]
     inp = random_tensor(input_shape, dtype, device)
@@ -154,15 +155,7 @@ BADDBMM_CASES = {
 }
 
 
-def _baddbmm_cases():
-    return [
-        pytest.param(name, dtype, id=f"{name}-{DTYPE_IDS[dtype]}")
-        for i, name in enumerate(BADDBMM_CASES)
-        for dtype in (DTYPES if name == "full" else [DTYPES[i % len(DTYPES)]])
-    ]
-
-
-@pytest.mark.parametrize("name, dtype", _baddbmm_cases())
+@pytest.mark.parametrize("name, dtype", _addend_cases(BADDBMM_CASES))
 def test_baddbmm(name, dtype, device):
     input_shape, beta, alpha = BADDBMM_CASES[name]
     inp = random_tensor(input_shape, dtype, device)

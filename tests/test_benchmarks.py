@@ -308,16 +308,16 @@ def test_run_cases_records_invalid_configs_and_errors():
     assert big["status"] == "invalid_config" and big["num_stages"] == 6 and big["block_m"] == 256
 
 
-def test_progress_bar_goes_to_the_given_stream():
+def test_run_cases_reports_progress(monkeypatch):
     import io
 
     stream = io.StringIO()
-    bar = harness.Progress(2, stream=stream)
-    bar.update("one")
-    bar.update("two")
-    bar.close()
+    monkeypatch.setattr("sys.stderr", stream)
+    case = Case("test", "tiny", "16x16x16", 16, 16, 16, "NN")
+    impls = [suites.cublas(), Impl("other", "test", torch.matmul)]
+    harness.run_cases([case], [torch.float32], lambda c, d: impls, suites.cublas(), device="cpu", rep_ms=3)
     text = stream.getvalue()
-    assert "1/2" in text and "2/2 " in text and "two" in text
+    assert "1/2 runs" in text and "2/2 runs" in text and "16x16x16 other" in text
 
 
 # ----------------------------------------------------------------------------------

@@ -806,23 +806,33 @@ class _Launcher:
         self.kind = "stream_k"
         a2, b2, c2, d2, r2 = (t.reshape(t.shape[-2:]) for t in (a, b, out, d, r))  # a batch of one: views
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-        k_tiles = triton.cdiv(K, cfg.block_k)
-        programs, dp_tiles, iters_per_program = stream_k_schedule(tiles, k_tiles, device_info(a.device).sm_count)
+        programs, dp_tiles, iters_per_program = self._plan_stream_k(cfg, a, tiles, K)
         self.grid = (programs,)
-        self.counters = tiles - dp_tiles
-        self.ws_shape = (programs, cfg.block_m, cfg.block_n)
-        self.ws_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
         self.ints = (M, N, K, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1),
                      c2.stride(0), c2.stride(1), d2.stride(0), d2.stride(1), r2.stride(0), r2.stride(1))
         self.sk_ints = (dp_tiles, iters_per_program)
         self.constexprs = dict(self.mainloop, **self.epilogue, EVEN_K=(K % cfg.block_k == 0),
                                ACC_FP64=(a.dtype == torch.float64))
 
-    def _stream_k(self, a, b, out, d, r, z, alpha, beta):
-        # Each program's partial slot is written before it is read in the same
-        # launch, so the workspace needs no zeroing (torch's caching allocator).
+    def _plan_stream_k(self, cfg, a, tiles: int, K: int) -> tuple[int, int, int]:
+        """Stream-K's schedule (both kernels), and the per-tile arrival counters
+        and per-program partial slots it needs."""
+        programs, dp_tiles, iters_per_program = stream_k_schedule(
+            tiles, triton.cdiv(K, cfg.block_k), device_info(a.device).sm_count)
+        self.counters = tiles - dp_tiles
+        self.ws_shape = (programs, cfg.block_m, cfg.block_n)
+        self.ws_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
+        return programs, dp_tiles, iters_per_program
+
+    def _stream_k_buffers(self, a) -> tuple[torch.Tensor, torch.Tensor]:
+        """(workspace, counters) for one Stream-K launch.  Each program's slot is
+        written before it is read in the same launch, so the workspace needs no
+        zeroing (it comes from torch's caching allocator)."""
         ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=a.device)
-        counts = _arrival_counters(a.device, self.counters)
+        return ws, _arrival_counters(a.device, self.counters)
+
+    def _stream_k(self, a, b, out, d, r, z, alpha, beta):
+        ws, counts = self._stream_k_buffers(a)
         self._launch(streamk_kernel, (a, b, out, d, r, z, ws, counts, *self.ints, alpha, beta, *self.sk_ints))
 
     # -- TMA (Hopper) --------------------------------------------------------------------
@@ -838,10 +848,7 @@ class _Launcher:
         programs = min(device_info(a.device).sm_count, tiles) if cfg.persistent else tiles
         dp_tiles, iters_per_program, self.counters = tiles, 0, 0
         if cfg.stream_k:
-            programs, dp_tiles, iters_per_program = stream_k_schedule(
-                tiles, triton.cdiv(K, cfg.block_k), device_info(a.device).sm_count)
-            self.counters = tiles - dp_tiles
-            self.ws_shape = (programs, cfg.block_m, cfg.block_n)
+            programs, dp_tiles, iters_per_program = self._plan_stream_k(cfg, a, tiles, K)
         self.grid = (programs,)
         self.ints = (M, N, K, d2.stride(0), d2.stride(1), r2.stride(0), r2.stride(1), c2.stride(0), c2.stride(1))
         self.sk_ints = (programs, dp_tiles, iters_per_program)
@@ -865,10 +872,7 @@ class _Launcher:
         z = preact if preact is not None else out
         alpha, beta = float(alpha), float(beta)
         if self.kind == "tma":
-            ws = counts = out  # not read without STREAM_K
-            if self.counters:
-                ws = torch.empty(self.ws_shape, dtype=torch.float32, device=a.device)
-                counts = _arrival_counters(a.device, self.counters)
+            ws, counts = self._stream_k_buffers(a) if self.counters else (out, out)  # unread without STREAM_K
             args = (_rebase(self.a_desc, a), _rebase(self.b_desc, b), _rebase(self.c_desc, out), d, r, z, ws, counts,
                     *self.ints, alpha, beta, *self.sk_ints)
             self._launch(gemm_tma_kernel, args)

@@ -19,8 +19,9 @@ class ProgressBar:
 
     WIDTH = 24
 
-    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True):
+    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True, unit: str = "shapes"):
         self.total = max(total, 1)
+        self.unit = unit
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = enabled
         self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -53,7 +54,7 @@ class ProgressBar:
     def _line(self, done: int, label: str, detail: str) -> str:
         filled = self.WIDTH * min(done, self.total) // self.total
         bar = "#" * filled + "." * (self.WIDTH - filled)
-        parts = [f"[{bar}] {done:>{len(str(self.total))}}/{self.total} shapes {_clock(time.perf_counter() - self.start)}"]
+        parts = [f"[{bar}] {done:>{len(str(self.total))}}/{self.total} {self.unit} {_clock(time.perf_counter() - self.start)}"]
         parts += [p for p in (label, detail) if p]
         return " | ".join(parts)
 
