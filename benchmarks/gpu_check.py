@@ -302,7 +302,7 @@ def sweep(shapes, dtypes, configs=None) -> list[dict]:
                 if not err < 1e-2:
                     raise RuntimeError(f"rel err {err}")
                 ms = bench(rotate(f), 100)
-                kern = tritongemm.dispatch.explain(*sets[0], config=cfg).kernel
+                kern = tritongemm.explain(*sets[0], config=cfg).kernel
             except Exception as e:
                 rows.append(dict(base, impl=name, ms=float("nan"), tflops=float("nan"), ratio=float("nan"),
                                  error=f"{type(e).__name__}: {str(e)[:150]}"))

@@ -75,7 +75,7 @@ OK, FAILED_GATE, INVALID, ERROR = "ok", "failed_gate", "invalid_config", "error"
 class Case:
     """One GEMM problem C[M, N] = A[M, K] @ B[K, N] (forward, or forward + backward).
 
-    ``layout`` uses tritongemm's convention (``dispatch.problem_of``): one
+    ``layout`` uses tritongemm's convention (``tritongemm.launch.problem_of``): one
     letter per operand, ``N`` when it is row-major as torch stores it, ``T``
     when it is a transposed (column-major) view.  So a linear layer's
     ``x @ W.T`` is ``NT`` (BLAS, which thinks column-major, calls it ``TN``).

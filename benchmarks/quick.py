@@ -22,7 +22,7 @@ import torch
 
 import tritongemm
 from tritongemm import PIPELINES
-from tritongemm.dispatch import problem_of
+from tritongemm.launch import problem_of
 
 from . import harness
 from .harness import Case

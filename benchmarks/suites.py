@@ -32,7 +32,7 @@ import torch
 import tritongemm
 from tritongemm import PIPELINES, TileConfig
 from tritongemm.configs import DECOMPOSITIONS
-from tritongemm.dispatch import problem_of
+from tritongemm.launch import problem_of
 
 from . import harness
 from .harness import Case, Impl

@@ -284,10 +284,10 @@ def main() -> int:
             def f(a, b, c=cfg):
                 return tritongemm.matmul(a, b, config=c)
             name = "heuristic" if cfg is None else cfg.short()
-            default_waves = tritongemm.dispatch.STREAM_K_EXTRA_WAVES
+            default_waves = tritongemm.heuristics.STREAM_K_EXTRA_WAVES
             if extra_waves is not None:
-                tritongemm.dispatch.STREAM_K_EXTRA_WAVES = extra_waves
-                tritongemm.dispatch.clear_plan_cache()
+                tritongemm.heuristics.STREAM_K_EXTRA_WAVES = extra_waves
+                tritongemm.clear_plan_cache()
                 name += f" sk+{extra_waves}w"
             try:
                 out = f(*sets[0]).double()
@@ -300,8 +300,8 @@ def main() -> int:
                 continue
             finally:
                 if extra_waves is not None:
-                    tritongemm.dispatch.STREAM_K_EXTRA_WAVES = default_waves
-                    tritongemm.dispatch.clear_plan_cache()
+                    tritongemm.heuristics.STREAM_K_EXTRA_WAVES = default_waves
+                    tritongemm.clear_plan_cache()
             c = heur if cfg is None else cfg
             rows.append(dict(base, impl=name, ms=ms, ratio=t_cublas / ms, gbps=nbytes / ms * 1e-6,
                              block_m=c.block_m, block_n=c.block_n, block_k=c.block_k, warps=c.num_warps,

@@ -14,7 +14,6 @@ are skipped, with the reason shown, when Triton does not run on a GPU.
 """
 
 import atexit
-import inspect
 import os
 import shutil
 import tempfile
@@ -35,7 +34,7 @@ os.environ["TRITONGEMM_AUTOTUNE"] = "0"
 import pytest  # noqa: E402
 
 import tritongemm  # noqa: E402
-from tritongemm import dispatch  # noqa: E402
+from tritongemm import launch  # noqa: E402
 from tritongemm.autograd import set_poison_outputs  # noqa: E402
 from tritongemm.testing import default_device  # noqa: E402
 
@@ -82,25 +81,21 @@ def _seed(request):
 def plans(monkeypatch):
     """Records every GEMM the library runs, as a dict (config, kernel, M, N, K, dtype).
 
-    Wraps ``dispatch.gemm`` (the one entry every public function reaches) and
-    asks ``dispatch.plan`` what it runs: the dispatcher caches its plans, so
-    a spy on ``plan`` itself would miss repeated signatures.
+    Wraps ``launch.gemm`` (the one entry every public function reaches) and
+    asks ``launch.plan_for`` what it runs: launchers are cached, so a spy on
+    the planner itself would miss repeated signatures.
     """
     records = []
-    real_gemm = dispatch.gemm
-    plan_args = set(inspect.signature(dispatch.plan).parameters) - {"a", "b", "out"}
+    real_gemm = launch.gemm
 
-    def spy(a, b, out, **kwargs):
+    def spy(call, a, b, out, *rest):
         if out.numel() > 0:
-            options = {k: v for k, v in kwargs.items() if k in plan_args}
-            if kwargs.get("beta", 0.0) == 0:
-                options["addend"] = None  # as gemm does: beta=0 ignores the addend
-            chosen = dispatch.plan(a, b, out, **options)
+            chosen = launch.plan_for(call, a, b, out)
             records.append(dict(config=chosen.config, kernel=chosen.kernel, M=a.shape[-2], N=b.shape[-1],
                                 K=a.shape[-1], dtype=a.dtype))
-        return real_gemm(a, b, out, **kwargs)
+        return real_gemm(call, a, b, out, *rest)
 
-    monkeypatch.setattr(dispatch, "gemm", spy)
+    monkeypatch.setattr(launch, "gemm", spy)
     return records
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import tritongemm
-from tritongemm import dispatch
+from tritongemm import launch, semantics
 from tritongemm.testing import (
     DTYPE_IDS,
     DTYPES,
@@ -225,7 +225,7 @@ def test_outputs_are_poisoned(device, monkeypatch):
 
     (conftest sets TRITONGEMM_POISON_OUTPUTS=1; here no kernel runs at all.)
     """
-    monkeypatch.setattr(dispatch, "gemm", lambda a, b, out, **kwargs: out)
+    monkeypatch.setattr(launch, "gemm", lambda call, a, b, out, *rest: out)
     a, b = make_operands(5, 6, 7, "NN", torch.float32, device)
     assert tritongemm.matmul(a, b).isnan().all()
     assert tritongemm.addmm(random_tensor((6,), torch.float32, device), a, b).isnan().all()
@@ -431,9 +431,9 @@ def test_nan_in_addend_propagates(fn, device):
 def test_dot_precision_follows_torch_flag(allow, restore_tf32):
     """Any device: fp32 GEMMs ask Triton for tf32 exactly when torch allows it; other dtypes never."""
     torch.backends.cuda.matmul.allow_tf32 = allow
-    assert dispatch._dot_precision(torch.float32) == ("tf32" if allow else "ieee")
+    assert semantics.dot_precision(torch.float32) == ("tf32" if allow else "ieee")
     for dtype in (torch.float16, torch.bfloat16, torch.float64):
-        assert dispatch._dot_precision(dtype) == "ieee"
+        assert semantics.dot_precision(dtype) == "ieee"
 
 
 @pytest.mark.gpu

@@ -163,8 +163,9 @@ def test_gradient_of_a_transposed_operand_keeps_its_layout(which, device):
     if which == "input":
         a, b = random_tensor((40, 24), torch.float32, device).mT, random_tensor((40, 17), torch.float32, device)
     grad_out = random_tensor((24, 17), torch.float32, device)
-    ctx = SimpleNamespace(activation="none", has_residual=False, has_addend=False, alpha=1.0, beta=0.0,
-                          pipeline=None, needs_input_grad=(True, True, False, False),
+    from tritongemm.call import GemmCall
+
+    ctx = SimpleNamespace(call=GemmCall(), needs_input_grad=(True, True, False, False),
                           a_transposed=which == "input", b_transposed=which == "weight")
     with torch.no_grad():
         grad_a, grad_b, _, _ = _backward_gemms(ctx, grad_out, a, b, None)

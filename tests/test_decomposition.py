@@ -13,8 +13,7 @@ import pytest
 import torch
 
 import tritongemm
-from tritongemm import TileConfig, dispatch
-from tritongemm.dispatch import explain
+from tritongemm import TileConfig, explain, heuristics, launch
 from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor, shape_id
 
 SMALL = TileConfig(16, 32, 16, 8, 4, 2)
@@ -62,7 +61,7 @@ def test_inline_and_separate_reductions_agree_bitwise(device):
 def test_inline_reduction_rearms_its_counters(device):
     # The reducing program resets its tile's arrival counter, so the next
     # launch (here: another shape, sharing the stream's counters) starts from zero.
-    from tritongemm.dispatch import _COUNTERS
+    from tritongemm.launch import COUNTERS as _COUNTERS
 
     cfg = TileConfig(16, 16, 16, 8, 4, 2, split_k=3, split_k_inline=True)
     for m, n, k in [(33, 40, 100), (33, 40, 100), (50, 17, 64), (5, 90, 200)]:
@@ -92,9 +91,9 @@ def test_stream_k_dtypes(device, dtype):
 def test_stream_k_schedule_covers_every_iteration_once(sm_count, extra_waves, monkeypatch):
     # Data-parallel tiles plus the streamed shares cover each (tile, K-step) once;
     # only the last partial wave plus `extra_waves` full waves are streamed.
-    monkeypatch.setattr(dispatch, "STREAM_K_EXTRA_WAVES", extra_waves)
+    monkeypatch.setattr(heuristics, "STREAM_K_EXTRA_WAVES", extra_waves)
     for tiles, k_tiles in [(1, 1), (10, 13), (133, 64), (7, 2), (264, 3), (5, 200)]:
-        programs, dp_tiles, ipp = dispatch.stream_k_schedule(tiles, k_tiles, sm_count)
+        programs, dp_tiles, ipp = heuristics.stream_k_schedule(tiles, k_tiles, sm_count)
         assert programs <= sm_count and dp_tiles % programs == 0 and dp_tiles <= tiles
         covered = [0] * ((tiles - dp_tiles) * k_tiles)
         for p in range(programs):
@@ -111,17 +110,17 @@ def test_stream_k_schedule_covers_every_iteration_once(sm_count, extra_waves, mo
 def test_stream_k_hybrid_schedule(device, sm_count, extra_waves, monkeypatch):
     # A small SM count makes these shapes span several waves: whole waves run
     # data-parallel, the rest is streamed, and split tiles are fixed up in-kernel.
-    from tritongemm.dispatch import _COUNTERS
+    from tritongemm.launch import COUNTERS as _COUNTERS
 
-    small_device = replace(dispatch.device_info(device), sm_count=sm_count)
-    monkeypatch.setattr(dispatch, "device_info", lambda *_: small_device)
-    monkeypatch.setattr(dispatch, "STREAM_K_EXTRA_WAVES", extra_waves)
-    dispatch.clear_plan_cache()
+    small_device = replace(launch.device_info(device), sm_count=sm_count)
+    monkeypatch.setattr(launch, "device_info", lambda *_: small_device)
+    monkeypatch.setattr(heuristics, "STREAM_K_EXTRA_WAVES", extra_waves)
+    launch.clear_plan_cache()
     for m, n, k in [(70, 50, 203), (33, 64, 48), (16, 32, 16)]:
         a, b = make_operands(m, n, k, "NN", torch.float32, device)
         assert_close(tritongemm.matmul(a, b, config=SMALL, decomposition="stream_k"), reference(a, b))
         assert all(int(buf.count_nonzero()) == 0 for buf in _COUNTERS.values())  # re-armed for the next launch
-    dispatch.clear_plan_cache()
+    launch.clear_plan_cache()
 
 
 @pytest.mark.parametrize("decomposition", ["split_k", "stream_k"])
@@ -239,7 +238,7 @@ def test_heuristic_keeps_sliced_k_below_one_wave():
 def test_inline_reduction_counters_are_per_stream():
     # Launches on one stream never overlap, so each stream gets its own arrival
     # counters; a side stream must not share the default stream's buffer.
-    from tritongemm.dispatch import _COUNTERS
+    from tritongemm.launch import COUNTERS as _COUNTERS
 
     cfg = TileConfig(16, 64, 64, 8, 4, 3, split_k=4, split_k_inline=True)
     a, b = make_operands(40, 200, 1024, "NN", torch.float16, "cuda")

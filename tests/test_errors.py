@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tritongemm
-from tritongemm import ConfigError, TileConfig, UnsupportedInputError, dispatch
+from tritongemm import ConfigError, TileConfig, UnsupportedInputError, semantics
 from tritongemm.testing import random_tensor
 
 F32 = torch.float32
@@ -137,17 +137,17 @@ def test_device_tritongemm_does_not_drive(device):
 @pytest.mark.parametrize("interpreting", [True, False], ids=["interpreter", "compiled"])
 def test_unsupported_reason_by_mode(interpreting, monkeypatch):
     """The rule behind the test above, on any machine: which device each mode can drive."""
-    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: interpreting)
+    monkeypatch.setattr(semantics, "interpreter_enabled", lambda: interpreting)
     cpu = torch.ones(2, 2)
-    reason = dispatch.unsupported_reason(cpu, cpu)
+    reason = semantics.unsupported_reason(cpu, cpu)
     if interpreting:
         assert reason is None
     else:
         assert "CPU tensor" in reason and "TRITON_INTERPRET" in reason
-    assert "meta" in dispatch.unsupported_reason(torch.ones(2, 2, device="meta"))
-    assert "dtype" in dispatch.unsupported_reason(cpu.int(), cpu.int())
-    assert "mixed dtypes" in dispatch.unsupported_reason(cpu, cpu.double())
-    assert "non-tensor" in dispatch.unsupported_reason(cpu, 3.0)
+    assert "meta" in semantics.unsupported_reason(torch.ones(2, 2, device="meta"))
+    assert "dtype" in semantics.unsupported_reason(cpu.int(), cpu.int())
+    assert "mixed dtypes" in semantics.unsupported_reason(cpu, cpu.double())
+    assert "non-tensor" in semantics.unsupported_reason(cpu, 3.0)
 
 
 def test_non_tensor_arguments(t):
@@ -160,20 +160,26 @@ def test_non_tensor_arguments(t):
 # ----------------------------------------------------------------------------------
 # out=
 # ----------------------------------------------------------------------------------
-def test_out_wrong_shape(t):
-    out = t(5, 3)
-    before = out.clone()
-    with pytest.raises(RuntimeError) as info:
-        tritongemm.mm(t(3, 4), t(4, 5), out=out)
-    assert "(5, 3)" in str(info.value) and "(3, 5)" in str(info.value)
-    assert torch.equal(out, before), "a rejected out must be left untouched"
+def test_out_wrong_shape_is_resized_with_torchs_warning(t):
+    """torch resizes a non-empty out of the wrong shape (warning that this is deprecated) and writes it."""
+    a, b = t(3, 4), t(4, 5)
+    for fn, ref in ((tritongemm.mm, torch.mm), (tritongemm.matmul, torch.matmul)):
+        out = t(5, 3)
+        with pytest.warns(UserWarning, match="resized"):
+            fn(a, b, out=out)
+        assert out.shape == (3, 5)
+        assert torch.allclose(out, ref(a, b), rtol=1e-5, atol=1e-5)
 
 
-def test_out_wrong_shape_batched(t):
-    with pytest.raises(RuntimeError, match=r"\(2, 3, 4\)"):
-        tritongemm.bmm(t(2, 3, 5), t(2, 5, 4), out=t(2, 4, 3))
-    with pytest.raises(RuntimeError, match="out"):
-        tritongemm.matmul(t(5), t(5, 3), out=t(1, 3))  # result is (3,)
+def test_out_wrong_shape_batched_is_resized(t):
+    out = t(2, 4, 3)
+    with pytest.warns(UserWarning, match="resized"):
+        tritongemm.bmm(t(2, 3, 5), t(2, 5, 4), out=out)
+    assert out.shape == (2, 3, 4) and not out.isnan().any()
+    a, b, out = t(5), t(5, 3), t(1, 3)  # the result is (3,)
+    with pytest.warns(UserWarning, match="resized"):
+        tritongemm.matmul(a, b, out=out)
+    assert out.shape == (3,) and torch.allclose(out, a @ b, rtol=1e-5, atol=1e-5)
 
 
 def test_out_wrong_dtype_and_device(t):

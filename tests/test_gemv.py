@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import tritongemm
 from tritongemm import ConfigError, TileConfig
-from tritongemm.dispatch import explain
+from tritongemm import explain
 from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor, shape_id
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
@@ -94,7 +94,7 @@ def test_gemv_config_rules():
 
 
 def test_heuristic_picks_gemv_for_one_row_only():
-    from tritongemm.configs import GemmProblem, candidate_configs
+    from tritongemm import GemmProblem, candidate_configs
     from tritongemm.device import DeviceInfo
 
     h100 = DeviceInfo("H100", (9, 0), 132, 232448)

@@ -16,7 +16,8 @@ import torch
 
 import tritongemm
 from tritongemm import TileConfig
-from tritongemm.dispatch import heuristic_config, problem_of
+from tritongemm.heuristics import heuristic_config
+from tritongemm.launch import problem_of
 from tritongemm.testing import (
     DTYPE_IDS,
     DTYPES,

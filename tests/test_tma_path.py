@@ -13,7 +13,7 @@ import torch
 
 import tritongemm
 from tritongemm import TileConfig
-from tritongemm.dispatch import explain
+from tritongemm import explain
 from tritongemm.testing import assert_close, make_operands, random_tensor
 
 TMA = TileConfig(32, 32, 16, 2, 4, 3, tma=True)
@@ -85,13 +85,13 @@ def test_tma_stream_k_matches_reference(device, dtype, layout, sm_count, monkeyp
     _needs_tma(device)
     from dataclasses import replace
 
-    from tritongemm import dispatch
-    from tritongemm.dispatch import _COUNTERS
+    from tritongemm import launch
+    from tritongemm.launch import COUNTERS as _COUNTERS
 
     if sm_count is not None:
-        small = replace(dispatch.device_info(device), sm_count=sm_count)
-        monkeypatch.setattr(dispatch, "device_info", lambda *_: small)
-    dispatch.clear_plan_cache()
+        small = replace(launch.device_info(device), sm_count=sm_count)
+        monkeypatch.setattr(launch, "device_info", lambda *_: small)
+    launch.clear_plan_cache()
     for m, n, k in [(72, 88, 40), (64, 64, 160)]:
         a, b = make_operands(m, n, k, layout, dtype, device)
         assert explain(a, b, config=TMA_STREAM_K).kernel == "tma_persistent"
@@ -99,7 +99,7 @@ def test_tma_stream_k_matches_reference(device, dtype, layout, sm_count, monkeyp
         assert_close(first, a.double() @ b.double())
         assert torch.equal(first, tritongemm.matmul(a, b, config=TMA_STREAM_K))  # fixed order: same bits
         assert all(int(buf.count_nonzero()) == 0 for buf in _COUNTERS.values())
-    dispatch.clear_plan_cache()
+    launch.clear_plan_cache()
 
 
 def test_tma_stream_k_epilogue_and_fallback(device):

@@ -15,7 +15,8 @@ import torch
 
 from tritongemm.configs import GemmProblem, TileConfig
 from tritongemm.device import device_info, interpreter_enabled
-from tritongemm.dispatch import heuristic_config, problem_of
+from tritongemm.heuristics import heuristic_config
+from tritongemm.launch import problem_of
 from tritongemm.tuning import autotune, cache, cli, presets, tuner
 from tritongemm.tuning.progress import ProgressBar
 
@@ -386,13 +387,13 @@ def test_progress_bar_in_a_log_writes_one_line_per_shape():
 def test_dispatch_uses_a_new_tuning_result_at_once(cache_dir):
     """A shape dispatched before tuning must pick up the tuned config afterwards (plan cache cleared)."""
     import tritongemm
-    from tritongemm.dispatch import explain
+    from tritongemm import explain
     from tritongemm.testing import default_device
 
     a = torch.randn(32, 32, device=default_device())
     b = torch.randn(32, 32, device=default_device())
     tritongemm.matmul(a, b)  # plans and caches the heuristic launch
-    assert explain(a, b).source == "heuristic"
+    assert explain(a, b).source.startswith("heuristic")
     (result,) = tune_quietly([TINY], candidates=[LARGE])
     assert result.best == LARGE
     plan = explain(a, b)

@@ -10,10 +10,21 @@ Public API (torch signatures and semantics, all differentiable)::
     tritongemm.TileConfig          # the tiling hierarchy as a value
     tritongemm.PIPELINES           # single_stage / double_buffer / multi_stage
 
-Where things live: ``kernels/`` (Triton code only), ``configs.py`` (TileConfig,
-candidate space), ``dispatch.py`` (config choice + launch), ``autograd.py``
-(the autograd op), ``api.py`` (public functions), ``nn.py`` (modules),
-``patch.py`` (torch routing), ``device.py`` (device facts).
+Where things live (imports flow down this list, never up)::
+
+    kernels/        Triton code only
+    device.py       device facts (and named GPUs' budgets)
+    configs.py      TileConfig, GemmProblem: the tiling hierarchy as values
+    semantics.py    torch's rules: dtypes, TF32, autocast, activations
+    call.py         GemmCall: the one value that describes a call
+    heuristics.py   pure (problem, device) -> config rules
+    selection.py    explicit > registered sources (tuning cache) > heuristic
+    eligibility.py  which kernel can take which operand layouts
+    plan.py         Plan: config + kernel + why
+    launch/         the launch cache and one launcher per kernel
+    autograd.py     the autograd op (eager Function + custom op for compile)
+    api.py          the public functions; explain.py, nn.py, patch.py on top
+    tuning/         autotuner and cache; registers itself as a config source
 """
 
 import os as _os
@@ -21,11 +32,15 @@ import os as _os
 from . import nn
 from .api import addmm, baddbmm, bmm, linear, matmul, mm
 from .autograd import set_poison_outputs as _set_poison_outputs
-from .configs import PIPELINES, ConfigError, GemmProblem, TileConfig, candidate_configs
-from .device import DeviceInfo, device_info, interpreter_enabled
-from .dispatch import UnsupportedInputError, clear_plan_cache, explain, heuristic_config, select_config
+from .configs import PIPELINES, ConfigError, GemmProblem, TileConfig
+from .device import KNOWN_DEVICES, DeviceInfo, device_info, interpreter_enabled
+from .explain import explain
+from .heuristics import heuristic_config
+from .launch import clear_plan_cache
 from .patch import PatchStats, patch
-from .tuning import set_autotune_on_first_call, tune
+from .selection import select_config
+from .semantics import UnsupportedInputError
+from .tuning import candidate_configs, set_autotune_on_first_call, tune
 
 __version__ = "0.1.0"
 
@@ -35,6 +50,6 @@ if _os.environ.get("TRITONGEMM_POISON_OUTPUTS", "0") == "1":
 __all__ = [
     "matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "nn", "patch", "PatchStats",
     "TileConfig", "PIPELINES", "ConfigError", "GemmProblem", "candidate_configs",
-    "DeviceInfo", "device_info", "interpreter_enabled", "UnsupportedInputError",
+    "DeviceInfo", "KNOWN_DEVICES", "device_info", "interpreter_enabled", "UnsupportedInputError",
     "heuristic_config", "select_config", "explain", "clear_plan_cache", "tune", "set_autotune_on_first_call",
 ]

@@ -9,12 +9,22 @@ and calls the autograd op.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
-from .autograd import gemm_op, is_tracing, run_gemm
+from .autograd import gemm_op, needs_autograd, run_gemm
+from .call import PLAIN_EPILOGUE, Epilogue, GemmCall, make_request
 from .configs import TileConfig
-from .dispatch import ACTIVATIONS, SUPPORTED_DTYPES, UnsupportedInputError, device_unsupported_reason
+from .semantics import (
+    SUPPORTED_DTYPES,
+    UnsupportedInputError,
+    autocast_cast,
+    autocast_dtype,
+    check_activation,
+    device_unsupported_reason,
+    dot_precision,
+)
 
 Config = TileConfig | dict | None
 Pipeline = str | int | None
@@ -45,6 +55,7 @@ def _check_tensors(fn: str, **named) -> None:
             desc = ", ".join(f"{n}: {x.device}" for n, x in named.items())
             raise RuntimeError(f"{fn}: expected all tensors to be on the same device, but got {desc}")
     if first.dtype not in SUPPORTED_DTYPES:
+        # torch raises NotImplementedError for a dtype its kernels lack (e.g. bool); ours is one too.
         raise UnsupportedInputError(
             f"{fn}: dtype {first.dtype} is not supported; tritongemm runs float16, bfloat16, float32 and float64"
         )
@@ -76,25 +87,29 @@ def _check_pair(fn: str, a, b, b_name: str = "other") -> None:
         _check_tensors(fn, **{"input": a, b_name: b})
 
 
-def _check_operands(fn: str, a, b, b_name: str, bias=None, residual=None) -> None:
-    """``_check_pair``, or the full check when the epilogue brings more tensors."""
-    if bias is None and residual is None:
-        _check_pair(fn, a, b, b_name)
-        return
-    named = {"input": a, b_name: b}
-    if bias is not None:
-        named["bias"] = bias
-    if residual is not None:
-        named["residual"] = residual
-    _check_tensors(fn, **named)
+def _autocast(*tensors):
+    """The operands as torch.autocast would hand them to the op (unchanged outside autocast).
+
+    matmul, mm, bmm, addmm, baddbmm and linear compute in the autocast dtype
+    (fp32 operands cast, fp64 left alone); the casts are ordinary
+    differentiable ``.to`` calls, so fp32 weights get fp32 gradients.
+    """
+    first = tensors[0]
+    if not isinstance(first, torch.Tensor):
+        return tensors
+    dtype = autocast_dtype(first.device)
+    return tensors if dtype is None else autocast_cast(dtype, *tensors)
 
 
 def _check_out(fn: str, out: torch.Tensor | None, shape, dtype, *inputs) -> torch.Tensor | None:
+    """torch's rules for ``out=``: type, no autograd, dtype, device, no self-overlap; resized (with
+    torch's warning) when its shape differs."""
     if out is None:
         return None
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{fn}: argument 'out' must be a Tensor, not {type(out).__name__}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs if isinstance(t, torch.Tensor)):
+    if torch.is_grad_enabled() and (out.requires_grad or any(
+            t.requires_grad for t in inputs if isinstance(t, torch.Tensor))):
         raise RuntimeError(
             f"{fn}(): functions with out=... arguments don't support automatic differentiation, "
             "but one of the arguments requires grad."
@@ -105,10 +120,19 @@ def _check_out(fn: str, out: torch.Tensor | None, shape, dtype, *inputs) -> torc
         raise RuntimeError(f"{fn}: expected out on {inputs[0].device}, but got {out.device}")
     if tuple(out.shape) != tuple(shape):
         if out.numel() != 0:
-            raise RuntimeError(
-                f"{fn}: out has shape {_shape(out)} but the result has shape {tuple(shape)}"
+            warnings.warn(
+                f"{fn}: an output with one or more elements was resized since it had shape {list(out.shape)}, "
+                f"which does not match the required output shape {list(shape)}. (torch does the same, and "
+                "deprecates it: pass an out of the right shape or an empty one.)",
+                UserWarning, stacklevel=3,
             )
         out.resize_(shape)
+    if torch._debug_has_internal_overlap(out) == 1:
+        raise RuntimeError(
+            f"{fn}: unsupported operation: more than one element of the written-to tensor (out, shape "
+            f"{_shape(out)}, strides {tuple(out.stride())}) refers to a single memory location. Please clone() "
+            "the tensor before performing the operation."
+        )
     return out
 
 
@@ -135,13 +159,21 @@ def _check_inner(fn: str, a_shape, b_shape, ka: int, kb: int) -> None:
 
 
 def _check_scalar(fn: str, name: str, value) -> float:
+    """torch's Scalar argument: a Python number (bool included) or a one-element tensor; else TypeError."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise RuntimeError(f"{fn}: {name} must be a scalar, got a tensor of shape {_shape(value)}")
         value = value.item()
     if isinstance(value, complex):
         raise RuntimeError(f"{fn}: complex {name}={value} is not supported for real operands")
+    if not isinstance(value, (int, float)):  # bool is an int; strings, None, lists are not numbers
+        raise TypeError(f"{fn}(): argument '{name}' must be a Number, not {type(value).__name__}")
     return float(value)
+
+
+def _check_out_dtype(fn: str, out_dtype) -> None:
+    if out_dtype is not None and out_dtype not in SUPPORTED_DTYPES:
+        raise RuntimeError(f"{fn}: out_dtype {out_dtype} is not supported; use one of {list(SUPPORTED_DTYPES)}")
 
 
 def _expand_to(fn: str, name: str, t: torch.Tensor | None, shape) -> torch.Tensor | None:
@@ -164,24 +196,30 @@ def _fold_rows(a: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+def _call(a: torch.Tensor, epilogue: Epilogue, out_dtype, config, pipeline, decomposition) -> GemmCall:
+    """The one value that describes this call from here down (see ``tritongemm.call``).
+
+    Under torch.compile torch's TF32 switch cannot be read while tracing: the
+    custom op reads it when it runs ("auto").
+    """
+    precision = "auto" if torch.compiler.is_compiling() else dot_precision(a.dtype)
+    return GemmCall(epilogue, make_request(config, pipeline, decomposition), out_dtype, precision)
+
+
+def _epilogue(activation: str, alpha: float, beta: float, addend, residual) -> Epilogue:
+    # torch's rule: beta=0 ignores the addend's values, NaN and Inf included (the kernel never reads it).
+    reads_addend = addend is not None and beta != 0
+    if activation == "none" and alpha == 1.0 and not reads_addend and residual is None:
+        return PLAIN_EPILOGUE
+    return Epilogue(activation, alpha, beta, reads_addend, residual is not None)
+
+
 # ----------------------------------------------------------------------------------
-# The core: batched, broadcast C = alpha * A @ B + beta * D
+# The core: batched, broadcast C = act(alpha * A @ B + beta * D) + R
 # ----------------------------------------------------------------------------------
-def _batched(
-    fn: str,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    addend: torch.Tensor | None,
-    alpha: float,
-    beta: float,
-    out_dtype,
-    config: Config,
-    pipeline: Pipeline,
-    out: torch.Tensor | None,
-    decomposition: str | None = None,
-    activation: str = "none",
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
+def _batched(fn: str, a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | None, alpha: float, beta: float,
+             out_dtype, config: Config, pipeline: Pipeline, out: torch.Tensor | None, decomposition: str | None = None,
+             activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
     """a: (*, M, K) with a.dim() >= 2, b: (*, K, N) with b.dim() >= 2."""
     m, k = a.shape[-2:]
     n = b.shape[-1]
@@ -191,6 +229,11 @@ def _batched(
     residual = _expand_to(fn, "residual", residual, result_shape)
     extra = [t for t in (addend, residual) if t is not None]
     out = _check_out(fn, out, result_shape, out_dtype or a.dtype, a, b, *extra)
+    if k == 0 and addend is not None and beta != 0 and activation == "none" and residual is None:
+        # An empty sum: torch returns beta * input exactly (a -0.0 stays -0.0, which 0 + -0.0 would not).
+        c = addend * beta if beta != 1 else addend.clone(memory_format=torch.contiguous_format)
+        return out.copy_(c) if out is not None else c.to(out_dtype or a.dtype)
+    call = _call(a, _epilogue(activation, alpha, beta, addend, residual), out_dtype, config, pipeline, decomposition)
 
     # Fold (*, M, K) @ (K, N) into one (prod(*) * M, K) @ (K, N) product when
     # B carries no batch and A's rows can be viewed as one matrix: a single
@@ -203,43 +246,23 @@ def _batched(
             b2 = b.reshape(k, n)  # size-1 batch dims only: a view
             o2 = _fold_rows(out) if out is not None else None
             if out is None or o2 is not None:
-                c2 = _dispatch(a2, b2, d2, alpha, beta, out_dtype, config, pipeline, o2, decomposition,
-                               activation, r2)
+                c2 = _run(call, a2, b2, d2, r2, o2)
                 return out if out is not None else c2.view(result_shape)
 
     a_e = a if tuple(a.shape[:-2]) == batch else a.expand((*batch, m, k))
     b_e = b if tuple(b.shape[:-2]) == batch else b.expand((*batch, k, n))
-    return _dispatch(a_e, b_e, addend, alpha, beta, out_dtype, config, pipeline, out, decomposition,
-                     activation, residual)
+    return _run(call, a_e, b_e, addend, residual, out)
 
 
-def _dispatch(a, b, addend, alpha, beta, out_dtype, config, pipeline, out, decomposition=None,
-              activation="none", residual=None):
-    if out is not None:
-        return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, out=out,
-                        decomposition=decomposition, activation=activation, residual=residual)
-    needs_grad = torch.is_grad_enabled() and (
-        a.requires_grad or b.requires_grad
-        or (addend is not None and addend.requires_grad)
-        or (residual is not None and residual.requires_grad)
-    )
-    if not needs_grad and not is_tracing(a):  # skip the autograd machinery (microseconds a call)
-        return run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition=decomposition,
-                        activation=activation, residual=residual)
-    return gemm_op(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition, activation, residual)
+def _run(call: GemmCall, a, b, addend=None, residual=None, out=None) -> torch.Tensor:
+    """Launch directly when nothing needs autograd (microseconds a call), else through the autograd op.
 
-
-def _check_activation(fn: str, activation) -> str:
-    if activation is None:
-        return "none"
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{fn}: unknown activation {activation!r}; choose one of {list(ACTIVATIONS)}")
-    return activation
-
-
-def _check_out_dtype(fn: str, out_dtype) -> None:
-    if out_dtype is not None and out_dtype not in SUPPORTED_DTYPES:
-        raise RuntimeError(f"{fn}: out_dtype {out_dtype} is not supported; use one of {list(SUPPORTED_DTYPES)}")
+    ``addend`` may be given while the epilogue does not read it (beta = 0): the
+    autograd op still takes it, so its gradient is a zero tensor, as torch's.
+    """
+    if out is not None or not needs_autograd(call, a, b, addend, residual):
+        return run_gemm(call, a, b, addend if call.epilogue.addend else None, residual, out)
+    return gemm_op(call, a, b, addend, residual)
 
 
 # ----------------------------------------------------------------------------------
@@ -267,7 +290,8 @@ def matmul(
     fp16 inputs, fp32 output).  ``config`` (a ``TileConfig``), ``pipeline``
     ("single_stage", "double_buffer", "multi_stage", or a stage count) and
     ``decomposition`` ("sliced_k", "split_k", "stream_k") override the
-    dispatcher's choice.
+    dispatcher's choice.  Under ``torch.autocast`` it computes in the autocast
+    dtype, as ``torch.matmul`` does.
 
     Fused epilogue (2-D or batched operands): ``activation(a @ b + bias) +
     residual``, computed while the accumulator is in registers.  ``bias`` and
@@ -275,13 +299,18 @@ def matmul(
     column (as ``F.linear``), one of shape (M, 1) per row.  ``activation`` is
     one of "relu", "gelu", "gelu_tanh", "silu".
     """
-    _check_operands("matmul", a, b, "other", bias, residual)
+    a, b, bias, residual = _autocast(a, b, bias, residual)
+    if bias is None and residual is None:
+        _check_pair("matmul", a, b, "other")
+    else:
+        _check_tensors("matmul", input=a, other=b, **{n: t for n, t in (("bias", bias), ("residual", residual))
+                                                      if t is not None})
     _check_out_dtype("matmul", out_dtype)
     if a.dim() == 0 or b.dim() == 0:
         raise RuntimeError(
             f"matmul: both arguments to matmul need to be at least 1D, but they are {a.dim()}D and {b.dim()}D"
         )
-    activation = _check_activation("matmul", activation)
+    activation = check_activation("matmul", activation)
     if bias is not None or residual is not None or activation != "none":
         if a.dim() < 2 or b.dim() < 2:
             raise RuntimeError(
@@ -293,7 +322,7 @@ def matmul(
                         activation, residual)
     if a.dim() == 2 and b.dim() == 2 and out is None:  # the common case, kept short
         _check_inner("matmul", a.shape, b.shape, a.shape[1], b.shape[0])
-        return _dispatch(a, b, None, 1.0, 0.0, out_dtype, config, pipeline, None, decomposition)
+        return _run(_call(a, PLAIN_EPILOGUE, out_dtype, config, pipeline, decomposition), a, b)
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
     _check_inner("matmul", a.shape, b.shape, a2.shape[-1], b2.shape[-2])
@@ -327,6 +356,7 @@ def mm(
 
     >>> c = tritongemm.mm(a, b)
     """
+    input, mat2 = _autocast(input, mat2)
     _check_pair("mm", input, mat2, "mat2")
     _check_out_dtype("mm", out_dtype)
     if input.dim() != 2 or mat2.dim() != 2:
@@ -351,6 +381,7 @@ def bmm(
 
     >>> c = tritongemm.bmm(a, b)
     """
+    input, mat2 = _autocast(input, mat2)
     _check_tensors("bmm", input=input, mat2=mat2)
     _check_out_dtype("bmm", out_dtype)
     if input.dim() != 3 or mat2.dim() != 3:
@@ -385,6 +416,7 @@ def addmm(
 
     >>> y = tritongemm.addmm(bias, x, w, beta=1, alpha=0.5)
     """
+    input, mat1, mat2 = _autocast(input, mat1, mat2)
     _check_tensors("addmm", input=input, mat1=mat1, mat2=mat2)
     alpha, beta = _check_scalar("addmm", "alpha", alpha), _check_scalar("addmm", "beta", beta)
     if mat1.dim() != 2 or mat2.dim() != 2:
@@ -413,6 +445,7 @@ def baddbmm(
 
     >>> y = tritongemm.baddbmm(c, a, b, beta=0.5)
     """
+    input, batch1, batch2 = _autocast(input, batch1, batch2)
     _check_tensors("baddbmm", input=input, batch1=batch1, batch2=batch2)
     alpha, beta = _check_scalar("baddbmm", "alpha", alpha), _check_scalar("baddbmm", "beta", beta)
     if batch1.dim() != 3 or batch2.dim() != 3:
@@ -450,29 +483,39 @@ def linear(
 
     The epilogue computes ``activation(input @ weight.T + bias) + residual``.
     """
-    _check_operands("linear", input, weight, "weight", bias, residual)
+    input, weight, bias, residual = _autocast(input, weight, bias, residual)
+    if bias is None and residual is None:
+        _check_pair("linear", input, weight, "weight")
+    else:
+        _check_tensors("linear", input=input, weight=weight,
+                       **{n: t for n, t in (("bias", bias), ("residual", residual)) if t is not None})
     _check_out_dtype("linear", out_dtype)
-    activation = _check_activation("linear", activation)
-    if input.dim() == 0 or weight.dim() not in (1, 2):
+    activation = check_activation("linear", activation)
+    if input.dim() == 0 or weight.dim() == 0:
         raise RuntimeError(
-            f"linear: expected input of at least 1 dimension and a 1-D or 2-D weight, got shapes "
-            f"{_shape(input)} and {_shape(weight)}"
+            f"linear: both arguments to linear need to be at least 1D, but they are {input.dim()}D and "
+            f"{weight.dim()}D"
         )
+    if weight.dim() > 2:
+        raise RuntimeError(f"linear: weight of shape {_shape(weight)} has {weight.dim()} dimensions (at most 2)")
     if input.shape[-1] != weight.shape[-1]:
         raise RuntimeError(
             f"linear: input of shape {_shape(input)} and weight of shape {_shape(weight)} do not match "
             f"({input.shape[-1]} in-features != {weight.shape[-1]})"
         )
-    fused = activation != "none" or residual is not None
     if weight.dim() == 1:
-        if fused:
+        if activation != "none" or residual is not None:
             raise RuntimeError("linear: activation/residual need a 2-D weight")
+        if bias is not None and (input.dim() == 2 or (bias.dim() == 1 and input.is_contiguous())):
+            # torch routes these through addmm, whose mat2 (weight.t()) must be a matrix.
+            raise RuntimeError(f"linear: mat2 must be a matrix, got 1-D tensor (weight of shape {_shape(weight)})")
         y = matmul(input, weight, config=config, pipeline=pipeline, decomposition=decomposition,
                    out_dtype=out_dtype)
-        return y + bias if bias is not None else y
+        if bias is None:
+            return y
+        # torch adds the bias in place: it must broadcast into the result without growing it.
+        return y + _expand_to("linear", "bias", bias, y.shape)
     x2 = input.unsqueeze(0) if input.dim() == 1 else input
-    if bias is not None and bias.dim() > 1 and input.dim() == 1:
-        raise RuntimeError(f"linear: bias of shape {_shape(bias)} does not fit a 1-D input")
     if residual is not None and input.dim() == 1:
         residual = residual.unsqueeze(0)
     y = _batched("linear", x2, weight.mT, bias, 1.0, 1.0, out_dtype, config, pipeline, None, decomposition,

@@ -4,16 +4,19 @@
 
 on operands of one batch shape (the public API broadcasts with stride-0
 ``expand`` views, whose own backward sums gradients over broadcast
-dimensions, so this op never reduces by hand).
+dimensions, so this op never reduces by hand).  Everything that is not a
+tensor travels as one ``GemmCall`` value, kept on the autograd context.
 
 Backward reads transposed stride views (``b.mT``, ``a.mT``): no copies.  With
 an activation, forward also stores the pre-activation ``z`` (only when a
 gradient is needed) and backward applies torch's own activation derivative
 to it: one extra write of M x N in forward instead of recomputing the GEMM.
 
-Two doors lead here:
+Doors:
 
-* eager code calls ``GemmFunction`` (lowest host overhead);
+* eager code calls ``GemmFunction`` (lowest host overhead).  It is written in
+  the functorch form (``setup_context``, a ``vmap`` rule), so
+  ``torch.func.grad`` / ``jacrev`` / ``vmap`` work through it;
 * code under ``torch.compile`` / ``torch.export`` calls the custom op
   ``torch.ops.tritongemm.gemm``, which has a fake (meta) implementation and
   registered autograd, so graphs trace through it with no graph break.
@@ -25,12 +28,16 @@ import json
 
 import torch
 
-from . import dispatch
+from . import launch
+from .call import Epilogue, GemmCall, Request
 from .configs import TileConfig
+from .semantics import activation_backward, dot_precision
+
+_functorch_active = torch._C._are_functorch_transforms_active
 
 
-def _alloc_out(batch_shape, m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    out = torch.empty((*batch_shape, m, n), dtype=dtype, device=device)
+def _alloc_out(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty((*a.shape[:-2], a.shape[-2], b.shape[-1]), dtype=dtype, device=a.device)
     if _debug_poison[0]:
         out.fill_(float("nan"))  # every element must be written by the kernel
     return out
@@ -45,62 +52,75 @@ def set_poison_outputs(enabled: bool) -> None:
     _debug_poison[0] = bool(enabled)
 
 
-def run_gemm(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    addend: torch.Tensor | None = None,
-    alpha: float = 1.0,
-    beta: float = 0.0,
-    out_dtype: torch.dtype | None = None,
-    config: TileConfig | dict | None = None,
-    pipeline: str | int | None = None,
-    out: torch.Tensor | None = None,
-    decomposition: str | None = None,
-    activation: str = "none",
-    residual: torch.Tensor | None = None,
-    preact: torch.Tensor | None = None,
-) -> torch.Tensor:
+def run_gemm(call: GemmCall, a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | None = None,
+             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+             preact: torch.Tensor | None = None) -> torch.Tensor:
     """Allocate (or take ``out``) and launch, without autograd."""
-    batch_shape = tuple(a.shape[:-2])
-    m, n = a.shape[-2], b.shape[-1]
     if out is None:
-        out = _alloc_out(batch_shape, m, n, out_dtype or a.dtype, a.device)
-    return dispatch.gemm(a, b, out, addend=addend, alpha=alpha, beta=beta, config=config, pipeline=pipeline,
-                         decomposition=decomposition, activation=activation, residual=residual, preact=preact)
+        out = _alloc_out(a, b, call.out_dtype or a.dtype)
+    return launch.gemm(call, a, b, out, addend, residual, preact)
 
 
-def activation_backward(grad: torch.Tensor, z: torch.Tensor, activation: str) -> torch.Tensor:
-    """d act(z) / dz * grad, with torch's own derivative kernels."""
-    if activation == "none":
-        return grad
-    if activation == "relu":
-        return torch.ops.aten.threshold_backward(grad, z, 0)
-    if activation == "gelu":
-        return torch.ops.aten.gelu_backward(grad, z, approximate="none")
-    if activation == "gelu_tanh":
-        return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
-    if activation == "silu":
-        return torch.ops.aten.silu_backward(grad, z)
-    raise ValueError(f"unknown activation {activation!r}")
+def needs_autograd(call: GemmCall, a, b, addend, residual) -> bool:
+    """Must this call go through the autograd op (a gradient, a trace or a torch.func transform)?"""
+    if _functorch_active() or is_tracing(a):
+        return True
+    return torch.is_grad_enabled() and (
+        a.requires_grad or b.requires_grad
+        or (addend is not None and addend.requires_grad)
+        or (residual is not None and residual.requires_grad)
+    )
 
 
+def gemm_op(call: GemmCall, a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | None = None,
+            residual: torch.Tensor | None = None) -> torch.Tensor:
+    """Differentiable ``act(alpha * a @ b + beta * addend) + residual`` on same-batch operands."""
+    ep = call.epilogue
+    if ep.activation != "none" and torch.is_grad_enabled() and (
+        a.requires_grad or b.requires_grad or (addend is not None and addend.requires_grad)
+    ):
+        # The pre-activation is written by the same kernel, only when backward needs it.
+        call = call._replace(epilogue=ep._replace(store_preact=True))
+    if is_tracing(a):
+        return _traceable_gemm(call, a, b, addend, residual)
+    return GemmFunction.apply(a, b, addend, residual, call)[0]
+
+
+def is_tracing(t: torch.Tensor) -> bool:
+    """Are we inside torch.compile / export tracing (fake or functional tensors, no data)?"""
+    if torch.compiler.is_compiling():
+        return True
+    return type(t) not in (torch.Tensor, torch.nn.Parameter)
+
+
+# ----------------------------------------------------------------------------------
+# Backward, shared by both doors
+# ----------------------------------------------------------------------------------
 def _backward_gemms(ctx, grad_out, a, b, z):
-    """Gradients of a, b, addend and residual from grad_out (shared by both doors)."""
+    """Gradients of a, b, addend and residual from grad_out."""
+    call: GemmCall = ctx.call
+    ep = call.epilogue
     grad_a = grad_b = grad_addend = grad_residual = None
-    if ctx.activation != "none" and torch.is_grad_enabled() and not is_tracing(grad_out):
+    if ep.activation != "none" and torch.is_grad_enabled() and not is_tracing(grad_out):
         # The saved pre-activation is not part of the graph, so second derivatives
         # through the activation would silently miss terms: refuse instead.
         raise RuntimeError(
             f"tritongemm: double backward (create_graph=True) through the fused activation "
-            f"{ctx.activation!r} is not supported; apply the activation with torch instead"
+            f"{ep.activation!r} is not supported; apply the activation with torch instead"
         )
-    if ctx.has_residual and ctx.needs_input_grad[3]:
+    if ep.residual and ctx.needs_input_grad[3]:
         grad_residual = grad_out
-    grad_z = activation_backward(grad_out, z, ctx.activation) if ctx.activation != "none" else grad_out
-    # Under create_graph (double backward) the gradients must themselves be
-    # differentiable: go through the autograd op.  Otherwise launch directly,
-    # which saves the autograd.Function bookkeeping per GEMM.
-    gemm = gemm_op if torch.is_grad_enabled() or is_tracing(grad_out) else _gemm_no_grad
+    grad_z = activation_backward(grad_out, z, ep.activation) if ep.activation != "none" else grad_out
+    # The gradient GEMMs: alpha * (dZ B^T) and alpha * (A^T dZ), in the forward's pipeline.
+    grad_call = GemmCall(Epilogue(alpha=ep.alpha), Request(pipeline=call.request.pipeline), None, call.precision)
+    # Under create_graph (double backward), a trace or a torch.func transform the
+    # gradients must themselves go through the autograd op.  Otherwise launch
+    # directly, which saves the autograd.Function bookkeeping per GEMM.
+    direct = not (torch.is_grad_enabled() or is_tracing(grad_out) or _functorch_active())
+
+    def gemm(x, y):
+        return run_gemm(grad_call, x, y) if direct else gemm_op(grad_call, x, y)
+
     # Gradients are computed in the operands' dtype (an fp32 out_dtype's
     # gradient is rounded to fp16/bf16 first, as torch's autocast does).
     # An operand that is a transposed view of a contiguous matrix (nn.Linear's
@@ -109,17 +129,17 @@ def _backward_gemms(ctx, grad_out, a, b, z):
     # weight.grad without a transposing copy (which cost about 4% of a step).
     eager = not is_tracing(grad_out)
     if ctx.needs_input_grad[0]:
-        if eager and getattr(ctx, "a_transposed", False):
-            grad_a = gemm(b, grad_z.to(b.dtype).mT, alpha=ctx.alpha, pipeline=ctx.pipeline).mT  # dA^T = B dZ^T
+        if eager and ctx.a_transposed:
+            grad_a = gemm(b, grad_z.to(b.dtype).mT).mT  # dA^T = B dZ^T
         else:
-            grad_a = gemm(grad_z.to(b.dtype), b.mT, alpha=ctx.alpha, pipeline=ctx.pipeline)  # dA = alpha dZ B^T
+            grad_a = gemm(grad_z.to(b.dtype), b.mT)  # dA = alpha dZ B^T
     if ctx.needs_input_grad[1]:
-        if eager and getattr(ctx, "b_transposed", False):
-            grad_b = gemm(grad_z.to(a.dtype).mT, a, alpha=ctx.alpha, pipeline=ctx.pipeline).mT  # dB^T = dZ^T A
+        if eager and ctx.b_transposed:
+            grad_b = gemm(grad_z.to(a.dtype).mT, a).mT  # dB^T = dZ^T A
         else:
-            grad_b = gemm(a.mT, grad_z.to(a.dtype), alpha=ctx.alpha, pipeline=ctx.pipeline)  # dB = alpha A^T dZ
-    if ctx.has_addend and ctx.needs_input_grad[2]:
-        grad_addend = grad_z * ctx.beta if ctx.beta != 1 else grad_z
+            grad_b = gemm(a.mT, grad_z.to(a.dtype))  # dB = alpha A^T dZ
+    if ctx.needs_input_grad[2]:  # zero when beta = 0: the addend was not read, as in torch
+        grad_addend = grad_z * ep.beta if ep.beta != 1 else grad_z
     return grad_a, grad_b, grad_addend, grad_residual
 
 
@@ -131,72 +151,66 @@ def _is_transposed_view(t: torch.Tensor) -> bool:
     return rows > 1 and cols > 1 and t.stride() == (1, rows)
 
 
+def _save(ctx, call: GemmCall, a, b, preact) -> None:
+    ctx.call = call
+    ctx.a_transposed, ctx.b_transposed = _is_transposed_view(a), _is_transposed_view(b)
+    ctx.save_for_backward(
+        a if ctx.needs_input_grad[1] else None,
+        b if ctx.needs_input_grad[0] else None,
+        preact if call.epilogue.store_preact else None,
+    )
+
+
 class GemmFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b, addend, residual, alpha, beta, out_dtype, config, pipeline, decomposition, activation):
-        ctx.alpha, ctx.beta, ctx.pipeline, ctx.activation = alpha, beta, pipeline, activation
-        ctx.has_addend, ctx.has_residual = addend is not None, residual is not None
-        ctx.a_transposed, ctx.b_transposed = _is_transposed_view(a), _is_transposed_view(b)
-        out = _alloc_out(tuple(a.shape[:-2]), a.shape[-2], b.shape[-1], out_dtype or a.dtype, a.device)
-        # The pre-activation is written by the same kernel, only when backward needs it.
-        wants_z = activation != "none" and any(ctx.needs_input_grad[:3])
-        preact = torch.empty_like(out) if wants_z else None
-        run_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, out=out,
-                 decomposition=decomposition, activation=activation, residual=residual, preact=preact)
-        ctx.save_for_backward(
-            a if ctx.needs_input_grad[1] else None,
-            b if ctx.needs_input_grad[0] else None,
-            preact,
-        )
-        return out
+    """(out, pre-activation or an empty tensor) = the GEMM of ``call`` on same-batch operands."""
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def forward(a, b, addend, residual, call: GemmCall):
+        out = _alloc_out(a, b, call.out_dtype or a.dtype)
+        preact = torch.empty_like(out) if call.epilogue.store_preact else out.new_empty(0)
+        launch.gemm(call, a, b, out, addend if call.epilogue.addend else None, residual,
+                    preact if call.epilogue.store_preact else None)
+        return out, preact
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        a, b, _, _, call = inputs
+        ctx.mark_non_differentiable(output[1])
+        _save(ctx, call, a, b, output[1])
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_preact):
         a, b, z = ctx.saved_tensors
-        grads = _backward_gemms(ctx, grad_out, a, b, z)
-        return (*grads, None, None, None, None, None, None, None)
+        return (*_backward_gemms(ctx, grad_out, a, b, z), None)
 
+    @staticmethod
+    def vmap(info, in_dims, a, b, addend, residual, call):
+        """``torch.func.vmap``: the mapped dimension becomes one more batch dimension of the same GEMM."""
+        size = info.batch_size
 
-def _gemm_no_grad(a, b, alpha=1.0, pipeline=None):
-    return run_gemm(a, b, None, alpha, 0.0, None, None, pipeline)
+        def front(t, dim):
+            if t is None:
+                return None
+            if dim is None:  # not mapped: the same for every member (a stride-0 view)
+                return t.unsqueeze(0).expand(size, *t.shape)
+            return t.movedim(dim, 0)
 
-
-def gemm_op(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    addend: torch.Tensor | None = None,
-    alpha: float = 1.0,
-    beta: float = 0.0,
-    out_dtype: torch.dtype | None = None,
-    config: TileConfig | dict | None = None,
-    pipeline: str | int | None = None,
-    decomposition: str | None = None,
-    activation: str = "none",
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Differentiable ``act(alpha * a @ b + beta * addend) + residual`` on same-batch operands."""
-    if is_tracing(a):
-        return _traceable_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition,
-                               activation, residual)
-    return GemmFunction.apply(a, b, addend, residual, alpha, beta, out_dtype, config, pipeline, decomposition,
-                              activation)
-
-
-def is_tracing(t: torch.Tensor) -> bool:
-    """Are we inside torch.compile / export tracing (fake or functional tensors, no data)?"""
-    if torch.compiler.is_compiling():
-        return True
-    return type(t) not in (torch.Tensor, torch.nn.Parameter)
+        a, b, addend, residual = (front(t, d) for t, d in zip((a, b, addend, residual), in_dims[:4]))
+        # Operands of one batch shape (the op's contract): broadcast the batch dims.
+        batch = torch.broadcast_shapes(*(t.shape[:-2] for t in (a, b)))
+        a = a.expand(*batch, *a.shape[-2:])
+        b = b.expand(*batch, *b.shape[-2:])
+        result = (*batch, a.shape[-2], b.shape[-1])
+        addend = addend.expand(result) if addend is not None else None
+        residual = residual.expand(result) if residual is not None else None
+        return GemmFunction.apply(a, b, addend, residual, call), (0, 0)
 
 
 # ----------------------------------------------------------------------------------
 # The custom op: what torch.compile / torch.export see
 # ----------------------------------------------------------------------------------
 def _config_json(config) -> str | None:
-    if config is None:
-        return None
-    cfg = config if isinstance(config, TileConfig) else TileConfig.from_dict(config)
-    return json.dumps(cfg.to_dict(), sort_keys=True)
+    return None if config is None else json.dumps(config.to_dict(), sort_keys=True)
 
 
 def _parse_pipeline(pipeline: str | None) -> str | int | None:
@@ -204,10 +218,25 @@ def _parse_pipeline(pipeline: str | None) -> str | int | None:
     return int(pipeline) if pipeline is not None and pipeline.isdigit() else pipeline
 
 
-def _traceable_gemm(a, b, addend, alpha, beta, out_dtype, config, pipeline, decomposition, activation, residual):
+def _call_from_op_args(alpha, beta, activation, out_dtype, pipeline, decomposition, config_json, precision,
+                       addend, residual, store_preact) -> GemmCall:
+    config = TileConfig.from_dict(json.loads(config_json)) if config_json else None
+    request = Request(config, _parse_pipeline(pipeline), decomposition)
+    ep = Epilogue(activation, alpha, beta, addend is not None and beta != 0, residual is not None, store_preact)
+    return GemmCall(ep, request, out_dtype, precision)
+
+
+def _resolve_precision(call: GemmCall, a: torch.Tensor) -> GemmCall:
+    """A traced call reads torch's TF32 switch when it runs (it cannot be read while tracing)."""
+    return call._replace(precision=dot_precision(a.dtype)) if call.precision == "auto" else call
+
+
+def _traceable_gemm(call: GemmCall, a, b, addend, residual):
+    ep, req = call.epilogue, call.request
     out, _ = torch.ops.tritongemm.gemm(
-        a, b, addend, residual, float(alpha), float(beta), activation, out_dtype,
-        None if pipeline is None else str(pipeline), decomposition, _config_json(config),
+        a, b, addend, residual, float(ep.alpha), float(ep.beta), ep.activation, call.out_dtype,
+        None if req.pipeline is None else str(req.pipeline), req.decomposition, _config_json(req.config),
+        call.precision,
     )
     return out
 
@@ -225,37 +254,37 @@ def _gemm_custom_op(
     pipeline: str | None,
     decomposition: str | None,
     config_json: str | None,
+    precision: str = "ieee",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(act(alpha a@b + beta addend) + residual, pre-activation or an empty tensor)."""
-    config = TileConfig.from_dict(json.loads(config_json)) if config_json else None
-    stages = _parse_pipeline(pipeline)
-    out = _alloc_out(tuple(a.shape[:-2]), a.shape[-2], b.shape[-1], out_dtype or a.dtype, a.device)
-    preact = torch.empty_like(out) if activation != "none" else out.new_empty(0)
-    run_gemm(a, b, addend, alpha, beta, out_dtype, config, stages, out=out, decomposition=decomposition,
-             activation=activation, residual=residual, preact=preact if activation != "none" else None)
+    store = activation != "none"
+    call = _call_from_op_args(alpha, beta, activation, out_dtype, pipeline, decomposition, config_json, precision,
+                              addend, residual, store)
+    call = _resolve_precision(call, a)
+    out = _alloc_out(a, b, out_dtype or a.dtype)
+    preact = torch.empty_like(out) if store else out.new_empty(0)
+    launch.gemm(call, a, b, out, addend if call.epilogue.addend else None, residual, preact if store else None)
     return out, preact
 
 
 @_gemm_custom_op.register_fake
-def _(a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json):
-    shape = (*a.shape[:-2], a.shape[-2], b.shape[-1])
-    out = a.new_empty(shape, dtype=out_dtype or a.dtype)
+def _(a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json,
+      precision="ieee"):
+    out = a.new_empty((*a.shape[:-2], a.shape[-2], b.shape[-1]), dtype=out_dtype or a.dtype)
     preact = torch.empty_like(out) if activation != "none" else out.new_empty(0)
     return out, preact
 
 
 def _setup_context(ctx, inputs, output):
-    a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json = inputs
-    ctx.alpha, ctx.beta, ctx.activation = alpha, beta, activation
-    ctx.pipeline = _parse_pipeline(pipeline)
-    ctx.has_addend, ctx.has_residual = addend is not None, residual is not None
-    ctx.save_for_backward(a, b, output[1])
+    a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json, precision = inputs
+    call = _call_from_op_args(alpha, beta, activation, out_dtype, pipeline, decomposition, config_json, precision,
+                              addend, residual, activation != "none")
+    _save(ctx, call, a, b, output[1])
 
 
 def _custom_op_backward(ctx, grad_out, grad_preact):
     a, b, z = ctx.saved_tensors
-    grads = _backward_gemms(ctx, grad_out, a, b, z)
-    return (*grads, None, None, None, None, None, None, None)
+    return (*_backward_gemms(ctx, grad_out, a, b, z), *([None] * 8))
 
 
 _gemm_custom_op.register_autograd(_custom_op_backward, setup_context=_setup_context)

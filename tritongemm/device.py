@@ -45,6 +45,28 @@ INTERPRETER_DEVICE = DeviceInfo(
 )
 
 
+#: Budgets of GPUs by name, for ``explain(..., device="h100")`` and heuristic tests on a
+#: machine without them (SM counts and opt-in shared memory per block from NVIDIA's
+#: tuning guides: sm_90 227 KiB, sm_80 163 KiB, sm_86/sm_89 99 KiB).
+KNOWN_DEVICES: dict[str, DeviceInfo] = {
+    "h100": DeviceInfo("NVIDIA H100 80GB HBM3 (budgets)", (9, 0), 132, 232448),
+    "h200": DeviceInfo("NVIDIA H200 (budgets)", (9, 0), 132, 232448),
+    "a100": DeviceInfo("NVIDIA A100-SXM4-80GB (budgets)", (8, 0), 108, 166912),
+    "l4": DeviceInfo("NVIDIA L4 (budgets)", (8, 9), 58, 101376),
+    "rtx3090": DeviceInfo("NVIDIA GeForce RTX 3090 (budgets)", (8, 6), 82, 101376),
+}
+
+
+def named_device(name: str | DeviceInfo) -> DeviceInfo:
+    """A ``DeviceInfo`` by name (``KNOWN_DEVICES``), or the one given."""
+    if isinstance(name, DeviceInfo):
+        return name
+    try:
+        return KNOWN_DEVICES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown device {name!r}; choose one of {sorted(KNOWN_DEVICES)} or pass a DeviceInfo") from None
+
+
 def interpreter_enabled() -> bool:
     """True when Triton's CPU interpreter is on (``TRITON_INTERPRET=1``).
 

@@ -15,7 +15,7 @@ import torch
 
 from . import api
 from .autograd import is_tracing
-from .dispatch import unsupported_reason
+from .semantics import unsupported_reason
 
 _TORCH_ACTIVATIONS = {
     "none": lambda x: x,

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from . import api
-from .dispatch import unsupported_reason
+from .semantics import unsupported_reason
 
 
 @dataclass

@@ -51,7 +51,7 @@ def default_device() -> torch.device:
 
 def tf32_allowed() -> bool:
     """torch's rule for float32 matmuls: TF32 when ``allow_tf32`` (or fp32_precision) says so."""
-    from .dispatch import tf32_enabled
+    from .semantics import tf32_enabled
 
     return tf32_enabled()
 

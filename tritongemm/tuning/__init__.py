@@ -8,14 +8,20 @@
 
 Where things live: ``cache.py`` (keys, the JSON file, locking, lookup),
 ``tuner.py`` (timing and choosing), ``autotune.py`` (the dispatch hook),
-``presets.py`` (LLM layer shapes), ``cli.py`` (``python -m tritongemm``),
+``presets.py`` (LLM layer shapes), ``space.py`` (the candidate configs), ``cli.py`` (``python -m tritongemm``),
 ``progress.py`` (the progress bar).
 """
 
+from ..selection import register_config_source
 from .autotune import autotune_on_first_call, set_autotune_on_first_call, tuned_config
 from .cache import TuningCacheWarning, bucket, cache_key, cache_path, load, lookup, record, reload
 from .presets import PRESETS, preset_problems
+from .space import candidate_configs
 from .tuner import TuneResult, format_table, tune
+
+# Dispatch consults the cache through the registry (explicit config > tuning cache > heuristic):
+# nothing below the tuning package imports it.
+register_config_source("tuning cache", tuned_config)
 
 __all__ = [
     "PRESETS",
@@ -25,6 +31,7 @@ __all__ = [
     "bucket",
     "cache_key",
     "cache_path",
+    "candidate_configs",
     "format_table",
     "load",
     "lookup",

@@ -18,6 +18,7 @@ import torch
 from ..configs import GemmProblem, TileConfig
 from ..device import DeviceInfo
 from .cache import cache_key, lookup
+from . import tuner
 
 #: Seconds a first call may spend tuning its shape (a shorter box than ``tune``'s).
 ON_CALL_BUDGET_S = 10.0
@@ -70,14 +71,12 @@ def _tune_on_miss(problem: GemmProblem, device: DeviceInfo, kernel: str) -> Tile
         if key in _attempted:
             return None
         _attempted.add(key)
-    from .tuner import describe_problem, tune  # the tuner imports dispatch, which imports us
-
     _tuning_now.active = True
     try:
-        (result,) = tune([problem], device=device, kernel=kernel, time_budget_s=ON_CALL_BUDGET_S, progress=False)
+        (result,) = tuner.tune([problem], device=device, kernel=kernel, time_budget_s=ON_CALL_BUDGET_S, progress=False)
     except Exception as exc:  # tuning is an optimization: never fail the user's matmul over it
         warnings.warn(
-            f"tritongemm: autotuning {describe_problem(problem)} failed ({type(exc).__name__}: {exc}); "
+            f"tritongemm: autotuning {tuner.describe_problem(problem)} failed ({type(exc).__name__}: {exc}); "
             "using the heuristic config",
             RuntimeWarning,
             stacklevel=2,

@@ -269,7 +269,7 @@ def write_csv(results: Sequence[tuner.TuneResult], path: str | Path, device: Dev
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from ..dispatch import heuristic_config
+    from ..heuristics import heuristic_config
 
     m, n, k = args.shape
     problem = GemmProblem(m, n, k, args.batch, args.dtype, args.layout)

@@ -27,11 +27,15 @@ from pathlib import Path
 
 import torch
 
-from .. import dispatch
-from ..configs import ConfigError, GemmProblem, TileConfig, candidate_configs
+from .. import launch
+from ..call import GemmCall, Request
+from ..configs import ConfigError, GemmProblem, TileConfig
 from ..device import DeviceInfo, device_info, interpreter_enabled
+from ..heuristics import heuristic_config
+from ..semantics import dot_precision
 from . import cache
 from .progress import ProgressBar
+from .space import candidate_configs
 
 #: Seconds one problem may take before the remaining candidates are skipped.
 #: Most of it goes to compiling candidates (Triton caches those on disk, and a
@@ -183,10 +187,11 @@ def _launch_torch(ops: Operands) -> None:
 
 
 def _pointer_launcher(config: TileConfig) -> Callable[[Operands], None]:
-    def launch(ops: Operands) -> None:
-        dispatch.gemm(ops.a, ops.b, ops.out, config=config)
+    def run(ops: Operands) -> None:
+        call = GemmCall(request=Request(config=config), precision=dot_precision(ops.a.dtype))
+        launch.gemm(call, ops.a, ops.b, ops.out)
 
-    return launch
+    return run
 
 
 #: Kernel path name (as in cache keys) -> builds the launch function of a config.
@@ -267,7 +272,7 @@ def candidates_for(
     >>> candidates_for(GemmProblem(32, 32, 32, dtype="float32"), INTERPRETER_DEVICE, max_candidates=2)  # doctest: +SKIP
     """
     if candidates is None:
-        first = dispatch.heuristic_config(problem, device)
+        first = heuristic_config(problem, device)
         space = [first] + [c for c in candidate_configs(problem, device) if c != first]
     elif callable(candidates):
         space = list(candidates(problem, device))
@@ -356,7 +361,7 @@ def _budget_spent(elapsed: float, budget: float, results: list[CandidateResult])
 
 def _as_dispatch_sees(problem: GemmProblem, ops: Operands) -> GemmProblem:
     """``problem`` with the layout ``dispatch`` computes from these operands' strides."""
-    layout = dispatch.problem_of(ops.a, ops.b).layout
+    layout = launch.problem_of(ops.a, ops.b).layout
     return GemmProblem(problem.m, problem.n, problem.k, problem.batch, problem.dtype, layout)
 
 
@@ -426,7 +431,7 @@ def tune(
                 path,
             )
             result.saved = True
-            dispatch.clear_plan_cache()  # cached launch plans may hold the config this entry replaces
+            launch.clear_plan_cache()  # cached launch plans may hold the config this entry replaces
         results.append(result)
         bar.step(done + 1, label)
     bar.close()

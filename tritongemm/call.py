@@ -1,0 +1,82 @@
+"""One value describes a GEMM call: what the epilogue does, what the caller asked for.
+
+    out = act(alpha * a @ b + beta * addend) + residual       (act: the epilogue's activation)
+
+``GemmCall`` is built once at the API edge, travels unchanged through the
+autograd op (it sits on the autograd context) to the launch layer, and *is*
+the launch-cache key together with the operands' layout signature
+(``launch.layout_signature``): an option added here is part of the key
+without anyone listing it.  The problem sizes are not repeated here: they
+are the operands' shapes, which the layout signature carries.
+
+The values are named tuples: building and hashing one costs well under a
+microsecond, which matters on a path that runs for every matmul.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .configs import TileConfig
+
+
+class Epilogue(NamedTuple):
+    """What the kernel does with the accumulator before storing it.
+
+    ``alpha`` and ``beta`` are values (a call with another alpha is another
+    call); ``addend`` says a D tensor is read (torch's rule: never when
+    beta == 0, so NaN in D does not propagate), ``residual`` that R is added
+    after the activation, ``store_preact`` that the pre-activation is written
+    too (for backward).
+    """
+
+    activation: str = "none"
+    alpha: float = 1.0
+    beta: float = 0.0
+    addend: bool = False
+    residual: bool = False
+    store_preact: bool = False
+
+    @property
+    def scaled(self) -> bool:
+        return self.alpha != 1.0
+
+
+class Request(NamedTuple):
+    """What the caller forced: a config, a mainloop scheme, a way of splitting K (None: ours to choose)."""
+
+    config: TileConfig | None = None
+    pipeline: str | int | None = None
+    decomposition: str | None = None
+
+
+class GemmCall(NamedTuple):
+    """Everything about a call that is not a tensor."""
+
+    epilogue: Epilogue = Epilogue()
+    request: Request = Request()
+    #: The stored dtype (None: the operands').
+    out_dtype: torch.dtype | None = None
+    #: ``tl.dot`` input precision for float32: "tf32" or "ieee", read from torch's settings at the API edge
+    #: ("auto" in a torch.compile trace: read when the custom op runs).
+    precision: str = "ieee"
+
+
+PLAIN_EPILOGUE = Epilogue()
+NO_REQUEST = Request()
+
+
+def make_request(config=None, pipeline=None, decomposition=None) -> Request:
+    """A ``Request`` (a dict config becomes a ``TileConfig``); the shared empty one when nothing is forced."""
+    if config is None and pipeline is None and decomposition is None:
+        return NO_REQUEST
+    if isinstance(config, dict):
+        config = TileConfig.from_dict(config)
+    elif config is not None and not isinstance(config, TileConfig):
+        raise TypeError(f"config must be a TileConfig or a dict, got {type(config).__name__}")
+    return Request(config, pipeline, decomposition)
+
+
+__all__ = ["Epilogue", "GemmCall", "NO_REQUEST", "PLAIN_EPILOGUE", "Request", "make_request"]

@@ -1,0 +1,104 @@
+"""Which kernel can take which operands: named predicates on plain layout values.
+
+An ``Operand`` is what a kernel sees of a matrix (its 2-D shape, strides,
+element size and base alignment), built from a tensor or from numbers, so
+``explain()`` can ask the same questions about an H100 on a machine without
+one.  Each predicate returns the reason in words, or None when the kernel can.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .device import DeviceInfo
+
+
+class Operand(NamedTuple):
+    """A matrix as a kernel sees it: the last two dims of a tensor."""
+
+    rows: int
+    cols: int
+    row_stride: int
+    col_stride: int
+    elem_size: int
+    #: The base address is a multiple of 16 bytes (TMA and vector loads need it).
+    aligned16: bool = True
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> Operand:
+        return cls(t.shape[-2], t.shape[-1], t.stride(-2), t.stride(-1), t.element_size(), t.data_ptr() % 16 == 0)
+
+    @classmethod
+    def contiguous(cls, rows: int, cols: int, elem_size: int) -> Operand:
+        """A freshly allocated row-major matrix (torch's allocations are 256-byte aligned)."""
+        return cls(rows, cols, max(cols, 1), 1, elem_size, True)
+
+    @property
+    def row_major(self) -> bool:
+        return self.col_stride == 1
+
+
+def tensor_descriptor_class():
+    """Triton's host-side TMA descriptor, or None on a Triton that has none (< 3.4)."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
+
+
+def tma_operand_reason(name: str, op: Operand) -> str | None:
+    """Why a TMA descriptor cannot describe ``op`` (None when it can): a unit stride and 16-byte alignment."""
+    if not op.aligned16:
+        return f"{name}'s data pointer is not 16-byte aligned"
+    if op.col_stride == 1 and op.cols > 0:
+        lead = op.row_stride
+    elif op.row_stride == 1:
+        lead = op.col_stride
+    else:
+        return f"{name} has no unit stride (strides {(op.row_stride, op.col_stride)})"
+    if (lead * op.elem_size) % 16:
+        return f"{name}'s leading stride {lead} x {op.elem_size} B is not a multiple of 16 bytes"
+    return None
+
+
+def tma_unsupported_reason(a: Operand, b: Operand, c: Operand, dtype: torch.dtype, out_dtype: torch.dtype,
+                           device: DeviceInfo, batched: bool) -> str | None:
+    """Why the TMA kernel cannot take these operands (None when it can)."""
+    if not device.interpreter and device.capability < (9, 0):
+        return f"TMA needs sm_90 or newer ({device.name} is sm_{device.capability[0]}{device.capability[1]})"
+    if tensor_descriptor_class() is None:
+        return "this triton has no host-side TensorDescriptor"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"the TMA kernel takes float16/bfloat16 ({dtype} uses the pointer kernel)"
+    if out_dtype != dtype:
+        return "out_dtype differs from the inputs' dtype"
+    if batched:
+        return "batched problems use the pointer kernel"
+    for name, op in (("A", a), ("B", b)):
+        reason = tma_operand_reason(name, op)
+        if reason:
+            return reason
+    if c.col_stride != 1:
+        return "C is not row-major"
+    return tma_operand_reason("C", c)
+
+
+def gemv_unsupported_reason(m: int, batched: bool) -> str | None:
+    """The GEMV kernel takes one unbatched row of A."""
+    if m == 1 and not batched:
+        return None
+    return "GEMV takes one unbatched row of A (M = 1)"
+
+
+def stream_k_unsupported_reason(k: int, batched: bool) -> str | None:
+    """Stream-K streams one matrix's tiles; batches (and K = 0) run sliced-K."""
+    if not batched and k > 0:
+        return None
+    return "Stream-K takes one (unbatched) problem with K > 0"
+
+
+__all__ = ["Operand", "gemv_unsupported_reason", "stream_k_unsupported_reason", "tma_operand_reason",
+           "tma_unsupported_reason"]

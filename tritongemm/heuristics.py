@@ -1,0 +1,374 @@
+"""The heuristic: a good config without tuning, from the shape class and the device.
+
+Pure functions of ``(GemmProblem, DeviceInfo)``: no tensors, no torch.cuda,
+so each rule is tested alone on device fakes (``device.KNOWN_DEVICES``) and
+``explain()`` can say what an H100 would run from a machine without one.
+Each knob is one small function; each constant names the sweep it came from
+(``benchmarks/results/h100/sweeps/``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import NamedTuple
+
+from .configs import MAX_SPLIT_K, GemmProblem, TileConfig, wave_efficiency
+from .device import DeviceInfo
+
+
+def pow2_at_least(x: int, lo: int, hi: int) -> int:
+    """The power of two >= ``x``, clamped to [lo, hi]."""
+    return min(max(1 << max(x - 1, 0).bit_length(), lo), hi)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Tile(NamedTuple):
+    """A CTA tile with its warps and stages, and its measured speed relative to the menu's best."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+    speed: float = 1.0
+    tma: bool = False
+
+    def config(self, **flags) -> TileConfig:
+        return TileConfig(self.block_m, self.block_n, self.block_k, 8, self.warps, self.stages, **flags)
+
+
+# CTA tiles the heuristic picks from on a GPU, per element size, with the
+# throughput of one such tile relative to the largest (measured on an H100,
+# fp16, sweeps/sweep_*.csv): bigger tiles reuse each loaded byte more,
+# smaller ones fill more SMs.
+TILE_MENU: dict[int, list[Tile]] = {
+    2: [
+        Tile(128, 256, 64, 8, 3, 1.00, tma=True),  # 48 KiB a stage: 3 stages + 64 KiB TMA store buffer
+        Tile(128, 128, 64, 8, 4, 0.90, tma=True),
+        Tile(64, 128, 64, 4, 4, 0.75),
+        Tile(128, 64, 64, 4, 4, 0.75),
+        Tile(64, 64, 64, 4, 4, 0.30),
+    ],
+    4: [
+        Tile(128, 128, 32, 8, 3, 1.00),
+        Tile(64, 128, 32, 4, 4, 0.75),
+        Tile(64, 64, 32, 4, 4, 0.45),
+    ],
+    8: [Tile(64, 64, 16, 4, 2, 1.00)],  # fp64 dot runs on CUDA cores
+}
+
+
+def tiles_of(problem: GemmProblem, block_m: int, block_n: int) -> int:
+    """Output tiles over the whole batch."""
+    return problem.batch * cdiv(problem.m, block_m) * cdiv(problem.n, block_n)
+
+
+def choose_cta_tile(problem: GemmProblem, device: DeviceInfo) -> Tile:
+    """The menu tile with the best (wave efficiency x per-tile speed)."""
+    best, best_score = None, -1.0
+    for tile in TILE_MENU[problem.elem_size]:
+        score = wave_efficiency(tiles_of(problem, tile.block_m, tile.block_n), device.sm_count) * tile.speed
+        if score > best_score + 1e-9:
+            best, best_score = tile, score
+    return best
+
+
+class SkinnyTile(NamedTuple):
+    """Tiles for problems with few rows of A: narrow in M and N, a K step of ``k_bytes`` of each B row."""
+
+    rows_up_to: int
+    block_m: int
+    block_n: int
+    k_bytes: int
+    warps: int
+    most_stages: int
+
+
+# Skinny problems (few rows of A: decode-time linears) are bound by reading B
+# once.  What matters is bytes in flight per SM, so the tiles are narrow in M
+# and N and long in K (a K step of 128-256 elements is a 256-512 byte run of
+# each B row).  Measured on the H100, fp16, M in {1, 32, 64, 128} over the
+# Llama-3 8B/70B projections (sweeps/sweep_skinny.csv): geomean 1.03x cuBLAS
+# at M=1 against 0.87x for the old 16x128x64 tiles.
+SKINNY_MENU = [
+    SkinnyTile(16, 16, 64, 512, 4, 3),
+    SkinnyTile(32, 32, 64, 256, 4, 3),
+    SkinnyTile(64, 64, 64, 256, 4, 4),
+    SkinnyTile(128, 64, 128, 256, 4, 4),
+]
+
+
+def is_gemv(problem: GemmProblem) -> bool:
+    """One row of A, unbatched: the GEMV kernel (no tensor cores) is the fastest (sweeps/sweep_gemv*.csv)."""
+    return problem.m == 1 and problem.batch == 1 and problem.elem_size <= 4
+
+
+def is_skinny(problem: GemmProblem, device: DeviceInfo) -> bool:
+    """Few enough rows that the skinny tiles beat the large ones.
+
+    Up to 64 rows always; up to 128 while 128-row tiles would fill fewer
+    than half the SMs (beyond that the large-tile kernel wins, measured).
+    """
+    if problem.elem_size > 4:
+        return False
+    if problem.m <= 64:
+        return True
+    return problem.m <= 128 and problem.elem_size == 2 and 2 * tiles_of(problem, 128, 128) < device.sm_count
+
+
+def is_long_k(problem: GemmProblem, device: DeviceInfo) -> bool:
+    """K much longer than M and N, and too few 128 x 128 tiles to fill half the SMs."""
+    return problem.k >= 8 * max(problem.m, problem.n) and 2 * tiles_of(problem, 128, 128) <= device.sm_count
+
+
+def choose_long_k_tile(problem: GemmProblem) -> Tile:
+    """The menu's 128 x 128 tile: with split-K filling the SMs, the larger tile's
+    operand reuse wins (measured on the H100: 1024x1024x32768 0.92x cuBLAS in
+    128x128 tiles split 2, against 0.67x in 64x128 tiles unsplit)."""
+    return next(t for t in TILE_MENU[problem.elem_size] if (t.block_m, t.block_n) == (128, 128))
+
+
+class GemvTile(NamedTuple):
+    block_n: int
+    block_k: int
+    warps: int
+
+
+def choose_gemv_tile(problem: GemmProblem) -> GemvTile:
+    """The GEMV kernel's tile (M = 1).
+
+    Measured on the H100, fp16, over the Llama-3 8B/70B projections
+    (sweeps/sweep_gemv.csv, sweeps/sweep_gemv_narrow.csv): 8 outputs per
+    program, a K step of 2 KiB of each B row, 8 warps: geomean 1.07x cuBLAS,
+    against 1.06x for 16 outputs x 1 KiB and 1.03x for the skinny tl.dot
+    tiles.  Many narrow programs, not deep pipelines, keep the loads in
+    flight: the loop has no tl.dot for Triton to pipeline.
+    """
+    bn = 8
+    bk = min(2048 // problem.elem_size, pow2_at_least(problem.k, 16, 2048))
+    warps = min(8, bk * bn // 32)  # a short K (bk < 32) has work for fewer warps: each thread needs one output
+    return GemvTile(bn, bk, warps)
+
+
+def choose_skinny_tile(problem: GemmProblem) -> Tile:
+    """The skinny tile for a problem with few rows (``stages`` is the most worth having)."""
+    entry = next((e for e in SKINNY_MENU if problem.m <= e.rows_up_to), SKINNY_MENU[-1])
+    bn = min(entry.block_n, pow2_at_least(problem.n, 16, entry.block_n))
+    bk = min(entry.k_bytes // problem.elem_size, pow2_at_least(problem.k, 16, 256))
+    return Tile(entry.block_m, bn, bk, entry.warps, entry.most_stages)
+
+
+def choose_num_stages(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo, most: int = 4) -> int:
+    """As many stages as shared memory holds, at most ``most``, at least 2."""
+    stage_size = (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * problem.elem_size
+    fit = device.smem_per_block // stage_size
+    k_tiles = math.ceil(max(problem.k, 1) / cfg.block_k)
+    return max(2, min(fit, most, k_tiles + 1))
+
+
+def choose_split_k(problem: GemmProblem, device: DeviceInfo, block_m: int, block_n: int, block_k: int) -> int:
+    """Slices of K so that the programs fill about one wave.
+
+    Few output tiles (decode-time M, or small M x N with a long K) leave most
+    SMs idle under sliced-K.  Splitting costs a round trip of fp32 partials
+    through memory, so it is used only when the tiles fill at most half the
+    SMs; then each SM gets about one program (measured on the H100: one
+    program per SM with deep pipelines beat two or four, and splitting a
+    wave that is already half full lost).  Each slice keeps at least 2 K-tiles.
+    """
+    tiles = tiles_of(problem, block_m, block_n)
+    k_tiles = cdiv(problem.k, block_k)
+    if 2 * tiles > device.sm_count:
+        return 1
+    return max(1, min(device.sm_count // tiles, k_tiles // 2, MAX_SPLIT_K))
+
+
+def choose_split_k_inline(problem: GemmProblem, block_m: int, block_n: int, split_k: int) -> bool:
+    """Reduce split-K partials in the GEMM's own launch (the last slice of a tile
+    to finish adds them), rather than in a second kernel?
+
+    Inline saves a launch (a few microseconds: most of a decode GEMM's slack)
+    but leaves each tile's sum to one program.  Measured on the H100
+    (sweeps/sweep_skinny.csv, 1500 pairs): inline is 1-3% faster (median) while
+    one tile's partials (its valid rows only) stay within 128 KiB, even at
+    256 KiB, and loses 5-15% beyond 512 KiB with small tiles.  With 128 x 128
+    tiles the second kernel's pass over all partials costs more (512x512x65536,
+    8 slices: inline 0.85x cuBLAS, second kernel 0.75x).
+    """
+    partial_bytes = split_k * min(problem.m, block_m) * block_n * problem.acc_size
+    return split_k > 1 and (partial_bytes <= 256 * 1024 or block_m * block_n >= 128 * 128)
+
+
+def split_k_config(tile: Tile, problem: GemmProblem, device: DeviceInfo, **flags) -> TileConfig:
+    """``tile`` with split-K chosen for ``problem`` (one slice when the tiles already fill the SMs)."""
+    split = choose_split_k(problem, device, tile.block_m, tile.block_n, tile.block_k)
+    inline = choose_split_k_inline(problem, tile.block_m, tile.block_n, split)
+    return tile.config(split_k=split, split_k_inline=inline, **flags)
+
+
+#: Stream-K's hybrid schedule streams the last partial wave of tiles plus this
+#: many full waves before it (CUTLASS's "DP + SK": 0 streams only the sliver,
+#: 1 gives every program one to two tiles' worth of streamed work).
+STREAM_K_EXTRA_WAVES = 1
+
+
+class StreamKSchedule(NamedTuple):
+    programs: int
+    dp_tiles: int
+    iters_per_program: int
+
+
+def stream_k_schedule(tiles: int, k_tiles: int, sm_count: int,
+                      extra_waves: int | None = None) -> StreamKSchedule:
+    """Stream-K's grid: one program per SM (all resident at once: a finisher may
+    wait for its contributors).  Whole waves run data-parallel; the rest of
+    the tiles' K-steps are cut into equal contiguous shares."""
+    extra = STREAM_K_EXTRA_WAVES if extra_waves is None else extra_waves
+    programs = max(1, min(sm_count, tiles * k_tiles))
+    full_waves = tiles // programs
+    dp_waves = max(full_waves - extra, 0) if tiles % programs else full_waves
+    dp_tiles = dp_waves * programs
+    iters_per_program = max(1, cdiv((tiles - dp_tiles) * k_tiles, programs))
+    return StreamKSchedule(programs, dp_tiles, iters_per_program)
+
+
+# Stream-K's tile and its efficiency against a full wave of the same tile's
+# sliced-K schedule: 896x2432x4096 (133 tiles on 132 SMs) ran in 37.4 us where
+# the ideal 133/132 of one wave is 23.4 us (H100, fp16, CUDA-graph timing;
+# sweeps/sweep_wave.csv): 0.63, the cost of restarting the pipeline per
+# segment and of the fix-up.  Below about 32 K-steps a program that cost
+# dominates (1024^3: 8 K-steps each, 1.7x slower than sliced-K).
+STREAM_K_TILE = Tile(128, 128, 64, 8, 4, 0.90)
+STREAM_K_EFFICIENCY = 0.63
+STREAM_K_MIN_STEPS = 32
+# Only for one wave of its tiles plus a sliver: below one wave the sliced-K
+# tiles run faster than the wave-efficiency model says (Llama-3-70B QKV at
+# M = 128, 80 tiles: TMA 128x128 0.91x cuBLAS, Stream-K 0.88x), and at two
+# waves Stream-K measured slower (2048^3, 1.94 waves: 0.73x sliced-K).
+STREAM_K_MAX_WAVES = 1.25
+
+
+def prefers_stream_k(problem: GemmProblem, device: DeviceInfo, sliced_score: float) -> bool:
+    """Stream-K beats the best sliced-K tile (score = wave efficiency x tile speed)?
+
+    Considered only for one wave of 128x128 tiles plus a sliver (up to
+    ``STREAM_K_MAX_WAVES``), where sliced-K runs a nearly empty second wave.
+    """
+    if problem.batch != 1 or problem.elem_size != 2:
+        return False
+    tile = STREAM_K_TILE
+    tiles = tiles_of(problem, tile.block_m, tile.block_n)
+    if not device.sm_count < tiles <= STREAM_K_MAX_WAVES * device.sm_count:
+        return False
+    if tiles * cdiv(problem.k, tile.block_k) / device.sm_count < STREAM_K_MIN_STEPS:
+        return False
+    return tile.speed * STREAM_K_EFFICIENCY > sliced_score
+
+
+# Stream-K on the TMA kernel's 128x256 tiles, for problems of at least two
+# waves whose last wave is nearly empty.  Measured on the H100, fp16
+# (sweeps/sweep_tma_streamk.csv): 5120x5120x4096 (6.06 waves) 0.83 -> 0.92 of
+# cuBLAS, 3072^3 (2.18 waves) 0.74 -> 0.84; no gain where the last wave is
+# fuller (4096^3, 3.88 waves: 0.92 -> 0.82; 1024x10240x8192, 2.42: none).
+TMA_STREAM_K_TILE = Tile(128, 256, 64, 8, 3)
+TMA_STREAM_K_MAX_SLIVER = 0.25  # the last wave's fill, as a fraction of the SMs
+TMA_STREAM_K_MIN_IDLE = 0.08  # below this (many waves) streaming costs more than the idle SMs
+
+
+def prefers_tma_stream_k(problem: GemmProblem, device: DeviceInfo) -> bool:
+    """Stream-K on the Hopper TMA kernel: two or more waves of 128x256 tiles and a last one nearly empty."""
+    if problem.batch != 1 or problem.elem_size != 2 or device.capability < (9, 0):
+        return False
+    tile = TMA_STREAM_K_TILE
+    waves = tiles_of(problem, tile.block_m, tile.block_n) / device.sm_count
+    sliver = waves - math.floor(waves)
+    idle = (1 - sliver) / math.ceil(waves)  # the share of SM time sliced-K's last wave leaves idle
+    return waves >= 2 and 0 < sliver <= TMA_STREAM_K_MAX_SLIVER and idle >= TMA_STREAM_K_MIN_IDLE
+
+
+def fit_shared_memory(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> TileConfig:
+    """Halve block_k (not below 16) until the stages fit the device's shared memory."""
+    while cfg.smem_bytes(problem.elem_size) > device.smem_per_block and cfg.block_k > 16:
+        cfg = replace(cfg, block_k=cfg.block_k // 2)
+    return cfg
+
+
+def interpreter_config(problem: GemmProblem) -> TileConfig:
+    """Small tiles: the interpreter runs one program at a time in numpy, so speed
+    does not matter and small tiles keep the ragged-edge masks exercised."""
+    bm = pow2_at_least(problem.m, 16, 64)
+    bn = pow2_at_least(problem.n, 16, 64)
+    bk = min(32, pow2_at_least(problem.k, 16, 32))
+    return TileConfig(bm, bn, bk, 8, 4, 2)
+
+
+class Choice(NamedTuple):
+    """A heuristic config and the rule that chose it, in words (``explain()`` prints it)."""
+
+    config: TileConfig
+    rule: str
+
+
+def heuristic_choice(problem: GemmProblem, device: DeviceInfo) -> Choice:
+    """The heuristic's config for ``problem`` on ``device``, and why."""
+    if device.interpreter:
+        return Choice(interpreter_config(problem), "interpreter: small tiles (speed does not matter there)")
+    # The shape-class tiles were measured on an H100: on a GPU with less shared
+    # memory a long K step is the part to give up.
+    cfg, rule = _gpu_choice(problem, device)
+    return Choice(fit_shared_memory(cfg, problem, device), rule)
+
+
+def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
+    """A good config without tuning: from the shape class and the device."""
+    return heuristic_choice(problem, device).config
+
+
+def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, str]:
+    if is_gemv(problem):
+        g = choose_gemv_tile(problem)
+        split = choose_split_k(problem, device, 1, g.block_n, g.block_k)
+        cfg = TileConfig(16, g.block_n, g.block_k, 8, g.warps, 1, split_k=split, split_k_inline=split > 1, gemv=True)
+        return cfg, "one row of A (M = 1): GEMV kernel, CUDA-core dot products streaming B"
+    if is_skinny(problem, device):
+        tile = choose_skinny_tile(problem)
+        cfg = split_k_config(tile, problem, device)
+        cfg = replace(cfg, num_stages=choose_num_stages(cfg, problem, device, tile.stages))
+        return cfg, f"skinny (M = {problem.m}): narrow tiles with a long K step, split-K to fill the SMs"
+    if problem.elem_size <= 4 and is_long_k(problem, device):
+        return (split_k_config(choose_long_k_tile(problem), problem, device),
+                "long K over few tiles: 128x128 tiles with split-K")
+    tile = choose_cta_tile(problem, device)
+    tiles = tiles_of(problem, tile.block_m, tile.block_n)
+    score = wave_efficiency(tiles, device.sm_count) * tile.speed
+    rule = f"the menu tile with the best wave efficiency x tile speed ({score:.2f}, {tiles} tiles on {device.sm_count} SMs)"
+    if choose_split_k(problem, device, tile.block_m, tile.block_n, tile.block_k) > 1:
+        return split_k_config(tile, problem, device), rule + "; split-K: the tiles fill at most half the SMs"
+    if prefers_stream_k(problem, device, score):
+        return STREAM_K_TILE.config(stream_k=True), "one wave of 128x128 tiles plus a sliver: Stream-K"
+    tma = tile.tma and device.capability >= (9, 0)
+    if tma and prefers_tma_stream_k(problem, device):
+        return (TMA_STREAM_K_TILE.config(tma=True, persistent=True, stream_k=True),
+                "two or more waves of 128x256 tiles, the last nearly empty: Stream-K on the TMA kernel")
+    # Persistent even for a single wave: measured on the H100, the data-parallel
+    # TMA grid loses up to 40% with a transposed A at 2048^3 (sweeps/sweep_layouts.csv).
+    cfg = tile.config(tma=tma, persistent=tma)
+    if cfg.smem_bytes(problem.elem_size) > device.smem_per_block:  # smaller GPUs (e.g. 100 KiB on sm_86)
+        cfg = replace(cfg, tma=False, persistent=False)
+        cfg = replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
+        rule += "; pointer kernel, stages cut to fit shared memory"
+    elif tma:
+        rule += "; TMA persistent kernel (sm_90)"
+    return cfg, rule
+
+
+__all__ = [
+    "Choice",
+    "heuristic_choice",
+    "heuristic_config",
+    "stream_k_schedule",
+]

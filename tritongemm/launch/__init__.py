@@ -1,0 +1,117 @@
+"""Launch a planned GEMM: the launch cache, and one launcher per kernel.
+
+``gemm(call, a, b, out, ...)`` is the one entry every public function reaches.
+Everything but the data pointers and the scalars is decided once per
+(``GemmCall``, layout signature) and cached as a launcher, so a repeated call
+costs building the signature, a dictionary lookup and the kernel launch.
+
+Each kernel has its launcher next to its import (``pointer.py``, ``gemv.py``,
+``stream_k.py``, ``tma.py``), building the kernel's arguments by keyword.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..call import GemmCall
+from ..configs import GemmProblem
+from ..device import device_info, interpreter_enabled
+from ..eligibility import Operand
+from ..plan import Plan, layout_letters, plan
+from ..semantics import dtype_name
+from .common import COUNTERS, arrival_counters  # noqa: F401  (tests inspect the counters)
+from .gemv import GemvLauncher
+from .pointer import PointerLauncher
+from .stream_k import StreamKLauncher
+from .tma import TmaLauncher
+
+#: Plan.kernel -> its launcher class.
+LAUNCHERS = {
+    "pointer": PointerLauncher,
+    "gemv": GemvLauncher,
+    "stream_k": StreamKLauncher,
+    "tma": TmaLauncher,
+    "tma_persistent": TmaLauncher,
+}
+
+
+def layout_signature(*tensors) -> tuple:
+    """What a compiled launch depends on in the tensors: shapes, strides, dtypes, 16-byte alignment, device."""
+    return tuple(
+        None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors
+    ) + (tensors[0].device,)
+
+
+def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
+    """The ``GemmProblem`` of ``a @ b`` (same-batch operands)."""
+    batch = 1
+    for size in a.shape[:-2]:
+        batch *= size
+    return GemmProblem(m=a.shape[-2], n=b.shape[-1], k=a.shape[-1], batch=batch, dtype=dtype_name(a.dtype),
+                       layout=layout_letters(Operand.of(a), Operand.of(b)))
+
+
+def plan_for(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Plan:
+    """The plan for these tensors (what ``gemm`` would run)."""
+    return plan(problem_of(a, b), device_info(a.device), call.request, Operand.of(a), Operand.of(b),
+                Operand.of(out), a.dtype, out.dtype)
+
+
+def gemm(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+         addend: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+         preact: torch.Tensor | None = None) -> torch.Tensor:
+    """out = act(alpha * a @ b + beta * addend) + residual, written in place; returns ``out``.
+
+    ``a`` is (*batch, M, K), ``b`` (*batch, K, N); ``out``, ``addend``,
+    ``residual`` and ``preact`` are (*batch, M, N), all of one batch shape
+    (broadcast operands arrive as stride-0 expanded views).  Any strides;
+    nothing is copied.  The tensors must match the call's epilogue (an
+    ``addend`` exactly when ``call.epilogue.addend``, and so on).
+    """
+    if out.numel() == 0:
+        return out
+    key = (call, layout_signature(a, b, out, addend, residual, preact))
+    launcher = _CACHE.get(key)
+    if launcher is None:
+        launcher = _build(call, a, b, out, addend, residual, preact)
+        if len(_CACHE) >= MAX_CACHED:
+            _CACHE.clear()
+        _CACHE[key] = launcher
+    ep = call.epilogue
+    d = addend if addend is not None else out  # absent tensors: the kernel never touches them
+    r = residual if residual is not None else out
+    z = preact if preact is not None else out
+    if a.device.type == "cuda" and a.device.index != torch.cuda.current_device():
+        with torch.cuda.device(a.device):
+            launcher(a, b, out, d, r, z, ep.alpha, ep.beta)
+    else:
+        launcher(a, b, out, d, r, z, ep.alpha, ep.beta)
+    return out
+
+
+def _build(call, a, b, out, addend, residual, preact):
+    ep = call.epilogue
+    if (ep.addend, ep.residual, ep.store_preact) != (addend is not None, residual is not None, preact is not None):
+        raise ValueError(f"gemm: the tensors given (addend={addend is not None}, residual={residual is not None}, "
+                         f"preact={preact is not None}) do not match the call's epilogue {ep}")
+    chosen = plan_for(call, a, b, out)
+    d = addend if addend is not None else out
+    r = residual if residual is not None else out
+    z = preact if preact is not None else out
+    launcher = LAUNCHERS[chosen.kernel](chosen, call, a, b, out, d, r, z, interpreter_enabled())
+    launcher.plan = chosen
+    return launcher
+
+
+#: (call, layout signature) -> launcher.  Cleared by ``clear_plan_cache()`` (the
+#: tuner calls it after writing new configs) and when it grows past MAX_CACHED.
+_CACHE: dict = {}
+MAX_CACHED = 4096
+
+
+def clear_plan_cache() -> None:
+    """Forget cached launch plans (after the tuning cache changed)."""
+    _CACHE.clear()
+
+
+__all__ = ["clear_plan_cache", "gemm", "layout_signature", "plan_for", "problem_of"]
