@@ -80,7 +80,7 @@ def test_tune_writes_an_entry_that_lookup_returns(cache_dir):
     assert all(c.error is None and c.ms > 0 for c in result.candidates)
     assert result.ms == min(c.ms for c in result.candidates)
     assert result.tflops > 0 and result.torch_tflops > 0
-    assert result.saved and not result.timed_out
+    assert result.saved and not result.timed_out and result.timed is True and result.save_error is None
     cache.reload()  # as a new process: read the file
     assert cache.lookup(TINY, DEVICE) == result.best
     assert cache.lookup(GemmProblem(20, 32, 32, dtype="float32"), DEVICE) == result.best  # same M bucket
@@ -175,7 +175,7 @@ def test_tune_rejects_a_wrong_candidate(monkeypatch, how):
 def test_tune_with_no_correct_candidate_saves_nothing(monkeypatch, cache_dir):
     monkeypatch.setitem(tuner.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, "off_by_one"))
     (result,) = tune_quietly([TINY], candidates=[SMALL])
-    assert result.best is None and result.tflops is None and not result.saved
+    assert result.best is None and result.tflops is None and not result.saved and result.timed is True
     assert cache.lookup(TINY, DEVICE) is None
     assert "(none correct)" in tuner.format_table([result])
     assert "1 rejected, 1x 'wrong result" in tuner.format_rejections([result])
@@ -382,6 +382,20 @@ def test_cli_tune_end_to_end(cache_dir, tmp_path, capsys):
     assert "1 entries" in capsys.readouterr().out
 
 
+def test_cli_cache_shows_why_an_entry_is_ignored(cache_dir, capsys):
+    good, bad = GemmProblem(16, 32, 32, dtype="float32"), GemmProblem(64, 32, 32, dtype="float32")
+    cache.record(good, DEVICE, SMALL, 1.0)
+    entry = cache.make_entry(bad, DEVICE, SMALL, 1.0, 1.0)
+    entry["config"]["group_m"] = 2**31
+    cache.save_entries({cache.cache_key(bad, DEVICE): entry})
+    assert cli.main(["cache"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "2 entries" in lines[0]
+    assert any("m=16" in line and SMALL.short() in line for line in lines)
+    assert any("m=64" in line and "(ignored: config field group_m=2147483648 is out of bounds" in line
+               for line in lines)
+
+
 def test_cli_tune_without_shapes_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["tune"])
@@ -513,7 +527,7 @@ def test_tune_on_the_interpreter_checks_candidates_but_times_and_saves_nothing(h
     monkeypatch.setitem(tuner.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, "off_by_one"))
     with pytest.warns(tuner.TimingsMeaninglessWarning, match="timings are meaningless"):
         (result,) = tune_quietly([TINY], candidates=[SMALL, LARGE])
-    assert not result.timed and result.best is None and not result.saved and result.save_error is None
+    assert result.timed is False and result.best is None and not result.saved and result.save_error is None
     assert result.ms is None and result.torch_ms is None and result.tflops is None
     assert [(c.config, c.ms) for c in result.correct] == [(LARGE, None)]
     assert [c.config for c in result.rejected] == [SMALL] and "wrong result" in result.rejected[0].error

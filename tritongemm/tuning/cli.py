@@ -326,10 +326,14 @@ def run_cache(args: argparse.Namespace) -> int:
 
 
 def _short(config) -> str:
-    try:
-        return TileConfig.from_dict(config).short()
-    except Exception:
-        return f"(invalid config {config!r})"
+    """The config in short, or why dispatch ignores it."""
+    reason = cache.config_fields_problem(config) if isinstance(config, dict) else "not an object"
+    if reason is None:
+        try:
+            return TileConfig.from_dict(config).short()
+        except Exception as exc:
+            reason = str(exc)
+    return f"(ignored: {reason})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

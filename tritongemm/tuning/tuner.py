@@ -8,8 +8,7 @@ For each problem:
 3. for each candidate (the heuristic's choice first, then
    ``candidate_configs``): run it once on NaN-filled output and compare with
    ``torch.matmul``, rejecting wrong results; then take the median time
-   (``triton.testing.do_bench`` on CUDA, ``time.perf_counter`` on the CPU
-   interpreter);
+   (``triton.testing.do_bench``);
 4. stop when the time budget is spent; the fastest correct candidate wins and
    is written to the on-disk cache.
 
@@ -65,6 +64,7 @@ _TORCH_DTYPES = {
     "float32": torch.float32,
     "float64": torch.float64,
 }
+
 
 class TimingsMeaninglessWarning(UserWarning):
     """Tuning on Triton's CPU interpreter: candidates are checked for correctness, not timed or saved."""
@@ -223,7 +223,8 @@ def median_ms(fn: Callable[[], None], on_cuda: bool, bench_ms: int = DEFAULT_BEN
     """Median milliseconds per call of ``fn`` after warm-up.
 
     CUDA: ``triton.testing.do_bench`` (which also clears L2 between calls).
-    CPU (Triton's interpreter): ``time.perf_counter`` over at least 3 calls.
+    CPU (Triton's interpreter): ``time.perf_counter`` over at least 3 calls; ``tune``
+    keeps none of these (they say nothing about a GPU), tests of its choosing do.
     """
     if on_cuda:
         import triton.testing
@@ -369,8 +370,8 @@ def tune_problem(
         results.append(
             _try_candidate(config, KERNEL_LAUNCHERS[kernel], copies, ref, problem, on_cuda, bench_ms, timed)
         )
-    timed = [r for r in results if r.ms is not None]
-    best = min(timed, key=lambda r: r.ms) if timed else None
+    measured = [r for r in results if r.ms is not None]
+    best = min(measured, key=lambda r: r.ms) if measured else None
     return TuneResult(
         problem=seen_as,
         key=cache.cache_key(seen_as, device, kernel),
