@@ -11,8 +11,6 @@ import sys
 import time
 from typing import TextIO
 
-from tqdm import tqdm
-
 #: ``[####------] 5/12 shapes [01:03<01:31, 4096x4096x4096 float16 NT | candidate 7/36]``
 BAR_FORMAT = "[{bar}] {n_fmt}/{total_fmt} {unit} [{elapsed}<{remaining}{postfix}]"
 
@@ -30,6 +28,10 @@ class ProgressBar:
         self.enabled = enabled
         self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
         self.start = time.perf_counter()
+        # Imported here: dispatch's cache lookups import the tuning package, and must not need tqdm.
+        from tqdm import tqdm
+
+        self._format_meter = tqdm.format_meter
         self._bar = tqdm(
             total=self.total, unit=unit, file=self.stream, bar_format=BAR_FORMAT, ascii=" #",
             dynamic_ncols=True, disable=not (enabled and self.interactive),
@@ -50,7 +52,7 @@ class ProgressBar:
         if self.interactive:
             self.update(done, label)
             return
-        line = tqdm.format_meter(
+        line = self._format_meter(
             done, self.total, time.perf_counter() - self.start, unit=self.unit, bar_format=BAR_FORMAT,
             ascii=" #", postfix=label or None,
         )
