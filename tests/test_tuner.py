@@ -3,18 +3,28 @@
 Tiny shapes and a couple of candidates keep every tune well under a second
 (on a GPU the same tests run compiled).
 Every test points TRITONGEMM_CACHE_DIR at its own tmp_path.
+
+On the interpreter ``tune`` never times or saves (its times are meaningless).
+Most tests here check what tuning does with its times (choosing, saving,
+dispatching), so they let the interpreter's times count, as a GPU's would
+(``timings_count`` below; a no-op on a GPU); the section "Where timings mean
+nothing" checks the interpreter's real behaviour.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from tritongemm.configs import GemmProblem, TileConfig
-from tritongemm.device import device_info, interpreter_enabled
+from tritongemm.device import INTERPRETER_DEVICE, device_info, interpreter_enabled
 from tritongemm.heuristics import heuristic_config
 from tritongemm.launch import problem_of
 from tritongemm.tuning import autotune, cache, cli, presets, tuner
@@ -29,6 +39,9 @@ DEVICE = device_info()  # the interpreter's H100 budgets on CPU machines
 SMALL = TileConfig(block_m=16, block_n=32, block_k=32, group_m=8, num_warps=4, num_stages=2)
 LARGE = TileConfig(block_m=32, block_n=32, block_k=32, group_m=8, num_warps=4, num_stages=2)
 TINY = GemmProblem(m=32, n=32, k=32, dtype="float32", layout="NN")
+REPO = Path(__file__).resolve().parents[1]
+REAL_TIMINGS_CHECK = tuner.timings_are_meaningful
+on_the_interpreter = pytest.mark.skipif(not DEVICE.interpreter, reason="checks Triton's CPU interpreter")
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +52,18 @@ def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(autotune, "_override", [None])
     monkeypatch.setattr(autotune, "_attempted", set())
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def timings_count(monkeypatch):
+    """Treat the interpreter's times as a GPU's, to test what tuning does with them."""
+    monkeypatch.setattr(tuner, "timings_are_meaningful", lambda device: True)
+
+
+@pytest.fixture
+def honest_timings(monkeypatch):
+    """The real rule: times measured on the interpreter are meaningless."""
+    monkeypatch.setattr(tuner, "timings_are_meaningful", REAL_TIMINGS_CHECK)
 
 
 def tune_quietly(problems, **kwargs):
@@ -56,7 +81,7 @@ def test_tune_writes_an_entry_that_lookup_returns(cache_dir):
     assert all(c.error is None and c.ms > 0 for c in result.candidates)
     assert result.ms == min(c.ms for c in result.candidates)
     assert result.tflops > 0 and result.torch_tflops > 0
-    assert result.saved and not result.timed_out
+    assert result.saved and not result.timed_out and result.timed is True and result.save_error is None
     cache.reload()  # as a new process: read the file
     assert cache.lookup(TINY, DEVICE) == result.best
     assert cache.lookup(GemmProblem(20, 32, 32, dtype="float32"), DEVICE) == result.best  # same M bucket
@@ -151,7 +176,7 @@ def test_tune_rejects_a_wrong_candidate(monkeypatch, how):
 def test_tune_with_no_correct_candidate_saves_nothing(monkeypatch, cache_dir):
     monkeypatch.setitem(tuner.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, "off_by_one"))
     (result,) = tune_quietly([TINY], candidates=[SMALL])
-    assert result.best is None and result.tflops is None and not result.saved
+    assert result.best is None and result.tflops is None and not result.saved and result.timed is True
     assert cache.lookup(TINY, DEVICE) is None
     assert "(none correct)" in tuner.format_table([result])
     assert "1 rejected, 1x 'wrong result" in tuner.format_rejections([result])
@@ -358,6 +383,20 @@ def test_cli_tune_end_to_end(cache_dir, tmp_path, capsys):
     assert "1 entries" in capsys.readouterr().out
 
 
+def test_cli_cache_shows_why_an_entry_is_ignored(cache_dir, capsys):
+    good, bad = GemmProblem(16, 32, 32, dtype="float32"), GemmProblem(64, 32, 32, dtype="float32")
+    cache.record(good, DEVICE, SMALL, 1.0)
+    entry = cache.make_entry(bad, DEVICE, SMALL, 1.0, 1.0)
+    entry["config"]["group_m"] = 2**31
+    cache.save_entries({cache.cache_key(bad, DEVICE): entry})
+    assert cli.main(["cache"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "2 entries" in lines[0]
+    assert any("m=16" in line and SMALL.short() in line for line in lines)
+    assert any("m=64" in line and "(ignored: config field group_m=2147483648 is out of bounds" in line
+               for line in lines)
+
+
 def test_cli_tune_without_shapes_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["tune"])
@@ -372,6 +411,11 @@ def test_cli_explain_without_cache_uses_the_heuristic(capsys):
 # ----------------------------------------------------------------------------------
 # Progress bar
 # ----------------------------------------------------------------------------------
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 def test_progress_bar_in_a_log_writes_one_line_per_shape():
     stream = io.StringIO()
     bar = ProgressBar(total=4, stream=stream)
@@ -379,9 +423,41 @@ def test_progress_bar_in_a_log_writes_one_line_per_shape():
     bar.step(1, "a")
     bar.step(4, "d")
     bar.close()
+    assert "\r" not in stream.getvalue()
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith("[######..................] 1/4 shapes") and lines[1].startswith("[" + "#" * 24 + "]")
+    assert lines[0].startswith("[##        ] 1/4 shapes") and lines[0].endswith(", a]")
+    assert lines[1].startswith("[##########] 4/4 shapes") and lines[1].endswith(", d]")
+
+
+def test_progress_bar_on_a_terminal_redraws_one_line():
+    stream = FakeTerminal()
+    bar = ProgressBar(total=4, stream=stream, unit="runs")
+    bar.update(0, "a", "candidate 1/3")
+    bar.step(1, "a")
+    bar.step(4, "d")
+    bar.close()
+    text = stream.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")  # one line, redrawn with \r, ended at close
+    draws = text.strip().split("\r")
+    assert any("0/4 runs" in d and "a | candidate 1/3" in d for d in draws)
+    assert draws[-1].startswith("[##########] 4/4 runs") and ", d]" in draws[-1]
+
+
+@pytest.mark.parametrize("stream", [io.StringIO(), FakeTerminal()], ids=["log", "terminal"])
+def test_progress_bar_disabled_writes_nothing(stream):
+    bar = ProgressBar(total=2, stream=stream, enabled=False)
+    bar.update(0, "a", "candidate 1/3")
+    bar.step(1, "a")
+    bar.close()
+    assert stream.getvalue() == ""
+
+
+def test_tune_draws_progress_only_on_a_terminal(monkeypatch):
+    for stream, drawn in ((io.StringIO(), False), (FakeTerminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        tuner.tune([TINY], device=DEVICE, candidates=[SMALL], bench_ms=1, save=False)  # progress=None
+        assert ("1/1 shapes" in stream.getvalue()) == drawn
 
 
 def test_dispatch_uses_a_new_tuning_result_at_once(cache_dir):
@@ -399,3 +475,119 @@ def test_dispatch_uses_a_new_tuning_result_at_once(cache_dir):
     plan = explain(a, b)
     assert plan.source == "tuning cache" and plan.config == LARGE
     assert torch.allclose(tritongemm.matmul(a, b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------
+# A cache that cannot be written: the results survive
+# ----------------------------------------------------------------------------------
+def unwritable_cache(tmp_path: Path, how: str) -> Path:
+    if how == "parent_is_a_file":
+        (tmp_path / "not_a_dir").write_text("")
+        return tmp_path / "not_a_dir" / "tuned.json"
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only directories (parent_is_a_file covers the failure as root)")
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    return read_only / "tuned.json"
+
+
+@pytest.mark.parametrize("how", ["read_only_dir", "parent_is_a_file"])
+def test_tune_into_an_unwritable_cache_returns_the_results_and_why(tmp_path, how):
+    target = unwritable_cache(tmp_path, how)
+    other = GemmProblem(m=64, n=32, k=32, dtype="float32")
+    with pytest.warns(cache.TuningCacheWarning, match="could not write the tuning cache") as caught:
+        results = tune_quietly([TINY, other], candidates=[SMALL, LARGE], cache_file=target)
+    assert len([w for w in caught if "could not write" in str(w.message)]) == 1  # one warning, not one a shape
+    assert [r.problem.m for r in results] == [32, 64]
+    for result in results:
+        assert result.best in (SMALL, LARGE) and result.tflops > 0  # tuned all the same
+        assert not result.saved and result.save_error
+        assert ("PermissionError" if how == "read_only_dir" else "not_a_dir") in result.save_error
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("how", ["read_only_dir", "parent_is_a_file"])
+def test_cli_tune_into_an_unwritable_cache_prints_the_results_and_why(tmp_path, capsys, how):
+    target = unwritable_cache(tmp_path, how)
+    status = cli.main(["tune", "--shape", "32x32x32", "--dtype", "fp32", "--max-candidates", "1",
+                       "--bench-ms", "1", "--no-progress", "--cache-file", str(target)])
+    captured = capsys.readouterr()
+    assert status == 1
+    assert "32x32x32 float32 NN" in captured.out and heuristic_config(TINY, DEVICE).short() in captured.out
+    assert f"NOT SAVED: could not write the cache {target}" in captured.err
+    assert "Warning" not in captured.err  # said once, plainly
+
+
+# ----------------------------------------------------------------------------------
+# Where timings mean nothing (Triton's CPU interpreter) or nothing can run
+# ----------------------------------------------------------------------------------
+@on_the_interpreter
+def test_tune_on_the_interpreter_checks_candidates_but_times_and_saves_nothing(honest_timings, monkeypatch,
+                                                                                cache_dir):
+    monkeypatch.setitem(tuner.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, "off_by_one"))
+    with pytest.warns(tuner.TimingsMeaninglessWarning, match="timings are meaningless"):
+        (result,) = tune_quietly([TINY], candidates=[SMALL, LARGE])
+    assert result.timed is False and result.best is None and not result.saved and result.save_error is None
+    assert result.ms is None and result.torch_ms is None and result.tflops is None
+    assert [(c.config, c.ms) for c in result.correct] == [(LARGE, None)]
+    assert [c.config for c in result.rejected] == [SMALL] and "wrong result" in result.rejected[0].error
+    assert not (cache_dir / cache.CACHE_FILENAME).exists()
+    assert cache.lookup(TINY, DEVICE) is None
+    assert "(not timed: 1 correct)" in tuner.format_table([result])
+
+
+@on_the_interpreter
+def test_cli_tune_on_the_interpreter_says_timings_are_meaningless(honest_timings, cache_dir, tmp_path, capsys):
+    csv_path = tmp_path / "results.csv"
+    status = cli.main(["tune", "--shape", "32x32x32", "--dtype", "fp32", "--max-candidates", "2",
+                       "--bench-ms", "1", "--no-progress", "--csv", str(csv_path)])
+    captured = capsys.readouterr()
+    assert status == 0
+    assert "timings are meaningless" in captured.err and "nothing written to the cache" in captured.err
+    assert "Warning" not in captured.err
+    assert "(not timed: 2 correct)" in captured.out and "TFLOP/s" in captured.out
+    assert not (cache_dir / cache.CACHE_FILENAME).exists()
+    row = csv_path.read_text().splitlines()[1].split(",")
+    assert row[:6] == ["32", "32", "32", "1", "float32", "NN"]
+
+
+@on_the_interpreter
+def test_autotune_on_the_interpreter_warns_and_uses_the_heuristic(honest_timings, monkeypatch, cache_dir):
+    autotune.set_autotune_on_first_call(True)
+    monkeypatch.setattr(tuner, "tune", lambda *a, **k: pytest.fail("tuned on the interpreter"))
+    with pytest.warns(RuntimeWarning, match="ignored on Triton's CPU interpreter"):
+        assert autotune.tuned_config(TINY, DEVICE) is None
+    assert not (cache_dir / cache.CACHE_FILENAME).exists()
+
+
+def test_tune_without_gpu_or_interpreter_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr(tuner, "interpreter_enabled", lambda: False)
+    with pytest.raises(RuntimeError, match="no CUDA GPU to tune on, and Triton's CPU interpreter is off") as exc:
+        tuner.tune([TINY], device=INTERPRETER_DEVICE, candidates=[SMALL], progress=False)
+    assert "\n" not in str(exc.value)
+
+
+def test_cli_tune_without_gpu_or_interpreter_is_one_line_and_fails(monkeypatch, cache_dir, capsys):
+    monkeypatch.setattr(tuner, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(cli, "device_info", lambda: INTERPRETER_DEVICE)
+    assert cli.main(["tune", "--shape", "32x32x32"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("python -m tritongemm tune: error: no CUDA GPU") and "TRITON_INTERPRET=1" in line
+    assert not (cache_dir / cache.CACHE_FILENAME).exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: tune would run")
+def test_python_m_tritongemm_tune_without_gpu_or_interpreter(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITONGEMM_CACHE_FILE=str(tmp_path / "c.json"),
+               PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "tritongemm", "tune", "--shape", "32x32x32"], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert "no CUDA GPU to tune on" in line
+    assert not (tmp_path / "c.json").exists()

@@ -1,4 +1,5 @@
-"""The on-disk tuning cache: keys, round trip, recovery from bad files, two writers at once.
+"""The on-disk tuning cache: keys, round trip, recovery from bad files and entries, symlinks,
+two writers at once.
 
 Every test points TRITONGEMM_CACHE_DIR at its own tmp_path, so no test sees
 another's file (or the user's real cache).
@@ -11,15 +12,23 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
+import filelock
+import platformdirs
 import pytest
+import torch
 
+import tritongemm
+from tritongemm import explain, heuristics, launch
 from tritongemm.configs import GemmProblem, TileConfig
-from tritongemm.device import INTERPRETER_DEVICE
+from tritongemm.tuning import candidate_configs
+from tritongemm.device import INTERPRETER_DEVICE, device_info
+from tritongemm.testing import assert_close, default_device
 from tritongemm.tuning import cache
 
 DEVICE = INTERPRETER_DEVICE
@@ -46,22 +55,27 @@ def cache_file(cache_dir: Path) -> Path:
 # ----------------------------------------------------------------------------------
 # Where the file is
 # ----------------------------------------------------------------------------------
-def test_cache_path_follows_env_vars(tmp_path, monkeypatch):
+def test_cache_path_env_vars_override_the_user_cache_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITONGEMM_CACHE_FILE", raising=False)
     monkeypatch.delenv("TRITONGEMM_CACHE_DIR", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cache.cache_path() == tmp_path / "xdg" / "tritongemm" / cache.CACHE_FILENAME
+    default = Path(platformdirs.user_cache_dir("tritongemm", appauthor=False)) / cache.CACHE_FILENAME
+    assert cache.cache_path() == default
     monkeypatch.setenv("TRITONGEMM_CACHE_DIR", str(tmp_path / "dir"))
     assert cache.cache_path() == tmp_path / "dir" / cache.CACHE_FILENAME
     monkeypatch.setenv("TRITONGEMM_CACHE_FILE", str(tmp_path / "mine.json"))
-    assert cache.cache_path() == tmp_path / "mine.json"
+    assert cache.cache_path() == tmp_path / "mine.json"  # the file wins over the directory
+    monkeypatch.setenv("TRITONGEMM_CACHE_FILE", "~/mine.json")
+    assert cache.cache_path() == Path.home() / "mine.json"
 
 
-def test_cache_path_defaults_to_home_cache(tmp_path, monkeypatch):
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG_CACHE_HOME is the Linux convention")
+def test_cache_path_follows_xdg_and_home_on_linux(tmp_path, monkeypatch):
     for var in ("TRITONGEMM_CACHE_FILE", "TRITONGEMM_CACHE_DIR", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert cache.cache_path() == tmp_path / ".cache" / "tritongemm" / cache.CACHE_FILENAME
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.cache_path() == tmp_path / "xdg" / "tritongemm" / cache.CACHE_FILENAME
 
 
 # ----------------------------------------------------------------------------------
@@ -136,19 +150,102 @@ def test_lookup_misses_on_another_gpu_or_triton_version(cache_dir, monkeypatch):
     assert cache.lookup(problem(), DEVICE) is None
 
 
-def test_entries_whose_config_no_longer_validates_are_ignored(cache_dir):
-    too_big = {"block_m": 256, "block_n": 256, "block_k": 128, "group_m": 8, "num_warps": 8, "num_stages": 6}
-    unknown_field = {**CONFIG.to_dict(), "knob_from_the_future": 2}
-    not_a_pow2 = {**CONFIG.to_dict(), "block_m": 48}
-    entries = {}
-    for m, config in ((16, too_big), (32, unknown_field), (64, not_a_pow2), (128, "garbage")):
-        entry = cache.make_entry(problem(m=m), DEVICE, CONFIG, 1.0, 1.0)
-        entry["config"] = config
-        entries[cache.cache_key(problem(m=m), DEVICE)] = entry
-    cache.save_entries(entries)
+# ----------------------------------------------------------------------------------
+# Bad entries: each is a miss with one warning naming it; dispatch uses the heuristic
+# ----------------------------------------------------------------------------------
+GOOD = CONFIG.to_dict()
+BAD_CONFIGS = {
+    "group_m_2_31": ({**GOOD, "group_m": 2**31}, "group_m=2147483648 is out of bounds"),
+    "group_m_huge": ({**GOOD, "group_m": 10**30}, "group_m"),
+    "group_m_zero": ({**GOOD, "group_m": 0}, "group_m=0 is out of bounds"),
+    "block_m_huge_gemv": ({**GOOD, "block_m": 2**40, "num_stages": 1, "gemv": True}, "block_m"),
+    "block_n_huge": ({**GOOD, "block_n": 2**20}, "block_n"),
+    "block_k_negative": ({**GOOD, "block_k": -32}, "block_k"),
+    "num_warps_64": ({**GOOD, "num_warps": 64}, "num_warps"),
+    "num_warps_3": ({**GOOD, "num_warps": 3}, "num_warps"),
+    "num_stages_99": ({**GOOD, "num_stages": 99}, "num_stages"),
+    "split_k_1000": ({**GOOD, "split_k": 1000}, "split_k"),
+    "block_m_float": ({**GOOD, "block_m": 32.0}, "block_m=32.0 must be an integer"),
+    "block_m_string": ({**GOOD, "block_m": "32"}, "must be an integer"),
+    "group_m_bool": ({**GOOD, "group_m": True}, "group_m=True must be an integer"),
+    "group_m_null": ({**GOOD, "group_m": None}, "must be an integer"),
+    "tma_string": ({**GOOD, "tma": "yes"}, "tma='yes' must be true or false"),
+    "gemv_int": ({**GOOD, "gemv": 1}, "gemv=1 must be true or false"),
+    "missing_block_m": ({k: v for k, v in GOOD.items() if k != "block_m"}, "lacks block_m"),
+    "unknown_field": ({**GOOD, "knob_from_the_future": 2}, "unknown fields"),
+    "not_a_pow2": ({**GOOD, "block_m": 48}, "powers of two"),
+    "too_big_for_smem": (
+        {"block_m": 256, "block_n": 256, "block_k": 128, "group_m": 8, "num_warps": 8, "num_stages": 6},
+        "shared memory",
+    ),
+    "broken_rule": ({**GOOD, "persistent": True}, "needs tma=True"),
+    "config_is_a_string": ("garbage", "config is str"),
+    "config_is_a_list": ([32, 64, 32], "config is list"),
+}
+
+
+def save_bad_entry(p: GemmProblem, config) -> str:
+    entry = cache.make_entry(p, DEVICE, CONFIG, 1.0, 1.0)
+    entry["config"] = config
+    key = cache.cache_key(p, DEVICE)
+    cache.save_entries({key: entry})
     cache.reload()
-    for m in (16, 32, 64, 128):
-        assert cache.lookup(problem(m=m), DEVICE) is None
+    return key
+
+
+@pytest.mark.parametrize("config, why", BAD_CONFIGS.values(), ids=BAD_CONFIGS.keys())
+def test_bad_entry_is_a_miss_with_one_warning(cache_dir, config, why):
+    key = save_bad_entry(problem(), config)
+    with pytest.warns(cache.TuningCacheWarning) as caught:
+        assert cache.lookup(problem(), DEVICE) is None
+    (warning,) = caught
+    assert key in str(warning.message) and why in str(warning.message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second lookup of the key is silent
+        assert cache.lookup(problem(m=1000), DEVICE) is None
+
+
+def test_a_bad_entry_does_not_spoil_the_good_ones(cache_dir):
+    cache.record(problem(m=16), DEVICE, CONFIG, 1.0)
+    save_bad_entry(problem(m=32), {**GOOD, "group_m": 2**31})
+    assert cache.lookup(problem(m=16), DEVICE) == CONFIG
+    with pytest.warns(cache.TuningCacheWarning):
+        assert cache.lookup(problem(m=32), DEVICE) is None
+
+
+@pytest.mark.parametrize("config", [BAD_CONFIGS["group_m_2_31"][0], BAD_CONFIGS["num_warps_64"][0],
+                                    BAD_CONFIGS["block_m_huge_gemv"][0]], ids=["group_m", "num_warps", "gemv"])
+def test_matmul_with_a_bad_entry_uses_the_heuristic(cache_dir, config):
+    """A group_m of 2**31 passed validation once and broke every matmul of its shape."""
+    device = default_device()
+    a = torch.randn(24, 32, device=device)
+    b = torch.randn(32, 40, device=device)
+    p = launch.problem_of(a, b)
+    entry = cache.make_entry(p, device_info(device), CONFIG, 1.0, 1.0)
+    entry["config"] = config
+    cache.save_entries({cache.cache_key(p, device_info(device)): entry})
+    cache.reload()
+    launch.clear_plan_cache()  # a plan cached by another test would skip the lookup
+    with pytest.warns(cache.TuningCacheWarning, match="ignoring the tuned entry"):
+        out = tritongemm.matmul(a, b)
+    assert_close(out, a.double() @ b.double(), dtype=torch.float32)
+    plan = explain(a, b)
+    assert plan.source.startswith("heuristic") and plan.config == heuristics.heuristic_config(p, device_info(device))
+
+
+def test_config_bounds_cover_every_integer_field():
+    ints = {f.name for f in fields(TileConfig) if not isinstance(getattr(TileConfig(), f.name), bool)}
+    assert set(cache.CONFIG_BOUNDS) == ints
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("m", [1, 16, 4096])
+def test_config_bounds_admit_every_config_the_tuner_tries(m, dtype):
+    p = problem(m=m, n=4096, k=8192, dtype=dtype)
+    configs = list(candidate_configs(p, DEVICE)) + [heuristics.heuristic_config(p, DEVICE)]
+    assert configs
+    for config in configs:
+        assert cache.config_fields_problem(config.to_dict()) is None, config
 
 
 def test_save_merges_with_entries_another_process_wrote(cache_dir):
@@ -184,8 +281,59 @@ def test_save_keeps_a_readable_file_mode(cache_dir):
 def test_save_leaves_no_temporary_files(cache_dir):
     for m in (16, 32, 64):
         cache.record(problem(m=m), DEVICE, CONFIG, 1.0)
-    names = sorted(p.name for p in cache_dir.iterdir())
-    assert names == [cache.CACHE_FILENAME, cache.CACHE_FILENAME + ".lock"]
+    names = {p.name for p in cache_dir.iterdir()} - {cache.CACHE_FILENAME + ".lock"}  # filelock may keep it
+    assert names == {cache.CACHE_FILENAME}
+
+
+# ----------------------------------------------------------------------------------
+# A cache path that is a symbolic link
+# ----------------------------------------------------------------------------------
+@pytest.fixture
+def linked_cache(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """TRITONGEMM_CACHE_FILE is a link in one directory to a file in another."""
+    target = tmp_path / "real" / "tuned.json"
+    target.parent.mkdir()
+    link = tmp_path / "links" / "cache.json"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    monkeypatch.delenv("TRITONGEMM_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITONGEMM_CACHE_FILE", str(link))
+    return link, target
+
+
+@pytest.mark.parametrize("target_exists", [True, False], ids=["target", "dangling"])
+def test_save_through_a_symlink_writes_the_target_and_keeps_the_link(linked_cache, target_exists):
+    link, target = linked_cache
+    if target_exists:
+        cache.record(problem(m=16), DEVICE, CONFIG, 1.0, path=target)
+    cache.record(problem(m=32), DEVICE, OTHER_CONFIG, 1.0)
+    assert link.is_symlink() and link.resolve() == target
+    entries = json.loads(target.read_text())["entries"]
+    assert len(entries) == (2 if target_exists else 1)
+    cache.reload()
+    assert cache.lookup(problem(m=32), DEVICE) == OTHER_CONFIG
+    assert [p.name for p in link.parent.iterdir()] == [link.name]  # no lock, no temp file beside the link
+
+
+def test_save_through_a_symlink_takes_the_targets_lock(linked_cache, monkeypatch):
+    link, target = linked_cache
+    monkeypatch.setattr(cache, "LOCK_TIMEOUT_S", 0.2)
+    with filelock.FileLock(str(link.with_name(link.name + ".lock"))):
+        cache.record(problem(m=16), DEVICE, CONFIG, 1.0)  # the link's lock file is nobody's
+    failure: list[BaseException] = []
+
+    def record_in_a_thread():  # a second lock object of this process conflicts like another process
+        try:
+            cache.record(problem(m=32), DEVICE, CONFIG, 1.0)
+        except BaseException as exc:
+            failure.append(exc)
+
+    with filelock.FileLock(str(target.with_name(target.name + ".lock"))):
+        writer = threading.Thread(target=record_in_a_thread)
+        writer.start()
+        writer.join(timeout=30)
+    assert len(failure) == 1 and isinstance(failure[0], filelock.Timeout), failure
+    assert len(json.loads(target.read_text())["entries"]) == 1  # the blocked write changed nothing
 
 
 # ----------------------------------------------------------------------------------
@@ -195,6 +343,14 @@ BAD_FILES = {
     "garbage_bytes": (b"\x00\xff\xfe garbage \x81\x82", "corrupt"),
     "truncated_json": (b'{"schema": "tritongemm-tuning-cache", "version": 1, "entries": {"a": {"con', "corrupt"),
     "empty_file": (b"", "corrupt"),
+    # json raises RecursionError, not ValueError, on deep nesting
+    "deeply_nested": (b"[" * 100_000 + b"]" * 100_000, "corrupt"),
+    "deeply_nested_entry": (
+        b'{"schema": "tritongemm-tuning-cache", "version": 1, "entries": {"a": ' + b"[" * 100_000
+        + b"]" * 100_000 + b"}}",
+        "corrupt",
+    ),
+    "huge_integer": (b'{"entries": ' + b"9" * 10_000 + b"}", "corrupt"),
     "wrong_schema": (json.dumps({"hello": "world", "entries": {}}).encode(), "foreign"),
     "json_list": (b"[1, 2, 3]", "foreign"),
     "older_version": (
@@ -239,6 +395,8 @@ def test_good_file_keeps_no_backup(cache_dir):
 WRITER = textwrap.dedent(
     """
     import sys, time
+    if sys.argv[4] == "no-fcntl":  # as on a system without flock: filelock falls back to a lock file
+        sys.modules["fcntl"] = None
     from pathlib import Path
     from tritongemm.configs import GemmProblem, TileConfig
     from tritongemm.device import INTERPRETER_DEVICE
@@ -256,14 +414,15 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_two_processes_writing_at_once_keep_every_entry(cache_dir):
+@pytest.mark.parametrize("locking", ["fcntl", "no-fcntl"])
+def test_two_processes_writing_at_once_keep_every_entry(cache_dir, locking):
     sync_dir = cache_dir / "sync"
     sync_dir.mkdir()
     count = 40
     env = {**os.environ, "TRITONGEMM_CACHE_DIR": str(cache_dir), "TRITON_INTERPRET": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     writers = [
-        subprocess.Popen([sys.executable, "-c", WRITER, str(tag), str(count), str(sync_dir)], env=env)
+        subprocess.Popen([sys.executable, "-c", WRITER, str(tag), str(count), str(sync_dir), locking], env=env)
         for tag in (1, 2)
     ]
     deadline = time.monotonic() + 120

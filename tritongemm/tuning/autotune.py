@@ -4,7 +4,9 @@ Autotuning on the first call of a shape is off by default (a first call that
 stalls for seconds surprises users).  Turn it on with
 ``tritongemm.tuning.set_autotune_on_first_call(True)`` or ``TRITONGEMM_AUTOTUNE=1``.
 Each cache key is tuned at most once per process, never while CUDA graphs
-are captured or ``torch.compile`` traces, and never from inside the tuner.
+are captured or ``torch.compile`` traces, never from inside the tuner, and
+never on Triton's CPU interpreter (its timings are meaningless; a warning
+says so).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import torch
 
 from ..configs import GemmProblem, TileConfig
 from ..device import DeviceInfo
-from .cache import cache_key, lookup
 from . import tuner
+from .cache import cache_key, lookup
 
 #: Seconds a first call may spend tuning its shape (a shorter box than ``tune``'s).
 ON_CALL_BUDGET_S = 10.0
@@ -71,9 +73,19 @@ def _tune_on_miss(problem: GemmProblem, device: DeviceInfo, kernel: str) -> Tile
         if key in _attempted:
             return None
         _attempted.add(key)
+    if not tuner.timings_are_meaningful(device):
+        warnings.warn(
+            f"tritongemm: TRITONGEMM_AUTOTUNE is ignored on Triton's CPU interpreter ({tuner.INTERPRETER_NOTE}); "
+            "using the heuristic config",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
     _tuning_now.active = True
     try:
-        (result,) = tuner.tune([problem], device=device, kernel=kernel, time_budget_s=ON_CALL_BUDGET_S, progress=False)
+        (result,) = tuner.tune(
+            [problem], device=device, kernel=kernel, time_budget_s=ON_CALL_BUDGET_S, progress=False
+        )
     except Exception as exc:  # tuning is an optimization: never fail the user's matmul over it
         warnings.warn(
             f"tritongemm: autotuning {tuner.describe_problem(problem)} failed ({type(exc).__name__}: {exc}); "

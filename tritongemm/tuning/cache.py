@@ -19,13 +19,22 @@ path, dtype, layout and shape.  M (and the batch count) are bucketed to the
 next power of two so that dynamic token counts hit the cache; N and K are
 exact (they are the weights' shape and do not change between calls).
 
-Reading never raises: a corrupt, foreign or stale file is ignored with one
-warning per process and path.  Writing takes an exclusive ``flock`` on a
-separate ``.lock`` file, merges with what is on disk, writes a temporary file
-in the same directory and ``os.replace``s it over the cache, so two processes
-tuning at once neither corrupt the file nor lose each other's entries.  A file
-that could not be read is copied to ``<name>.<reason>-<timestamp>`` before it
-is replaced.
+Where it lives: ``$TRITONGEMM_CACHE_FILE`` (a file), else
+``$TRITONGEMM_CACHE_DIR/tuning_cache.json``, else ``tuning_cache.json`` in
+the platform's user cache directory (``platformdirs.user_cache_dir``: on
+Linux ``$XDG_CACHE_HOME/tritongemm``, by default ``~/.cache/tritongemm``).
+
+Reading never raises: a file that cannot be parsed (whatever the parser
+raises), a foreign or a stale file is ignored with one warning per process
+and path; an entry whose config is out of bounds or does not fit the device
+is ignored with one warning per key, and dispatch uses its heuristic.
+Writing takes an exclusive lock (``filelock``) on ``<cache>.lock``, merges
+with what is on disk, writes a temporary file in the same directory and
+``os.replace``s it over the cache, so two processes tuning at once neither
+corrupt the file nor lose each other's entries.  A cache path that is a
+symbolic link is resolved first: the link's target is written (and locked),
+the link stays.  A file that could not be read is copied to
+``<name>.<reason>-<timestamp>`` before it is replaced.
 """
 
 from __future__ import annotations
@@ -42,20 +51,43 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import filelock
+import platformdirs
 import triton
 
-from ..configs import ConfigError, GemmProblem, TileConfig
+from ..configs import MAX_SPLIT_K, MAX_STAGES, MIN_STAGES, ConfigError, GemmProblem, TileConfig
 from ..device import DeviceInfo
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: Triton itself is Linux-first
-    fcntl = None
 
 SCHEMA = "tritongemm-tuning-cache"
 CACHE_VERSION = 1
 CACHE_FILENAME = "tuning_cache.json"
 TRITON_VERSION = triton.__version__
+
+#: Seconds to wait for another process's lock.  A writer holds it only while it
+#: reads and rewrites a small JSON file, so a longer wait means a lock left
+#: behind (a soft lock of a crashed process, where ``flock`` is missing).
+LOCK_TIMEOUT_S = 60.0
+
+#: Inclusive bounds of a cached config's integer fields, checked before a
+#: TileConfig is built from the file.  The file is user data: a value no kernel
+#: takes must not reach a launch (a group_m of 2**31 overflows the kernels'
+#: int32 tile arithmetic and broke every matmul of its shape).  The bounds hold
+#: everything the tuner can produce: tiles up to 256 (TMA boxes are at most
+#: 256 wide) and GEMV K steps up to 2048 bytes (1024 fp16 elements); GEMV
+#: tiles may be narrower than 16 (TileConfig enforces 16 for tl.dot tiles).
+#: group_m beyond 64 tile-rows gains no L2 reuse on any GPU we target.
+CONFIG_BOUNDS: dict[str, tuple[int, int]] = {
+    "block_m": (1, 1024),
+    "block_n": (1, 1024),
+    "block_k": (1, 1024),
+    "group_m": (1, 64),
+    "num_warps": (1, 16),
+    "num_stages": (MIN_STAGES, MAX_STAGES),
+    "split_k": (1, MAX_SPLIT_K),
+}
+#: Fields an entry's config must name (the flags default to off when absent,
+#: as in entries written before a flag existed).
+REQUIRED_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
 
 
 class TuningCacheWarning(UserWarning):
@@ -67,25 +99,27 @@ class TuningCacheWarning(UserWarning):
 # ----------------------------------------------------------------------------------
 def cache_path() -> Path:
     """The cache file: $TRITONGEMM_CACHE_FILE, else $TRITONGEMM_CACHE_DIR/tuning_cache.json,
-    else ($XDG_CACHE_HOME or ~/.cache)/tritongemm/tuning_cache.json.
+    else tuning_cache.json in the user cache directory (``platformdirs``; ~/.cache/tritongemm on Linux).
 
     >>> cache_path()  # doctest: +SKIP
     PosixPath('/home/me/.cache/tritongemm/tuning_cache.json')
     """
     env = os.environ
     return _resolve_path(
-        env.get("TRITONGEMM_CACHE_FILE"), env.get("TRITONGEMM_CACHE_DIR"), env.get("XDG_CACHE_HOME")
+        env.get("TRITONGEMM_CACHE_FILE"), env.get("TRITONGEMM_CACHE_DIR"), env.get("XDG_CACHE_HOME"),
+        env.get("HOME"),
     )
 
 
-@functools.lru_cache(maxsize=64)  # lookup() resolves the path on every call
-def _resolve_path(cache_file: str | None, cache_dir: str | None, xdg: str | None) -> Path:
+# lookup() resolves the path on every call.  The key holds every variable the
+# answer depends on (platformdirs reads XDG_CACHE_HOME and HOME on Linux).
+@functools.lru_cache(maxsize=64)
+def _resolve_path(cache_file: str | None, cache_dir: str | None, xdg: str | None, home: str | None) -> Path:
     if cache_file:
         return Path(cache_file).expanduser()
     if cache_dir:
         return Path(cache_dir).expanduser() / CACHE_FILENAME
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "tritongemm" / CACHE_FILENAME
+    return Path(platformdirs.user_cache_dir("tritongemm", appauthor=False)) / CACHE_FILENAME
 
 
 # ----------------------------------------------------------------------------------
@@ -157,8 +191,8 @@ def _read_file(path: Path) -> _FileContents:
         return _FileContents({}, "unreadable", str(exc))
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        return _FileContents({}, "corrupt", f"not valid JSON ({exc})")
+    except Exception as exc:  # any parser failure (RecursionError on deep nesting too) is a corrupt file
+        return _FileContents({}, "corrupt", f"not valid JSON ({type(exc).__name__}: {_first_line(exc)})")
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("entries"), dict):
         return _FileContents({}, "foreign", f"not a {SCHEMA} file")
     version = data.get("version")
@@ -166,6 +200,11 @@ def _read_file(path: Path) -> _FileContents:
         return _FileContents({}, "stale", f"schema version {version!r}, this tritongemm reads {CACHE_VERSION}")
     entries = {k: v for k, v in data["entries"].items() if isinstance(k, str) and isinstance(v, dict)}
     return _FileContents(entries)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0][:200] if text else ""
 
 
 _warned_paths: set[Path] = set()
@@ -186,25 +225,13 @@ def _warn_once(path: Path, contents: _FileContents) -> None:
 # ----------------------------------------------------------------------------------
 # Writing: lock, merge, atomic replace
 # ----------------------------------------------------------------------------------
-class _FileLock:
-    """An exclusive ``flock`` on ``<cache>.lock`` (a separate file: the cache itself is replaced)."""
+def _lock_for(path: Path) -> filelock.BaseFileLock:
+    """An exclusive lock on ``<cache>.lock``: a separate file, since the cache itself is replaced.
 
-    def __init__(self, path: Path):
-        self.lock_path = path.with_name(path.name + ".lock")
-        self._fd: int | None = None
-
-    def __enter__(self) -> _FileLock:
-        self._fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        if fcntl is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        assert self._fd is not None
-        if fcntl is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
-        self._fd = None
+    ``filelock`` takes an ``flock`` where the OS has one (released by the OS if
+    the process dies) and falls back to a lock file created exclusively.
+    """
+    return filelock.FileLock(str(path.with_name(path.name + ".lock")), timeout=LOCK_TIMEOUT_S)
 
 
 def _backup(path: Path, reason: str) -> Path:
@@ -298,18 +325,22 @@ def save_entries(new_entries: dict, path: Path | None = None) -> Path:
 
     Under the file lock: read what is on disk, back up an unusable file, let
     ``new_entries`` win over disk entries of the same key, replace atomically.
+    Raises ``OSError`` when the file cannot be written (a read-only directory,
+    or ``filelock.Timeout`` when another process holds the lock too long).
 
     >>> save_entries({cache_key(problem, device): make_entry(problem, device, cfg, 500.0, 600.0)})  # doctest: +SKIP
     """
     path = path or cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _FileLock(path):
-        on_disk = _read_file(path)
+    # Write through a symlink: its target is the file (and owns the lock); the link stays.
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _lock_for(target):
+        on_disk = _read_file(target)
         _warn_once(path, on_disk)
-        if on_disk.problem is not None and path.exists():
-            _backup(path, on_disk.problem)
+        if on_disk.problem is not None and target.exists():
+            _backup(target, on_disk.problem)
         merged = {**on_disk.entries, **new_entries}
-        _write_atomic(path, merged)
+        _write_atomic(target, merged)
     with _stores_lock:
         _stores[path] = _Store(path, merged)
     return path
@@ -340,39 +371,85 @@ def lookup(problem: GemmProblem, device: DeviceInfo, kernel: str = "pointer") ->
     """The tuned config for ``problem`` on ``device``, or None.  Only reads; never tunes.
 
     After the first call per cache file this is a dict lookup.  An entry whose
-    config no longer validates (a changed budget or rule) counts as a miss.
+    config is out of ``CONFIG_BOUNDS`` or does not fit the device (a changed
+    budget or rule) counts as a miss, with one ``TuningCacheWarning`` per key.
 
     >>> lookup(GemmProblem(1000, 4096, 4096, dtype="float16", layout="NT"), device_info())  # doctest: +SKIP
     TileConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3)
     """
-    store = _store_for(cache_path())
+    path = cache_path()
+    store = _store_for(path)
     key = cache_key(problem, device, kernel)
     try:
         return store.resolved[key]
     except KeyError:
         pass
-    config = _config_of(store.entries.get(key), problem, device)
-    store.resolved[key] = config
+    entry = store.entries.get(key)
+    config, reason = (None, None) if entry is None else config_of_entry(entry, problem, device)
+    if reason is not None:
+        warnings.warn(
+            f"tritongemm: ignoring the tuned entry {key!r} of {path}: {reason}. "
+            "Using the heuristic config; re-tune the shape to replace the entry.",
+            TuningCacheWarning,
+            stacklevel=2,
+        )
+    store.resolved[key] = config  # also remembers a bad entry, so it warns once
     return config
 
 
-def _config_of(entry: dict | None, problem: GemmProblem, device: DeviceInfo) -> TileConfig | None:
-    if entry is None or not isinstance(entry.get("config"), dict):
-        return None
+def config_of_entry(entry: dict, problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig | None, str | None]:
+    """``(config, None)`` for a usable entry, else ``(None, why not)``; never raises.
+
+    >>> config_of_entry({"config": {**cfg.to_dict(), "group_m": 2**31}}, problem, device)[1]  # doctest: +SKIP
+    'config field group_m=2147483648 is out of bounds [1, 64]'
+    """
+    fields = entry.get("config")
+    if not isinstance(fields, dict):
+        return None, f"config is {type(fields).__name__}, not an object"
+    reason = config_fields_problem(fields)
+    if reason is not None:
+        return None, reason
     try:
-        config = TileConfig.from_dict(entry["config"])
-        return config.validate(device, problem.elem_size, problem.acc_size)
-    except (ConfigError, TypeError):
-        return None
+        config = TileConfig.from_dict(fields)
+        return config.validate(device, problem.elem_size, problem.acc_size), None
+    except (ConfigError, TypeError, ValueError) as exc:
+        return None, str(exc)
+
+
+def config_fields_problem(fields: dict) -> str | None:
+    """Why a cached config's fields cannot be used (a missing, mistyped or out-of-bounds field), or None."""
+    missing = [name for name in REQUIRED_FIELDS if name not in fields]
+    if missing:
+        return f"config lacks {', '.join(missing)}"
+    known = TileConfig().to_dict()
+    unknown = sorted(str(name) for name in fields if name not in known)
+    if unknown:
+        return f"config has unknown fields {unknown}"
+    for name, value in fields.items():
+        if isinstance(known[name], bool):
+            if not isinstance(value, bool):
+                return f"config field {name}={value!r} must be true or false"
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"config field {name}={value!r} must be an integer"
+        if name not in CONFIG_BOUNDS:  # a new TileConfig field nobody bounded yet: refuse, don't guess
+            return f"config field {name} has no bounds in CONFIG_BOUNDS"
+        low, high = CONFIG_BOUNDS[name]
+        if not low <= value <= high:
+            return f"config field {name}={value} is out of bounds [{low}, {high}]"
+    return None
 
 
 __all__ = [
     "CACHE_VERSION",
+    "CONFIG_BOUNDS",
     "SCHEMA",
     "TuningCacheWarning",
     "bucket",
     "cache_key",
     "cache_path",
+    "config_fields_problem",
+    "config_of_entry",
     "load",
     "lookup",
     "make_entry",

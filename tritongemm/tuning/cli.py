@@ -5,6 +5,10 @@
     python -m tritongemm tune --shapes-file shapes.csv          # columns m,n,k[,batch,dtype,layout]
     python -m tritongemm explain 1000x4096x4096 --dtype bf16 --layout NT
     python -m tritongemm cache
+
+Without a CUDA GPU ``tune`` only runs on Triton's CPU interpreter
+(``TRITON_INTERPRET=1``), where it checks that candidates run and are correct
+but times nothing and writes nothing; with neither it exits with one line.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -176,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tritongemm", description="tritongemm tools")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    tune = commands.add_parser("tune", help="tune shapes and write the winners to the cache")
+    tune = commands.add_parser(
+        "tune", help="tune shapes and write the winners to the cache (on the CPU interpreter: only check configs)"
+    )
     source = tune.add_argument_group("what to tune (any mix)")
     source.add_argument("--shape", type=parse_shape, action="append", default=[], metavar="MxNxK",
                         help="a GEMM shape, e.g. 4096x4096x4096 (repeatable)")
@@ -227,22 +234,41 @@ def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not problems:
         parser.error("tune: nothing to tune; give --shape, --preset or --shapes-file")
     device = device_info()
-    print(f"tuning {len(problems)} shape(s) on {device.name} (sm_{device.capability[0]}{device.capability[1]}, "
-          f"triton {cache.TRITON_VERSION})", file=sys.stderr)
-    results = tuner.tune(
-        problems, device=device, max_candidates=args.max_candidates, time_budget_s=args.budget,
-        bench_ms=args.bench_ms, save=not args.no_save, cache_file=args.cache_file,
-        progress=not args.no_progress,
-    )
+    try:
+        tuner.torch_device_for(device)
+    except RuntimeError as exc:  # no GPU, no interpreter: one line, not a traceback
+        print(f"python -m tritongemm tune: error: {exc}", file=sys.stderr)
+        return 1
+    timed = tuner.timings_are_meaningful(device)
+    if timed:
+        print(f"tuning {len(problems)} shape(s) on {device.name} (sm_{device.capability[0]}{device.capability[1]}, "
+              f"triton {cache.TRITON_VERSION})", file=sys.stderr)
+    else:
+        print(f"checking {len(problems)} shape(s): {tuner.INTERPRETER_NOTE}", file=sys.stderr)
+    cache_file = Path(args.cache_file).expanduser() if args.cache_file else cache.cache_path()
+    with warnings.catch_warnings():  # both are said below, in plain lines
+        warnings.simplefilter("ignore", tuner.TimingsMeaninglessWarning)
+        warnings.filterwarnings("ignore", "tritongemm.tune: could not write", cache.TuningCacheWarning)
+        results = tuner.tune(
+            problems, device=device, max_candidates=args.max_candidates, time_budget_s=args.budget,
+            bench_ms=args.bench_ms, save=not args.no_save, cache_file=cache_file,
+            progress=not args.no_progress,
+        )
     print(tuner.format_table(results))
     rejections = tuner.format_rejections(results)
     if rejections:
         print("\nrejected candidates:\n" + rejections)
-    if not args.no_save:
-        print(f"\ncache: {Path(args.cache_file).expanduser() if args.cache_file else cache.cache_path()}")
+    save_errors = [r.save_error for r in results if r.save_error]
+    if save_errors:
+        print(f"\nNOT SAVED: could not write the cache {cache_file} ({save_errors[0]}); "
+              "the results above are all there is", file=sys.stderr)
+    elif not timed:
+        print("\nnothing written to the cache: timings on the interpreter are meaningless", file=sys.stderr)
+    elif not args.no_save:
+        print(f"\ncache: {cache_file}")
     if args.csv:
         write_csv(results, args.csv, device)
-    return 0 if all(r.best is not None for r in results) else 1
+    return 0 if all(r.correct for r in results) and not save_errors else 1
 
 
 def write_csv(results: Sequence[tuner.TuneResult], path: str | Path, device: DeviceInfo) -> None:
@@ -300,10 +326,14 @@ def run_cache(args: argparse.Namespace) -> int:
 
 
 def _short(config) -> str:
-    try:
-        return TileConfig.from_dict(config).short()
-    except Exception:
-        return f"(invalid config {config!r})"
+    """The config in short, or why dispatch ignores it."""
+    reason = cache.config_fields_problem(config) if isinstance(config, dict) else "not an object"
+    if reason is None:
+        try:
+            return TileConfig.from_dict(config).short()
+        except Exception as exc:
+            reason = str(exc)
+    return f"(ignored: {reason})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,8 @@
-"""A tiny text progress bar on stderr (no dependency).
+"""The progress bar of ``tune`` and the benchmarks: ``tqdm`` on stderr.
 
-On a terminal it redraws one line with ``\\r``; in a log file it writes one
-line per problem, so CI logs stay readable.
+On a terminal tqdm redraws one line; in a log (stderr not a terminal) a
+redrawn line would pile up as ``\\r``-joined text, so each finished step is
+written as one plain line in tqdm's format instead, and CI logs stay readable.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ import sys
 import time
 from typing import TextIO
 
+#: ``[####------] 5/12 shapes [01:03<01:31, 4096x4096x4096 float16 NT | candidate 7/36]``
+BAR_FORMAT = "[{bar}] {n_fmt}/{total_fmt} {unit} [{elapsed}<{remaining}{postfix}]"
+
 
 class ProgressBar:
-    """``[#######.......]  5/12 shapes  1m03s | 4096x4096x4096 float16 NT | candidate 7/36``
+    """Progress over ``total`` steps (shapes, runs), with a label for the current step.
 
     >>> bar = ProgressBar(total=12); bar.update(done=5, label="4096x4096x4096"); bar.close()  # doctest: +SKIP
     """
-
-    WIDTH = 24
 
     def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True, unit: str = "shapes"):
         self.total = max(total, 1)
@@ -26,48 +28,39 @@ class ProgressBar:
         self.enabled = enabled
         self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
         self.start = time.perf_counter()
-        self._last_len = 0
+        # Imported here: dispatch's cache lookups import the tuning package, and must not need tqdm.
+        from tqdm import tqdm
+
+        self._format_meter = tqdm.format_meter
+        self._bar = tqdm(
+            total=self.total, unit=unit, file=self.stream, bar_format=BAR_FORMAT, ascii=" #",
+            dynamic_ncols=True, disable=not (enabled and self.interactive),
+        )
 
     def update(self, done: int, label: str = "", detail: str = "") -> None:
-        """Redraw the bar (on a terminal); ``detail`` changes within a problem and is only drawn there."""
-        if not self.enabled:
+        """Redraw the bar (on a terminal); ``detail`` changes within a step and is only drawn there."""
+        if self._bar.disable:
             return
-        if self.interactive:
-            self._draw(self._line(done, label, detail), end="")
+        self._bar.set_postfix_str(" | ".join(p for p in (label, detail) if p), refresh=False)
+        self._bar.update(done - self._bar.n)  # update() redraws; a zero step redraws the label too
+        self._bar.refresh()
 
     def step(self, done: int, label: str = "") -> None:
-        """A problem finished: on a terminal redraw, in a log write one line."""
+        """A step finished: on a terminal redraw, in a log write one line."""
         if not self.enabled:
             return
-        line = self._line(done, label, "")
         if self.interactive:
-            self._draw(line, end="")
-        else:
-            self.stream.write(line + "\n")
-            self.stream.flush()
+            self.update(done, label)
+            return
+        line = self._format_meter(
+            done, self.total, time.perf_counter() - self.start, unit=self.unit, bar_format=BAR_FORMAT,
+            ascii=" #", postfix=label or None,
+        )
+        self.stream.write(line + "\n")
+        self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled and self.interactive:
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _line(self, done: int, label: str, detail: str) -> str:
-        filled = self.WIDTH * min(done, self.total) // self.total
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        parts = [f"[{bar}] {done:>{len(str(self.total))}}/{self.total} {self.unit} {_clock(time.perf_counter() - self.start)}"]
-        parts += [p for p in (label, detail) if p]
-        return " | ".join(parts)
-
-    def _draw(self, line: str, end: str) -> None:
-        pad = " " * max(self._last_len - len(line), 0)
-        self.stream.write("\r" + line + pad + end)
-        self.stream.flush()
-        self._last_len = len(line)
-
-
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+        self._bar.close()
 
 
 __all__ = ["ProgressBar"]

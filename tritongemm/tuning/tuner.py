@@ -8,10 +8,15 @@ For each problem:
 3. for each candidate (the heuristic's choice first, then
    ``candidate_configs``): run it once on NaN-filled output and compare with
    ``torch.matmul``, rejecting wrong results; then take the median time
-   (``triton.testing.do_bench`` on CUDA, ``time.perf_counter`` on the CPU
-   interpreter);
+   (``triton.testing.do_bench``);
 4. stop when the time budget is spent; the fastest correct candidate wins and
    is written to the on-disk cache.
+
+On Triton's CPU interpreter times say nothing about a GPU: there ``tune``
+only checks that each candidate runs and is correct (step 3 without the
+timing), says so with a ``TimingsMeaninglessWarning``, and writes nothing.
+A cache that cannot be written (a read-only directory) costs the cache entry,
+not the results: ``tune`` warns, and returns them with ``save_error`` set.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import math
 import statistics
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -63,12 +69,22 @@ _TORCH_DTYPES = {
     "float64": torch.float64,
 }
 
+
+class TimingsMeaninglessWarning(UserWarning):
+    """Tuning on Triton's CPU interpreter: candidates are checked for correctness, not timed or saved."""
+
+
+INTERPRETER_NOTE = (
+    "on Triton's CPU interpreter timings are meaningless (they say nothing about a GPU): "
+    "candidates are only checked to run and to be correct; nothing is timed or written to the tuning cache"
+)
+
 Candidates = Sequence[TileConfig | dict] | Callable[[GemmProblem, DeviceInfo], Iterable[TileConfig]] | None
 
 
 @dataclass(frozen=True)
 class CandidateResult:
-    """One candidate's outcome: a median time, or why it was rejected."""
+    """One candidate's outcome: a median time (None when not timed), or why it was rejected."""
 
     config: TileConfig
     ms: float | None = None
@@ -92,6 +108,10 @@ class TuneResult:
     timed_out: bool = False
     seconds: float = 0.0
     saved: bool = False
+    #: False on the interpreter: candidates were only checked, ``best`` is None.
+    timed: bool = True
+    #: Why the result is not in the cache although saving was asked for (e.g. a read-only directory).
+    save_error: str | None = None
 
     @property
     def tflops(self) -> float | None:
@@ -104,6 +124,10 @@ class TuneResult:
     @property
     def rejected(self) -> list[CandidateResult]:
         return [c for c in self.candidates if c.error is not None]
+
+    @property
+    def correct(self) -> list[CandidateResult]:
+        return [c for c in self.candidates if c.error is None]
 
 
 def _tflops(problem: GemmProblem, ms: float | None) -> float | None:
@@ -204,7 +228,8 @@ def median_ms(fn: Callable[[], None], on_cuda: bool, bench_ms: int = DEFAULT_BEN
     """Median milliseconds per call of ``fn`` after warm-up.
 
     CUDA: ``triton.testing.do_bench`` (which also clears L2 between calls).
-    CPU (Triton's interpreter): ``time.perf_counter`` over at least 3 calls.
+    CPU (Triton's interpreter): ``time.perf_counter`` over at least 3 calls; ``tune``
+    keeps none of these (they say nothing about a GPU), tests of its choosing do.
     """
     if on_cuda:
         import triton.testing
@@ -244,6 +269,7 @@ def _try_candidate(
     problem: GemmProblem,
     on_cuda: bool,
     bench_ms: int,
+    timed: bool = True,
 ) -> CandidateResult:
     launch = launcher(config)
     try:
@@ -253,6 +279,8 @@ def _try_candidate(
         error = check_result(first.out, ref, problem.dtype)
         if error is not None:
             return CandidateResult(config, error=error)
+        if not timed:
+            return CandidateResult(config)
         return CandidateResult(config, ms=median_ms(_Rotation(copies, launch), on_cuda, bench_ms))
     except Exception as exc:  # a compile failure or out-of-resources rejects one candidate, not the run
         return CandidateResult(config, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -290,12 +318,18 @@ def candidates_for(
 # ----------------------------------------------------------------------------------
 # Tuning
 # ----------------------------------------------------------------------------------
-def _torch_device(device: DeviceInfo) -> torch.device:
+def timings_are_meaningful(device: DeviceInfo) -> bool:
+    """Do times measured on ``device`` say anything about a GPU?  Not on Triton's CPU interpreter."""
+    return not device.interpreter
+
+
+def torch_device_for(device: DeviceInfo) -> torch.device:
+    """Where tuning ``device`` runs; ``RuntimeError`` (one line, saying what to do) when it cannot run."""
     if device.interpreter:
         if not interpreter_enabled():
             raise RuntimeError(
-                "tune: no CUDA GPU to tune on, and Triton's CPU interpreter is off "
-                "(set TRITON_INTERPRET=1 before importing tritongemm to tune tiny shapes on the CPU)"
+                "no CUDA GPU to tune on, and Triton's CPU interpreter is off (with TRITON_INTERPRET=1 set "
+                "before tritongemm is imported, tune checks that configs run correctly on the CPU, untimed)"
             )
         return torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device())
@@ -311,22 +345,24 @@ def tune_problem(
     bench_ms: int = DEFAULT_BENCH_MS,
     seed: int = 0,
     on_candidate: Callable[[int, int], None] | None = None,
+    timed: bool = True,
 ) -> TuneResult:
     """Time ``candidates`` on one problem; nothing is saved (``tune`` does that).
 
+    With ``timed=False`` candidates are only run and checked (no times, no ``best``).
     The returned problem (and key) carry the layout ``dispatch`` will see for
     these operands (for M = 1 a transposed A is also row-major, hence "N").
     """
     if kernel not in KERNEL_LAUNCHERS:
         raise ValueError(f"tune: unknown kernel {kernel!r}; known: {', '.join(sorted(KERNEL_LAUNCHERS))}")
     start = time.perf_counter()
-    torch_device = _torch_device(device)
+    torch_device = torch_device_for(device)
     on_cuda = torch_device.type == "cuda"
     copies = make_operands(problem, torch_device, copies_for(problem, on_cuda), seed)
     seen_as = _as_dispatch_sees(problem, copies[0])
     ref = torch.empty_like(copies[0].out)
     torch.matmul(copies[0].a, copies[0].b, out=ref)
-    torch_ms = median_ms(_Rotation(copies, _launch_torch), on_cuda, bench_ms)
+    torch_ms = median_ms(_Rotation(copies, _launch_torch), on_cuda, bench_ms) if timed else None
 
     results: list[CandidateResult] = []
     timed_out = False
@@ -337,10 +373,10 @@ def tune_problem(
         if on_candidate is not None:
             on_candidate(i, len(candidates))
         results.append(
-            _try_candidate(config, KERNEL_LAUNCHERS[kernel], copies, ref, problem, on_cuda, bench_ms)
+            _try_candidate(config, KERNEL_LAUNCHERS[kernel], copies, ref, problem, on_cuda, bench_ms, timed)
         )
-    timed = [r for r in results if r.ms is not None]
-    best = min(timed, key=lambda r: r.ms) if timed else None
+    measured = [r for r in results if r.ms is not None]
+    best = min(measured, key=lambda r: r.ms) if measured else None
     return TuneResult(
         problem=seen_as,
         key=cache.cache_key(seen_as, device, kernel),
@@ -350,13 +386,14 @@ def tune_problem(
         candidates=results,
         timed_out=timed_out,
         seconds=time.perf_counter() - start,
+        timed=timed,
     )
 
 
 def _budget_spent(elapsed: float, budget: float, results: list[CandidateResult]) -> bool:
-    """Out of time: past the budget with a winner, or past twice the budget without one."""
-    have_winner = any(r.ms is not None for r in results)
-    return elapsed > budget if have_winner else elapsed > 2 * budget
+    """Out of time: past the budget with a correct candidate, or past twice the budget without one."""
+    have_correct = any(r.error is None for r in results)
+    return elapsed > budget if have_correct else elapsed > 2 * budget
 
 
 def _as_dispatch_sees(problem: GemmProblem, ops: Operands) -> GemmProblem:
@@ -407,35 +444,60 @@ def tune(
 
     ``progress`` draws a bar on stderr (default: when stderr is a terminal).
     Problems that share a cache key (M bucketed to a power of two) are tuned once.
+    On Triton's CPU interpreter candidates are only checked, nothing is saved
+    (``TimingsMeaninglessWarning``).  When the cache cannot be written the
+    results are still returned, with ``save_error`` (``TuningCacheWarning``).
+    Without a GPU or the interpreter: ``RuntimeError`` before any work.
 
     >>> tritongemm.tune([GemmProblem(4096, 4096, 4096, dtype="bfloat16", layout="NT")])  # doctest: +SKIP
     """
     device = device or device_info()
+    torch_device_for(device)  # no GPU and no interpreter: say so before any work
+    timed = timings_are_meaningful(device)
+    if not timed:
+        warnings.warn(f"tritongemm.tune: {INTERPRETER_NOTE}", TimingsMeaninglessWarning, stacklevel=2)
     path = Path(cache_file).expanduser() if cache_file is not None else None
     todo = _unique((as_problem(p) for p in problems), device, kernel)
     bar = ProgressBar(len(todo), enabled=sys.stderr.isatty() if progress is None else progress)
     results = []
-    for done, problem in enumerate(todo):
-        label = describe_problem(problem)
-        space = candidates_for(problem, device, candidates, max_candidates)
-        bar.update(done, label)
-        result = tune_problem(
-            problem, device, space, kernel=kernel, time_budget_s=time_budget_s, bench_ms=bench_ms,
-            seed=seed, on_candidate=_show_candidate(bar, done, label),
-        )
-        if save and result.best is not None:
-            cache.save_entries(
-                {result.key: cache.make_entry(
-                    result.problem, device, result.best, result.tflops, result.torch_tflops, kernel
-                )},
-                path,
+    save_error = None  # after one failed save the rest are not tried (each could wait out the lock)
+    try:
+        for done, problem in enumerate(todo):
+            label = describe_problem(problem)
+            space = candidates_for(problem, device, candidates, max_candidates)
+            bar.update(done, label)
+            result = tune_problem(
+                problem, device, space, kernel=kernel, time_budget_s=time_budget_s, bench_ms=bench_ms,
+                seed=seed, on_candidate=_show_candidate(bar, done, label), timed=timed,
             )
-            result.saved = True
-            launch.clear_plan_cache()  # cached launch plans may hold the config this entry replaces
-        results.append(result)
-        bar.step(done + 1, label)
-    bar.close()
+            if save and result.best is not None:
+                if save_error is None:
+                    save_error = _save(result, device, kernel, path)
+                result.save_error = save_error
+            results.append(result)
+            bar.step(done + 1, label)
+    finally:
+        bar.close()
     return results
+
+
+def _save(result: TuneResult, device: DeviceInfo, kernel: str, path: Path | None) -> str | None:
+    """Write ``result``'s winner to the cache; returns why it could not be written, or None."""
+    entry = cache.make_entry(result.problem, device, result.best, result.tflops, result.torch_tflops, kernel)
+    try:
+        cache.save_entries({result.key: entry}, path)
+    except OSError as exc:  # read-only directory, full disk, lock held too long: keep the results
+        reason = f"{type(exc).__name__}: {exc}"
+        warnings.warn(
+            f"tritongemm.tune: could not write the tuning cache {path or cache.cache_path()} ({reason}); "
+            "the results are returned (and printed by the CLI) but not saved",
+            cache.TuningCacheWarning,
+            stacklevel=3,
+        )
+        return reason
+    result.saved = True
+    launch.clear_plan_cache()  # cached launch plans may hold the config this entry replaces
+    return None
 
 
 def _show_candidate(bar: ProgressBar, done: int, label: str) -> Callable[[int, int], None]:
@@ -453,9 +515,13 @@ def format_table(results: Sequence[TuneResult]) -> str:
     rows = [header]
     for r in results:
         ratio = f"{r.tflops / r.torch_tflops:.2f}x" if r.tflops and r.torch_tflops else "-"
+        if not r.timed:
+            best = f"(not timed: {len(r.correct)} correct)" if r.correct else "(none correct)"
+        else:
+            best = r.best.short() if r.best else "(none correct)"
         rows.append((
             describe_problem(r.problem),
-            r.best.short() if r.best else "(none correct)",
+            best,
             _fmt(r.tflops),
             _fmt(r.torch_tflops),
             ratio,
@@ -497,6 +563,7 @@ __all__ = [
     "DEFAULT_BENCH_MS",
     "DEFAULT_BUDGET_S",
     "Operands",
+    "TimingsMeaninglessWarning",
     "TuneResult",
     "candidates_for",
     "check_result",
@@ -505,6 +572,8 @@ __all__ = [
     "format_table",
     "make_operands",
     "median_ms",
+    "timings_are_meaningful",
+    "torch_device_for",
     "tune",
     "tune_problem",
 ]
