@@ -16,6 +16,8 @@ few more answers, so that it never fails (or is wrong) where torch works:
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import warnings
 
@@ -79,6 +81,15 @@ def torch_reason(*tensors: torch.Tensor) -> str | None:
 
 _warned: set = set()
 _warned_lock = threading.Lock()
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside tritongemm and torch."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def warn_device_fallback(where: str, reason: str, device: torch.device) -> None:
@@ -92,14 +103,13 @@ def warn_device_fallback(where: str, reason: str, device: torch.device) -> None:
         if (where, reason) in _warned:
             return
         _warned.add((where, reason))
-    hint = ""
     if device.type == "cpu" and not torch.cuda.is_available():
-        hint = (
-            " This machine has no CUDA GPU, and Triton's CPU interpreter is off (TRITON_INTERPRET=1 was not set"
-            " before tritongemm was imported): set it to run tritongemm's kernels on the CPU (slow; for testing)."
+        reason = (
+            "this machine has no CUDA GPU, and Triton's CPU interpreter is off (TRITON_INTERPRET=1 was not "
+            "set before tritongemm was imported; set it to run tritongemm's kernels on the CPU, slowly, for testing)"
         )
     warnings.warn(
-        f"{where} runs torch's own kernels for {device.type} tensors: {reason}.{hint} "
-        f"Every such call is counted; this warning is shown once.",
-        stacklevel=3,
+        f"{where} runs torch's own kernels for {device.type} tensors: {reason}. "
+        "Each such call is counted as a fallback; this warning is shown once.",
+        stacklevel=_caller_stacklevel(),
     )

@@ -151,12 +151,13 @@ def convert(model: torch.nn.Module) -> torch.nn.Module:
         if id(module) in visited:
             return
         visited.add(id(module))
-        for name, child in list(module.named_children()):
+        # Not named_children(): it yields a module once, under its first name only.
+        for name, child in list(module._modules.items()):
             if type(child) is torch.nn.Linear:
                 new = replacement(child)
                 if new is not child:
                     setattr(module, name, new)
-            else:
+            elif child is not None:
                 walk(child)
 
     if type(model) is torch.nn.Linear:
