@@ -34,6 +34,8 @@ with warnings.catch_warnings(record=True) as caught:
             same.append(torch.equal(x @ x.T, gram))
     with tritongemm.patch():
         x @ x.T
+        compiled = torch.compile(lambda a: a @ a.T, fullgraph=True, backend="eager")(x)  # tracing must not warn
+    same.append(torch.equal(compiled, gram))
 print(json.dumps(dict(
     warnings=[dict(category=w.category.__name__, message=str(w.message), file=w.filename) for w in caught],
     same=same,

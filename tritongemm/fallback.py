@@ -95,9 +95,10 @@ def _caller_stacklevel() -> int:
 def warn_device_fallback(where: str, reason: str, device: torch.device) -> None:
     """Warn once per (``where``, reason) that calls on ``device`` run on torch for a device reason.
 
-    Meta tensors stay quiet: there is nothing to compute on them.
+    Meta tensors stay quiet: there is nothing to compute on them.  So does
+    tracing: a warning (a lock, a frame walk) would break a ``fullgraph`` compile.
     """
-    if device.type == "meta" or reason != device_unsupported_reason(device):
+    if torch.compiler.is_compiling() or device.type == "meta" or reason != device_unsupported_reason(device):
         return
     with _warned_lock:
         if (where, reason) in _warned:

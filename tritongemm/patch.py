@@ -107,12 +107,13 @@ class _TritonGemmMode(TorchFunctionMode):
 
     Every open context of the thread counts each call once (``counting``);
     nesting a context adds a counter, not a second mode, so no call is routed
-    (or counted) twice.
+    (or counted) twice.  ``counting`` is replaced, never mutated, so a call
+    being counted meanwhile sees a consistent tuple.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.counting: list[PatchStats] = []
+        self.counting: tuple[PatchStats, ...] = ()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -147,8 +148,8 @@ class patch(contextlib.ContextDecorator):
 
     Nested contexts: every open context counts every call made inside it once,
     served or not (an outer context's counts include its inner ones').
-    Contexts are per thread: a context counts the calls of the thread that
-    opened it (and the autograd work torch runs on its behalf).
+    Contexts are per thread (as torch's function modes are): a context routes
+    and counts the calls made in the thread that opened it.
     """
 
     def __init__(self) -> None:
@@ -164,7 +165,7 @@ class patch(contextlib.ContextDecorator):
             mode.__enter__()
             _active.mode = mode
         stats = PatchStats()
-        mode.counting.append(stats)
+        mode.counting = (*mode.counting, stats)
         stack.append((mode, stats, owns_mode))
         self.stats = stats
         return stats
@@ -173,7 +174,7 @@ class patch(contextlib.ContextDecorator):
         stack = self._uses.stack
         mode, stats, owns_mode = stack.pop()
         # By identity: PatchStats compares by value, and two fresh ones are equal.
-        mode.counting[:] = [s for s in mode.counting if s is not stats]
+        mode.counting = tuple(s for s in mode.counting if s is not stats)
         if owns_mode:
             _active.mode = None
             mode.__exit__(*exc)
