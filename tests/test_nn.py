@@ -1,6 +1,7 @@
 """tritongemm.nn: Linear as a drop-in torch.nn.Linear, and convert() on a small model."""
 
 import copy
+from collections import Counter
 
 import pytest
 import torch
@@ -77,7 +78,20 @@ def test_convert_bare_linear_and_keeps_mode():
     assert type(new) is tritongemm.nn.Linear and not new.training
     assert new.weight is layer.weight and new.bias is layer.bias
     assert (new.in_features, new.out_features) == (3, 2)
-    assert repr(new) == repr(layer)
+    assert repr(layer) == "Linear(in_features=3, out_features=2, bias=True)"
+    assert repr(new) == "Linear(in_features=3, out_features=2, bias=True, backend=tritongemm)"
+
+
+def test_a_converted_model_prints_which_layers_are_tritongemm():
+    class MyLinear(torch.nn.Linear):
+        pass
+
+    model = tritongemm.nn.convert(torch.nn.Sequential(torch.nn.Linear(3, 4), MyLinear(4, 4), torch.nn.ReLU()))
+    lines = str(model).splitlines()
+    assert lines[1].strip() == "(0): Linear(in_features=3, out_features=4, bias=True, backend=tritongemm)"
+    assert lines[2].strip() == "(1): MyLinear(in_features=4, out_features=4, bias=True)"
+    fused = tritongemm.nn.Linear(4, 4, bias=False, activation="gelu")
+    assert repr(fused) == "Linear(in_features=4, out_features=4, bias=False, activation='gelu', backend=tritongemm)"
 
 
 def test_convert_leaves_subclasses_and_converted_layers_alone():
@@ -116,3 +130,191 @@ def test_linear_module_falls_back_and_counts(monkeypatch):
     assert y.shape == (2, 3)
     ((reason, n),) = tritongemm.nn.Linear.fallbacks.items()
     assert n == 1 and "meta" in reason
+
+
+class Tied(torch.nn.Module):
+    """One nn.Linear under two names of the model and inside another submodule."""
+
+    def __init__(self):
+        super().__init__()
+        shared = torch.nn.Linear(6, 6)
+        self.first = shared
+        self.again = shared
+        self.branch = torch.nn.Sequential(shared, torch.nn.Tanh())
+        self.out = torch.nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.out(self.branch(self.again(self.first(x))))
+
+
+def test_convert_keeps_one_module_for_a_shared_linear(device, plans):
+    model = Tied().to(device)
+    reference = copy.deepcopy(model).double()  # deepcopy keeps the sharing
+    calls = []
+    model.first.register_forward_hook(lambda m, args, out: calls.append(m))
+    n_modules, n_params = len(list(model.modules())), len(list(model.parameters()))
+
+    tritongemm.nn.convert(model)
+    assert type(model.first) is tritongemm.nn.Linear
+    assert model.first is model.again is model.branch[0], "a shared nn.Linear must stay one module"
+    assert type(model.out) is tritongemm.nn.Linear
+    assert len(list(model.modules())) == n_modules and len(list(model.parameters())) == n_params
+
+    x = random_tensor((5, 6), torch.float32, device)
+    y = model(x)
+    assert len(plans) == 4
+    assert calls == [model.first] * 3  # the hook fires on each of the three uses, on the one module
+    assert_close(y, reference(x.double()), tol=4 * tolerance(torch.float32, device))
+
+
+def _state_dict_post_hook(module, hook):
+    register = getattr(module, "register_state_dict_post_hook", None)  # public since torch 2.5
+    return register(hook) if register is not None else module._register_state_dict_hook(hook)
+
+
+def test_convert_carries_hooks_over(device, plans):
+    """Hooks registered on an nn.Linear before convert() keep firing, and their handles keep working."""
+    layer = torch.nn.Linear(8, 6, device=device)
+    model = torch.nn.Sequential(layer, torch.nn.Tanh())
+    calls = []
+    layer.register_forward_pre_hook(lambda m, args: (2 * args[0],))  # changes the input
+    layer.register_forward_pre_hook(lambda m, args, kwargs: calls.append(("pre", type(m))), with_kwargs=True)
+    layer.register_forward_hook(lambda m, args, out: out + 1)  # changes the output
+    removed = layer.register_forward_hook(lambda m, args, out: calls.append(("removed", type(m))))
+    layer.register_full_backward_pre_hook(lambda m, grad_out: calls.append(("backward_pre", type(m))))
+    layer.register_full_backward_hook(lambda m, grad_in, grad_out: calls.append(("backward", type(m))))
+    _state_dict_post_hook(layer, lambda m, state, prefix, meta: calls.append(("state_dict", type(m))))
+    layer.register_load_state_dict_post_hook(lambda m, keys: calls.append(("load", type(m))))
+
+    tritongemm.nn.convert(model)
+    new = model[0]
+    assert type(new) is tritongemm.nn.Linear
+    removed.remove()  # a handle taken before convert() still removes its hook
+
+    x = random_tensor((3, 8), torch.float32, device).requires_grad_(True)
+    grad_y = random_tensor((3, 6), torch.float32, device)
+    y = model(x)
+    y.backward(grad_y)
+    assert len(plans) == 3, "the hooked layer must still run on tritongemm"
+    Lin = tritongemm.nn.Linear
+    assert calls == [("pre", Lin), ("backward_pre", Lin), ("backward", Lin)]
+
+    xr, wr, br = (t.detach().double().requires_grad_(True) for t in (x, layer.weight, layer.bias))
+    ref = torch.tanh(F.linear(2 * xr, wr, br) + 1)
+    ref.backward(grad_y.double())
+    assert_close(y, ref)
+    assert_close(x.grad, xr.grad, what="grad of the input")
+    assert_close(new.weight.grad, wr.grad, what="grad of the weight")
+
+    calls.clear()
+    model.load_state_dict(model.state_dict())
+    assert calls == [("state_dict", Lin), ("load", Lin)]
+
+
+def test_convert_keeps_the_state_a_user_set():
+    layer = torch.nn.Linear(4, 3).eval()
+    layer.tag = "encoder.q"
+    layer.register_buffer("scale", torch.full((3,), 2.0))
+    layer.register_buffer("scratch", torch.zeros(3), persistent=False)
+    keys = list(layer.state_dict())
+    new = tritongemm.nn.convert(layer)
+    assert type(new) is tritongemm.nn.Linear
+    assert new.tag == "encoder.q" and not new.training
+    assert new.scale is layer.scale and new.scratch is layer.scratch
+    assert list(new.state_dict()) == keys == ["weight", "bias", "scale"]
+    assert new.fallbacks == {} and new.activation == "none"
+
+
+def test_convert_leaves_a_linear_whose_forward_was_replaced():
+    """A wrapper library's instance-level forward would bypass tritongemm: the layer is left alone, with a warning."""
+    layer = torch.nn.Linear(3, 3)
+    wrapped = layer.forward
+    layer.forward = lambda x: wrapped(x)
+    model = torch.nn.Sequential(layer)
+    with pytest.warns(UserWarning, match="forward replaced"):
+        tritongemm.nn.convert(model)
+    assert model[0] is layer
+
+
+def test_convert_drops_a_stale_module_compile(device, plans):
+    """Module.compile() compiled the old module's call (torch's forward): it must not survive convert()."""
+    layer = torch.nn.Linear(5, 4, device=device)
+    layer.compile(backend="eager")
+    with pytest.warns(UserWarning, match="compile"):
+        new = tritongemm.nn.convert(layer)
+    x = random_tensor((3, 5), torch.float32, device)
+    y = new(x)
+    assert len(plans) == 1, "the converted module ran torch's forward"
+    assert_close(y, F.linear(x.double(), layer.weight.double(), layer.bias.double()))
+
+
+def test_fallbacks_are_counted_per_module_and_summarized(monkeypatch, device, plans):
+    monkeypatch.setattr(tritongemm.nn.Linear, "fallbacks", Counter())
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3, device="meta"), torch.nn.ReLU(),
+                                torch.nn.Linear(3, 2, device="meta"))
+    model.add_module("served", torch.nn.Linear(4, 3, device=device))
+    tritongemm.nn.convert(model)
+    model[:3](torch.empty(2, 4, device="meta"))
+    model[2](torch.empty(5, 3, device="meta"))
+    model.served(random_tensor((2, 4), torch.float32, device))
+    assert len(plans) == 1
+
+    ((reason, n),) = model[0].fallbacks.items()
+    assert "meta" in reason and n == 1
+    assert model[2].fallbacks == {reason: 2}
+    assert model.served.fallbacks == {}
+    assert tritongemm.nn.Linear.fallbacks == {reason: 3}, "the class-level count sums every instance"
+    assert tritongemm.nn.fallback_counts(model) == {"0": {reason: 1}, "2": {reason: 2}}
+    summary = tritongemm.nn.fallback_summary(model)
+    assert summary.splitlines() == [
+        "tritongemm.nn: 3 Linear modules, 2 fell back to torch (3 calls)",
+        f"  0: 1 ({reason})",
+        f"  2: 2 ({reason})",
+    ]
+
+
+def test_vmap_and_grad_over_a_converted_model_fall_back(device):
+    """torch.func wraps tensors (no storage for a kernel): torch computes them, counted, instead of crashing."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(device)
+    reference = copy.deepcopy(model).double()
+    tritongemm.nn.convert(model)
+    x = random_tensor((4, 2, 6), torch.float32, device)
+
+    y = torch.func.vmap(model)(x)
+    assert_close(y, reference(x.double()))
+    for layer in (model[0], model[2]):
+        ((reason, n),) = layer.fallbacks.items()
+        assert n == 1 and "functorch" in reason
+
+    params = dict(model.named_parameters())
+    grads = torch.func.grad(lambda p: torch.func.functional_call(model, p, (x[0],)).sum())(params)
+    reference(x[0].double()).sum().backward()
+    for name, p_ref in reference.named_parameters():
+        assert_close(grads[name], p_ref.grad, what=f"grad of {name}")
+
+
+def test_negated_view_input_is_not_misread(device):
+    """z.conj().imag is a lazily negated view: its storage holds +imag, so a kernel reading it would be wrong."""
+    layer = tritongemm.nn.Linear(6, 4, device=device)
+    z = torch.randn(3, 6, dtype=torch.complex64, device=device)
+    x = z.conj().imag
+    assert x.is_neg()
+    y = layer(x)
+    assert_close(y, F.linear(-z.imag.double(), layer.weight.double(), layer.bias.double()))
+    ((reason, n),) = layer.fallbacks.items()
+    assert "negated" in reason
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+def test_linear_under_autocast_is_served_in_the_autocast_dtype(weight_dtype, device, plans):
+    """Under autocast torch casts fp32 operands to bf16: mixed fp32/bf16 is a uniform call, served, in bf16."""
+    layer = tritongemm.nn.Linear(16, 8, device=device, dtype=weight_dtype)
+    x = random_tensor((5, 16), torch.float32 if weight_dtype == torch.bfloat16 else torch.bfloat16, device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        y = layer(x)
+    assert layer.fallbacks == {}, layer.fallbacks
+    assert len(plans) == 1
+    assert y.dtype == expected.dtype == torch.bfloat16
+    as_cast = [t.to(torch.bfloat16).double() for t in (x, layer.weight, layer.bias)]
+    assert_close(y, F.linear(*as_cast))

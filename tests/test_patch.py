@@ -6,11 +6,15 @@ devices it does not drive) go to torch with the reason counted; the routing
 ends with the ``with`` block.
 """
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import tritongemm
+from tritongemm import interpreter_enabled
 from tritongemm.testing import assert_close, make_operands, random_tensor
 
 DT = torch.float32
@@ -170,26 +174,178 @@ def test_counts_accumulate_and_routing_ends_on_exit(device, plans):
     assert "5 calls served, 1 fell back" in summary and "int32" in summary
 
 
-def test_patch_as_decorator_and_nested(device, plans):
+def test_nested_contexts_each_count_every_call_once(device, plans):
+    """Every open context counts each call made inside it once, served or not; each call is routed once."""
+    t = _operands(device)
+    ia = torch.ones(3, 4, dtype=torch.int32)
+    with tritongemm.patch() as outer:
+        torch.mm(t["a"], t["b"])
+        with tritongemm.patch() as inner:
+            torch.mm(t["a"], t["b"])
+            ia @ ia.t()
+        F.linear(t["a"], t["w"])
+    assert len(plans) == 3
+    ((fell_op, reason),) = inner.fallbacks
+    assert fell_op == "matmul" and "int32" in reason
+    assert inner.served == {"mm": 1} and inner.fallbacks == {("matmul", reason): 1}
+    assert outer.served == {"mm": 2, "linear": 1} and outer.fallbacks == {("matmul", reason): 1}
+    torch.mm(t["a"], t["b"])
+    assert len(plans) == 3 and outer.total_served == 3, "routing must end with the outer block"
+
+
+def test_decorator_stats_hold_the_most_recent_use(device, plans):
     t = _operands(device)
     p = tritongemm.patch()
 
     @p
-    def model(x, y):
-        return torch.mm(x, y)
+    def model(x, y, n):
+        return [torch.mm(x, y) for _ in range(n)]
 
-    out = model(t["a"], t["b"])
-    assert p.stats.served == {"mm": 1}
-    assert_close(out, t["a"].double() @ t["b"].double())
-    with tritongemm.patch() as outer:
-        with tritongemm.patch() as inner:
-            torch.mm(t["a"], t["b"])
-        torch.mm(t["a"], t["b"])
-    assert inner.served == {"mm": 1}
-    assert outer.served == {"mm": 1}  # the inner block's call is served (and counted) once
+    out = model(t["a"], t["b"], 2)
+    first = p.stats
+    assert first.served == {"mm": 2}
+    assert_close(out[0], t["a"].double() @ t["b"].double())
+    model(t["a"], t["b"], 1)
+    assert p.stats.served == {"mm": 1}, "a new use starts from zero"
+    assert first.served == {"mm": 2}, "an earlier use's stats stay as they were"
     assert len(plans) == 3
     torch.mm(t["a"], t["b"])
+    assert len(plans) == 3 and p.stats.total_served == 1
+
+
+def test_recursive_decorator_stats_are_the_outermost_use(device, plans):
+    t = _operands(device)
+    p = tritongemm.patch()
+
+    @p
+    def recurse(depth):
+        torch.mm(t["a"], t["b"])
+        if depth:
+            recurse(depth - 1)
+            assert p.stats.served == {"mm": depth + 1}, "the current use again, once the inner one returned"
+
+    recurse(2)
+    assert p.stats.served == {"mm": 3}
     assert len(plans) == 3
+
+
+def test_func_transforms_fall_back_to_torch(device, plans):
+    """vmap / grad wrap tensors with no storage for a kernel: torch computes them, counted with the reason."""
+    x = random_tensor((4, 9, 13), DT, device)
+    w = random_tensor((13, 11), DT, device)
+    with tritongemm.patch() as stats:
+        out = torch.func.vmap(lambda a: torch.mm(a, w))(x)
+        grad = torch.func.grad(lambda a: torch.tanh(a @ w).sum())(x[0])
+    assert len(plans) == 0 and stats.total_served == 0
+    ((_, reason), *_) = stats.fallbacks
+    assert "functorch" in reason
+    assert stats.fallbacks == {("mm", reason): 1, ("matmul", reason): 1}
+    assert_close(out, x.double() @ w.double())
+    xr = x[0].double().requires_grad_(True)
+    torch.tanh(xr @ w.double()).sum().backward()
+    assert_close(grad, xr.grad)
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test compares whatever torch raises
+        return e
+    raise AssertionError("torch did not raise")
+
+
+# id -> a call torch itself refuses
+TORCH_ERRORS = {
+    "mm-inner-mismatch": lambda t: torch.mm(t["a"], t["a"]),
+    "linear-mismatch": lambda t: F.linear(t["a"], t["w"].mT),
+    "bmm-batch-mismatch": lambda t: torch.bmm(t["ba"], t["bb"][:1]),
+    "vmap-mismatch": lambda t: torch.func.vmap(lambda a: torch.mm(a, t["a"]))(t["ba"]),
+    "mixed-dtypes": lambda t: torch.mm(t["a"].double(), t["b"]),
+    "mixed-dtypes-fp64-under-autocast": lambda t: _autocast(t["a"].device, lambda: torch.mm(t["a"].double(), t["b"])),
+}
+
+
+def _autocast(device, fn):
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        return fn()
+
+
+@pytest.mark.parametrize("call", list(TORCH_ERRORS))
+def test_errors_torch_raises_are_still_raised(call, device):
+    fn = TORCH_ERRORS[call]
+    t = _operands(device)
+    expected = _raised(lambda: fn(t))
+    with tritongemm.patch():
+        with pytest.raises(type(expected)):
+            fn(t)
+
+
+def test_negated_view_falls_back(device, plans):
+    """z.conj().imag is a lazily negated view: its storage holds +imag, so a kernel reading it would be wrong."""
+    t = _operands(device)
+    z = torch.randn(9, 13, dtype=torch.complex64, device=device)
+    a = z.conj().imag
+    with tritongemm.patch() as stats:
+        out = torch.mm(a, t["b"])
+    assert len(plans) == 0
+    ((op, reason),) = stats.fallbacks
+    assert op == "mm" and "negated" in reason
+    assert_close(out, -z.imag.double() @ t["b"].double())
+
+
+# id -> (a call autocast makes uniform, op name): fp32 operands are cast to the autocast dtype
+AUTOCAST = {
+    "F.linear-bf16-input-fp32-weight": (lambda t: F.linear(t["a"].bfloat16(), t["w"], t["bias"]), "linear"),
+    "matmul-fp32": (lambda t: torch.matmul(t["a"], t["b"]), "matmul"),
+    "addmm-mixed": (lambda t: torch.addmm(t["inp"], t["a"].bfloat16(), t["b"]), "addmm"),
+}
+
+
+@pytest.mark.parametrize("call", list(AUTOCAST))
+def test_autocast_calls_are_served_in_the_autocast_dtype(call, device, plans):
+    fn, op = AUTOCAST[call]
+    t = _operands(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        expected = fn(t)
+        with tritongemm.patch() as stats:
+            out = fn(t)
+    assert stats.served == {op: 1} and stats.total_fallbacks == 0, stats.summary()
+    assert len(plans) == 1
+    assert out.dtype == expected.dtype == torch.bfloat16
+    # The reference: the same call in float64 on the operands as autocast rounds them (to bf16).
+    as_cast = {k: v.to(torch.bfloat16).double() for k, v in t.items()}
+    with torch.autocast(device.type, enabled=False):
+        ref = {"F.linear-bf16-input-fp32-weight": lambda c: F.linear(c["a"], c["w"], c["bias"]),
+               "matmul-fp32": lambda c: torch.matmul(c["a"], c["b"]),
+               "addmm-mixed": lambda c: torch.addmm(c["inp"], c["a"], c["b"])}[call](as_cast)
+    assert_close(out, ref, dtype=torch.bfloat16)
+
+
+def test_threads_each_in_their_own_context(device):
+    """Contexts are per thread: each counts exactly its own thread's calls, all computed right, at once."""
+    n_threads = 4
+    start = threading.Barrier(n_threads, timeout=60)
+    shared = tritongemm.patch()  # entered by half the threads: its uses are per thread too
+
+    def work(i):
+        gen = torch.Generator().manual_seed(i)
+        a, b, w, bias = (torch.randn(shape, generator=gen).to(device) for shape in ((16, 24), (24, 8), (8, 24), (8,)))
+        layer = torch.nn.Linear(24, 8, device=device)
+        start.wait()
+        with shared if i % 2 else tritongemm.patch() as stats:
+            outs = [torch.mm(a, b), a @ b, F.linear(a, w, bias), layer(a), torch.mm(a, b)]
+        refs = [a.double() @ b.double()] * 2 + [F.linear(a.double(), w.double(), bias.double()),
+                                                F.linear(a.double(), layer.weight.double(), layer.bias.double()),
+                                                a.double() @ b.double()]
+        return stats, outs, refs
+
+    with ThreadPoolExecutor(n_threads) as pool:
+        results = list(pool.map(work, range(n_threads)))
+    for i, (stats, outs, refs) in enumerate(results):
+        assert stats.served == {"mm": 2, "matmul": 1, "linear": 2}, f"thread {i}: {stats.summary()}"
+        assert stats.total_fallbacks == 0, f"thread {i}: {stats.summary()}"
+        for j, (out, ref) in enumerate(zip(outs, refs)):
+            assert_close(out, ref, what=f"thread {i}, call {j}")
 
 
 def test_patched_gradients_match_torch(device):

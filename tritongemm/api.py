@@ -88,15 +88,19 @@ def _check_pair(fn: str, a, b, b_name: str = "other") -> None:
 
 
 def _autocast(*tensors):
-    """The operands as torch.autocast would hand them to the op (unchanged outside autocast).
+    """The operands as torch would hand them to the op.
 
-    matmul, mm, bmm, addmm, baddbmm and linear compute in the autocast dtype
-    (fp32 operands cast, fp64 left alone); the casts are ordinary
-    differentiable ``.to`` calls, so fp32 weights get fp32 gradients.
+    Under torch.autocast, matmul, mm, bmm, addmm, baddbmm and linear compute
+    in the autocast dtype (fp32 operands cast, fp64 left alone); the casts are
+    ordinary differentiable ``.to`` calls, so fp32 weights get fp32 gradients.
+    A lazily negated view (``z.conj().imag``) is materialized: its storage
+    holds the un-negated values, which a kernel would read.
     """
     first = tensors[0]
     if not isinstance(first, torch.Tensor):
         return tensors
+    if not torch.compiler.is_compiling() and any(isinstance(t, torch.Tensor) and t.is_neg() for t in tensors):
+        tensors = tuple(t.resolve_neg() if isinstance(t, torch.Tensor) else t for t in tensors)
     dtype = autocast_dtype(first.device)
     return tensors if dtype is None else autocast_cast(dtype, *tensors)
 

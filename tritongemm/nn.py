@@ -3,27 +3,27 @@
 ``Linear`` subclasses ``torch.nn.Linear`` (same constructor, parameters,
 ``state_dict`` keys, and ``isinstance`` checks keep working).  Its forward runs
 ``tritongemm.linear``; inputs tritongemm cannot run (CPU tensors without the
-interpreter, integer dtypes, ...) go to torch, as they would under ``patch()``,
-and are counted in ``Linear.fallbacks``.
+interpreter, integer dtypes, functorch-transformed tensors, ...) go to torch, as
+they would under ``patch()``, and are counted by reason in the module's
+``fallbacks`` (``fallback_summary(model)`` gathers them for a whole model;
+``Linear.fallbacks``, read on the class, sums every instance).
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
 from collections import Counter
 
 import torch
 
 from . import api
 from .autograd import is_tracing
-from .semantics import unsupported_reason
+from .fallback import torch_reason, warn_device_fallback
+from .semantics import ACTIVATIONS
 
-_TORCH_ACTIVATIONS = {
-    "none": lambda x: x,
-    "relu": torch.nn.functional.relu,
-    "gelu": torch.nn.functional.gelu,
-    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-    "silu": torch.nn.functional.silu,
-}
+
+_counts_lock = threading.Lock()  # `counter[k] += 1` is a read-modify-write; fallbacks may come from threads
 
 
 class Linear(torch.nn.Linear):
@@ -31,61 +31,156 @@ class Linear(torch.nn.Linear):
 
     >>> layer = tritongemm.nn.Linear(4096, 11008, bias=False, device="cuda", dtype=torch.bfloat16)
     >>> up = tritongemm.nn.Linear(4096, 14336, activation="gelu")   # Linear + bias + GELU in one kernel
+
+    ``layer.fallbacks`` counts, by reason, the calls of this module that went
+    to torch; ``Linear.fallbacks`` (on the class) counts those of all instances.
     """
 
-    #: Reasons inputs were handed to torch instead, across all instances.
+    #: Reasons inputs were handed to torch instead, summed over all instances
+    #: (each instance's own counts shadow this name on the instance).
     fallbacks: Counter = Counter()
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
                  *, activation: str | None = None) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.activation = activation or "none"
-        if self.activation not in _TORCH_ACTIVATIONS:
-            raise ValueError(f"Linear: unknown activation {activation!r}; choose one of {list(_TORCH_ACTIVATIONS)}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"Linear: unknown activation {activation!r}; choose one of {list(ACTIVATIONS)}")
+        self.fallbacks = Counter()
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation!r}" if self.activation != "none" else ""
-        return super().extra_repr() + act
+        return super().extra_repr() + act + ", backend=tritongemm"
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        tensors = [input, self.weight] + ([self.bias] if self.bias is not None else [])
-        reason = None if is_tracing(input) else unsupported_reason(*tensors)
-        if reason is not None:
-            Linear.fallbacks[reason] += 1
-            y = torch.nn.functional.linear(input, self.weight, self.bias)
-            return _TORCH_ACTIVATIONS[self.activation](y)
+        if not is_tracing(input):
+            tensors = (input, self.weight) if self.bias is None else (input, self.weight, self.bias)
+            reason = torch_reason(*tensors)
+            if reason is not None:
+                return self._torch_forward(input, reason)
         return api.linear(input, self.weight, self.bias, activation=self.activation)
+
+    def _torch_forward(self, input: torch.Tensor, reason: str) -> torch.Tensor:
+        with _counts_lock:
+            self.fallbacks[reason] += 1
+            Linear.fallbacks[reason] += 1
+        if isinstance(input, torch.Tensor):
+            warn_device_fallback("tritongemm.nn.Linear", reason, input.device)
+        y = torch.nn.functional.linear(input, self.weight, self.bias)
+        return ACTIVATIONS[self.activation](y)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if "fallbacks" not in self.__dict__:  # pickled before counts were per instance
+            self.fallbacks = Counter()
 
     @classmethod
     def from_linear(cls, module: torch.nn.Linear) -> Linear:
-        """A ``Linear`` that shares ``module``'s parameters (no copy)."""
+        """A ``Linear`` that takes over ``module``'s state: the same objects, not copies.
+
+        Parameters, buffers, hooks (forward, pre-forward, backward, state-dict
+        ones, with their removal handles still working), the training flag and
+        any attributes set on the instance carry over.  The two modules share
+        their parameter, buffer and hook dictionaries, so use the new one from
+        then on.
+        """
         new = cls.__new__(cls)
-        torch.nn.Module.__init__(new)
-        new.in_features = module.in_features
-        new.out_features = module.out_features
-        new.weight = module.weight
-        new.bias = module.bias
-        new.activation = "none"
-        new.train(module.training)
+        # Sharing the instance dictionary's values keeps every hook registered on
+        # `module`, in whatever dictionaries this torch version keeps them, and
+        # keeps the handles torch returned valid (they point at those dictionaries).
+        new.__dict__.update(module.__dict__)
+        for name in ("activation", "fallbacks"):
+            if name in module.__dict__:
+                warnings.warn(
+                    f"tritongemm.nn.convert: the attribute {name!r} set on {module} is replaced by "
+                    f"tritongemm.nn.Linear's own {name!r}",
+                    stacklevel=3,
+                )
+        new.__dict__["activation"] = "none"
+        new.__dict__["fallbacks"] = Counter()
+        if new.__dict__.get("_compiled_call_impl") is not None:
+            # Module.compile() compiled the old module's call: it would keep running torch.
+            new.__dict__["_compiled_call_impl"] = None
+            warnings.warn(
+                f"tritongemm.nn.convert: {module} was compiled with Module.compile(); call compile() "
+                "again on the converted module",
+                stacklevel=3,
+            )
         return new
+
+
+def _convertible(module: torch.nn.Module) -> bool:
+    if type(module) is not torch.nn.Linear:  # subclasses may compute something else: left alone
+        return False
+    if "forward" in module.__dict__:
+        warnings.warn(
+            f"tritongemm.nn.convert: {module} has its forward replaced on the instance (by a wrapper "
+            "library?); left as torch's nn.Linear",
+            stacklevel=3,
+        )
+        return False
+    return True
 
 
 def convert(model: torch.nn.Module) -> torch.nn.Module:
     """Swap every ``torch.nn.Linear`` in ``model`` (in place) for ``tritongemm.nn.Linear``.
 
-    Parameters are shared, not copied; hooks on the old modules are not carried
-    over.  Returns ``model`` (itself a new ``Linear`` if it was one).
+    The new modules take over the old ones' parameters, hooks and attributes
+    (see ``Linear.from_linear``).  A module reachable under several names
+    (shared between submodules) becomes one converted module.  Subclasses of
+    ``nn.Linear`` are left alone.  Returns ``model`` (itself a new ``Linear``
+    if it was one).
 
     >>> model = tritongemm.nn.convert(model)
     """
+    replaced: dict[int, torch.nn.Module] = {}  # id(an nn.Linear met) -> what takes its place
+    visited: set[int] = set()
+
+    def replacement(linear: torch.nn.Linear) -> torch.nn.Module:
+        if id(linear) not in replaced:
+            replaced[id(linear)] = Linear.from_linear(linear) if _convertible(linear) else linear
+        return replaced[id(linear)]
+
+    def walk(module: torch.nn.Module) -> None:
+        if id(module) in visited:
+            return
+        visited.add(id(module))
+        # Not named_children(): it yields a module once, under its first name only.
+        for name, child in list(module._modules.items()):
+            if type(child) is torch.nn.Linear:
+                new = replacement(child)
+                if new is not child:
+                    setattr(module, name, new)
+            elif child is not None:
+                walk(child)
+
     if type(model) is torch.nn.Linear:
-        return Linear.from_linear(model)
-    for name, child in list(model.named_children()):
-        if type(child) is torch.nn.Linear:
-            setattr(model, name, Linear.from_linear(child))
-        else:
-            convert(child)
+        return replacement(model)
+    walk(model)
     return model
 
 
-__all__ = ["Linear", "convert"]
+def fallback_counts(model: torch.nn.Module) -> dict[str, Counter]:
+    """Per tritongemm ``Linear`` in ``model`` (by name) that fell back: its reasons and counts."""
+    return {
+        name: Counter(m.fallbacks)
+        for name, m in model.named_modules()
+        if isinstance(m, Linear) and m.fallbacks
+    }
+
+
+def fallback_summary(model: torch.nn.Module) -> str:
+    """Which layers of ``model`` ran on torch instead of tritongemm, and why, for printing.
+
+    >>> print(tritongemm.nn.fallback_summary(model))
+    """
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    counts = fallback_counts(model)
+    total = sum(sum(c.values()) for c in counts.values())
+    lines = [f"tritongemm.nn: {len(layers)} Linear modules, {len(counts)} fell back to torch ({total} calls)"]
+    for name, reasons in counts.items():
+        lines += [f"  {name or '(model)'}: {n} ({reason})" for reason, n in sorted(reasons.items())]
+    return "\n".join(lines)
+
+
+__all__ = ["Linear", "convert", "fallback_counts", "fallback_summary"]

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from . import api
-from .semantics import unsupported_reason
+from .fallback import torch_reason, warn_device_fallback
 
 
 @dataclass
@@ -99,13 +99,21 @@ def _route(op: str, args: tuple, kwargs: dict, n_tensors: int) -> str | None:
     tensors = [t for t in tensors if t is not None]
     if any(not isinstance(t, torch.Tensor) for t in tensors):
         return "non-tensor operand"
-    return unsupported_reason(*tensors)
+    return torch_reason(*tensors)
 
 
 class _TritonGemmMode(TorchFunctionMode):
-    def __init__(self, stats: PatchStats):
+    """One per thread, however many ``patch()`` contexts are open in it.
+
+    Every open context of the thread counts each call once (``counting``);
+    nesting a context adds a counter, not a second mode, so no call is routed
+    (or counted) twice.  ``counting`` is replaced, never mutated, so a call
+    being counted meanwhile sees a consistent tuple.
+    """
+
+    def __init__(self) -> None:
         super().__init__()
-        self.stats = stats
+        self.counting: tuple[PatchStats, ...] = ()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -115,10 +123,16 @@ class _TritonGemmMode(TorchFunctionMode):
         op, impl, n_tensors = route
         reason = _route(op, args, kwargs, n_tensors)
         if not torch.compiler.is_compiling():  # counted in eager mode; a compiled graph is traced once
-            self.stats._count(op, reason)
+            for stats in self.counting:
+                stats._count(op, reason)
         if reason is not None:
+            if isinstance(args[0], torch.Tensor):
+                warn_device_fallback("tritongemm.patch()", reason, args[0].device)
             return func(*args, **kwargs)
         return impl(*args, **kwargs)
+
+
+_active = threading.local()  # .mode: this thread's _TritonGemmMode while a patch() is open in it
 
 
 class patch(contextlib.ContextDecorator):
@@ -129,22 +143,43 @@ class patch(contextlib.ContextDecorator):
     >>> print(stats.summary())
 
     Also a decorator (``@tritongemm.patch()``); ``patch.stats`` holds the counts
-    of the most recent (or current) use.
+    of the most recent use (each use starts from zero), or of the current one
+    while a use is open.
+
+    Nested contexts: every open context counts every call made inside it once,
+    served or not (an outer context's counts include its inner ones').
+    Contexts are per thread (as torch's function modes are): a context routes
+    and counts the calls made in the thread that opened it.
     """
 
     def __init__(self) -> None:
         self.stats = PatchStats()
-        self._modes: list[_TritonGemmMode] = []
+        self._uses = threading.local()  # .stack: this object's open uses in this thread
 
     def __enter__(self) -> PatchStats:
-        mode = _TritonGemmMode(self.stats)
-        mode.__enter__()
-        self._modes.append(mode)
-        return self.stats
+        stack = self._uses.__dict__.setdefault("stack", [])
+        mode = getattr(_active, "mode", None)
+        owns_mode = mode is None
+        if owns_mode:
+            mode = _TritonGemmMode()
+            mode.__enter__()
+            _active.mode = mode
+        stats = PatchStats()
+        mode.counting = (*mode.counting, stats)
+        stack.append((mode, stats, owns_mode))
+        self.stats = stats
+        return stats
 
     def __exit__(self, *exc) -> bool:
-        mode = self._modes.pop()
-        mode.__exit__(*exc)
+        stack = self._uses.stack
+        mode, stats, owns_mode = stack.pop()
+        # By identity: PatchStats compares by value, and two fresh ones are equal.
+        mode.counting = tuple(s for s in mode.counting if s is not stats)
+        if owns_mode:
+            _active.mode = None
+            mode.__exit__(*exc)
+        if stack:  # a recursive use of this object is still open: it is the current one
+            self.stats = stack[-1][1]
         return False
 
 

@@ -1,0 +1,101 @@
+"""When ``nn.Linear`` and ``patch()`` hand a call to torch instead, and saying so.
+
+``semantics.unsupported_reason`` answers for what the kernels cannot run
+(dtype, layout, device).  Code that stands in for torch's own calls needs a
+few more answers, so that it never fails (or is wrong) where torch works:
+
+* tensors with no storage for a kernel to read: the wrappers of
+  ``torch.func.vmap`` / ``grad`` / ``jvp`` (torch computes through them at
+  the dispatcher level; a Triton kernel needs a data pointer);
+* lazily negated views (``z.conj().imag`` of a complex ``z``): the storage
+  holds the values un-negated, so a kernel reading it would be silently wrong;
+* autocast: torch casts the operands of the matmul family to the autocast
+  dtype, so an fp32 weight with a bf16 input is a uniform call there, not a
+  mixed-dtype one (the API does the cast).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+
+import torch
+
+from .semantics import autocast_dtype, device_unsupported_reason, unsupported_reason
+
+_is_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+_has_storage = getattr(torch._C, "_has_storage", None)
+
+
+def _no_storage(t: torch.Tensor) -> bool:
+    if _is_functorch_wrapped is not None:
+        return _is_functorch_wrapped(t)
+    return _has_storage is not None and not _has_storage(t)
+
+
+def _autocast_makes_runnable(tensors) -> bool:
+    """Would autocast turn these operands into one dtype tritongemm runs?"""
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return False
+    device = tensors[0].device
+    cast = autocast_dtype(device)
+    if cast is None or any(t.device != device for t in tensors):
+        return False
+    if any(unsupported_reason(t) is not None for t in tensors):  # dtype, layout, device one at a time
+        return False
+    # Autocast casts floating tensors except float64 (torch's is_eligible rule).
+    return len({cast if t.dtype != torch.float64 else t.dtype for t in tensors}) == 1
+
+
+def torch_reason(*tensors: torch.Tensor) -> str | None:
+    """Why this call must go to torch, or None when tritongemm can serve it."""
+    reason = unsupported_reason(*tensors)
+    if reason is not None and not _autocast_makes_runnable(tensors):
+        return reason
+    if torch.compiler.is_compiling():  # fake tensors: they have no data, and trace as the custom op
+        return None
+    for t in tensors:
+        if _no_storage(t):
+            return "functorch-transformed tensor (torch.func.vmap/grad/jvp): no storage for a Triton kernel"
+        if t.is_neg():
+            return "lazily negated view (e.g. z.conj().imag): its storage holds the un-negated values"
+    return None
+
+
+_warned: set = set()
+_warned_lock = threading.Lock()
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside tritongemm and torch."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_device_fallback(where: str, reason: str, device: torch.device) -> None:
+    """Warn once per (``where``, reason) that calls on ``device`` run on torch for a device reason.
+
+    Meta tensors stay quiet: there is nothing to compute on them.  So does
+    tracing: a warning (a lock, a frame walk) would break a ``fullgraph`` compile.
+    """
+    if torch.compiler.is_compiling() or device.type == "meta" or reason != device_unsupported_reason(device):
+        return
+    with _warned_lock:
+        if (where, reason) in _warned:
+            return
+        _warned.add((where, reason))
+    if device.type == "cpu" and not torch.cuda.is_available():
+        reason = (
+            "this machine has no CUDA GPU, and Triton's CPU interpreter is off (TRITON_INTERPRET=1 was not "
+            "set before tritongemm was imported; set it to run tritongemm's kernels on the CPU, slowly, for testing)"
+        )
+    warnings.warn(
+        f"{where} runs torch's own kernels for {device.type} tensors: {reason}. "
+        "Each such call is counted as a fallback; this warning is shown once.",
+        stacklevel=_caller_stacklevel(),
+    )
