@@ -3,7 +3,7 @@
     python -m benchmarks quick [--out DIR]
     python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward [--dtype fp16,bf16]
                              [--out DIR] [--no-compile] [--filter TEXT] [--impls A,B] [--sabotaged]
-    python -m benchmarks plot CSV [CSV ...] [--out DIR]
+    python -m benchmarks plot CSV [CSV ...] [--out DIR] [--figures KIND,...]
     python -m benchmarks list
 """
 
@@ -73,11 +73,44 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     pl = sub.add_parser("plot", help="regenerate figures from results CSVs (no GPU needed)")
-    pl.add_argument("csv", nargs="+", help="results CSV(s)")
+    pl.add_argument("csv", nargs="+", help="results CSV(s), drawn together")
     pl.add_argument("--out", help="figures folder (default: the first CSV's folder)")
+    pl.add_argument("--figures", help="only these kinds (comma-separated): tflops, speedup, ladder, heatmap, "
+                                      "sweep, roofline, compile, quick")
 
     sub.add_parser("list", help="list the suites and their cases")
     return p
+
+
+def _plot(args: argparse.Namespace) -> int:
+    """Figures from the readable CSVs; one line on stderr for each file that is not a results CSV."""
+    from . import plots, schema
+
+    kinds = [k.strip() for k in args.figures.split(",") if k.strip()] if args.figures else list(plots.KINDS)
+    unknown = [k for k in kinds if k not in plots.KINDS]
+    if unknown:
+        print(f"benchmarks plot: unknown figure kind(s) {', '.join(unknown)}; choose from "
+              f"{', '.join(plots.KINDS)}", file=sys.stderr)
+        return 2
+    frames, skipped = [], 0
+    for path in args.csv:
+        try:
+            frames.append(schema.read(path))
+        except schema.SchemaError as exc:
+            print(f"benchmarks plot: skipped {exc}", file=sys.stderr)
+            skipped += 1
+    if not frames:
+        return 1
+    import pandas as pd
+
+    out = args.out or os.path.dirname(os.fspath(args.csv[0])) or "."
+    files = plots.plot_all(pd.concat(frames, ignore_index=True), out, kinds)
+    for f in files:
+        print(f"wrote {f}")
+    if not files:
+        print("benchmarks plot: no figures: the CSV(s) hold no successful measurements of the kinds asked for",
+              file=sys.stderr)
+    return 0 if files and not skipped else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,14 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_quick(args.out, progress=not args.no_progress)
 
     if args.command == "plot":
-        from . import plots
-
-        files = plots.plot_all([os.fspath(p) for p in args.csv], args.out)
-        for f in files:
-            print(f"wrote {f}")
-        if not files:
-            print("no figures: the CSV(s) hold no successful measurements", file=sys.stderr)
-        return 0 if files else 1
+        return _plot(args)
 
     if args.command == "list":
         from .suites import SUITES

@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from . import schema
+
 DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
@@ -56,16 +58,11 @@ L2_ROTATION_FACTOR = 2
 #: Never more copies than this (tiny problems would otherwise need thousands).
 MAX_COPIES = 1024
 
-#: Column order of the results CSV (env_* columns follow).
-COLUMNS = [
-    "suite", "group", "case", "x", "x_label", "m", "n", "k", "layout", "dtype", "backward",
-    "impl", "family", "variant", "config", "block_m", "block_n", "block_k", "group_m",
-    "num_warps", "num_stages", "status", "message", "rel_err", "tol", "n_copies",
-    "ms", "ms_p20", "ms_p80", "host_us", "tflops", "gbps", "speedup_vs_cublas", "flops", "bytes", "intensity",
-]
+#: Column order of the results CSV (the schema and its documentation: ``schema.py``).
+COLUMNS = schema.COLUMNS
 
 # Row statuses.
-OK, FAILED_GATE, INVALID, ERROR = "ok", "failed_gate", "invalid_config", "error"
+OK, FAILED_GATE, INVALID, ERROR = schema.OK, schema.FAILED_GATE, schema.INVALID, schema.ERROR
 
 
 # ----------------------------------------------------------------------------------
@@ -682,18 +679,13 @@ def default_results_dir(env: dict) -> Path:
 # CSV
 # ----------------------------------------------------------------------------------
 def to_frame(rows: Iterable[dict], env: dict[str, Any] | None = None):
-    """Rows as a DataFrame with the standard columns, plus ``env_*`` columns in every row."""
+    """Rows as a DataFrame in the schema's column order, with ``env_*`` columns in every row."""
     import pandas as pd
 
     df = pd.DataFrame(list(rows))
-    for col in COLUMNS:
-        if col not in df.columns:
-            df[col] = None
-    extra = [c for c in df.columns if c not in COLUMNS]
-    df = df[COLUMNS + extra]
     for key, value in (env or {}).items():
-        df[f"env_{key}"] = value
-    return df
+        df[f"{schema.ENV_PREFIX}{key}"] = value
+    return schema.conform(df)
 
 
 def write_results(rows: Iterable[dict], path: str | Path, env: dict[str, Any] | None = None,
@@ -701,10 +693,11 @@ def write_results(rows: Iterable[dict], path: str | Path, env: dict[str, Any] | 
     """Write the tidy CSV at ``path`` and ``<stem>.env.json`` beside it; returns the CSV path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    rows = list(rows)
     try:
         to_frame(rows, env).to_csv(path, index=False)
     except ImportError:  # no pandas on this machine: the same columns through the csv module
-        _write_csv_plain(list(rows), path, env or {})
+        _write_csv_plain(rows, path, env or {})
     sidecar = {"environment": env or {}, **(extra or {})}
     path.with_suffix(".env.json").write_text(json.dumps(sidecar, indent=2, default=str) + "\n")
     return path
@@ -714,20 +707,20 @@ def _write_csv_plain(rows: list[dict], path: Path, env: dict[str, Any]) -> None:
     import csv
 
     extra = [k for r in rows for k in r if k not in COLUMNS]
-    header = COLUMNS + list(dict.fromkeys(extra)) + [f"env_{k}" for k in env]
+    header = COLUMNS + list(dict.fromkeys(extra)) + [f"{schema.ENV_PREFIX}{k}" for k in env]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=header)
         writer.writeheader()
         for r in rows:
             writer.writerow({**{k: ("" if v is None else v) for k, v in r.items()},
-                             **{f"env_{k}": v for k, v in env.items()}})
+                             **{f"{schema.ENV_PREFIX}{k}": v for k, v in env.items()}})
 
 
 def read_results(*paths: str | Path):
-    """One DataFrame from one or more results CSVs."""
+    """One DataFrame from one or more results CSVs (``schema.SchemaError`` for a file that is not one)."""
     import pandas as pd
 
-    frames = [pd.read_csv(p) for p in paths]
+    frames = [schema.read(p) for p in paths]
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 import tritongemm
-from benchmarks import harness, plots, quick, suites
+from benchmarks import harness, plots, quick, schema, suites
 from benchmarks.__main__ import main as cli_main
 from benchmarks.harness import Case, Impl
 
@@ -95,6 +96,14 @@ def synthetic_rows() -> list[dict]:
         rows += _rows_for(case, torch.float16, BASELINES[:1] + grid)
     for case in suites.backward_cases()[:3]:
         rows += _rows_for(case, torch.bfloat16, BASELINES)
+    for case in suites.decomposition_cases():
+        decomps = [(f"tritongemm:{d}", "tritongemm", d, None) for d in ("sliced_k", "split_k", "stream_k")]
+        rows += _rows_for(case, torch.float16, BASELINES[:2] + decomps)
+    for case in suites.square_cases()[2:4]:  # a config sweep: the heuristic and two fixed configs
+        sweep = [("cublas", "cublas", "torch.matmul", None), ("tritongemm", "tritongemm", "heuristic", None)]
+        sweep += [(f"tritongemm:{c.short()}", "tritongemm", "sweep", c)
+                  for c in (tritongemm.TileConfig(64, 64, 32), tritongemm.TileConfig(128, 128, 64, num_warps=8))]
+        rows += [{**r, "suite": "sweep", "group": "small"} for r in _rows_for(case, torch.float16, sweep)]
     for case in quick.quick_cases():
         for dtype in quick.QUICK_DTYPES:
             impls = BASELINES[:2] + (PIPES if case.m == quick.PIPELINE_SIZE and dtype == torch.float16 else [])
@@ -116,8 +125,9 @@ def test_plot_all_writes_every_figure_from_csv_alone(synthetic_csv, tmp_path):
     files = plots.plot_all([synthetic_csv], tmp_path / "figs")
     names = {f.name for f in files}
     expected = {"square_tflops.png", "square_speedup.png", "llm_tflops.png", "llm_speedup.png",
-                "decode_tflops.png", "decode_speedup.png", "backward_tflops.png", "backward_speedup.png",
-                "stages_ladder.png", "hierarchy_heatmap.png", "roofline.png", "quick.png"}
+                "decode_gbps.png", "decode_speedup.png", "backward_tflops.png", "backward_speedup.png",
+                "decomposition_tflops.png", "decomposition_speedup.png", "stages_ladder.png",
+                "hierarchy_heatmap.png", "sweep_best.png", "roofline.png", "vs_torch_compile.png", "quick.png"}
     assert expected <= names, expected - names
     for f in files:
         assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 5000, f
@@ -127,37 +137,90 @@ def _visible_axes(fig):
     return [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
 
 
-@pytest.mark.parametrize("name", ["tflops", "speedup", "ladder", "heatmap", "roofline", "quick"])
-def test_figures_label_their_axes(synthetic_csv, name):
-    df = harness.read_results(synthetic_csv)
-    fig = {
-        "tflops": lambda: plots.fig_tflops(df, "square"),
-        "speedup": lambda: plots.fig_speedup(df, "llm"),
-        "ladder": lambda: plots.fig_ladder(df),
-        "heatmap": lambda: plots.fig_heatmap(df),
-        "roofline": lambda: plots.fig_roofline(df),
-        "quick": lambda: plots.fig_quick(df),
-    }[name]()
+FIGURES = {
+    "tflops": lambda df: plots.fig_tflops(df, "square"),
+    "gbps": lambda df: plots.fig_tflops(df, "decode", "gbps"),
+    "bars": lambda df: plots.fig_tflops(df, "decomposition"),
+    "speedup": lambda df: plots.fig_speedup(df, "llm"),
+    "ladder": plots.fig_ladder,
+    "heatmap": plots.fig_heatmap,
+    "sweep": plots.fig_sweep,
+    "roofline": plots.fig_roofline,
+    "compile": plots.fig_compile,
+    "quick": plots.fig_quick,
+}
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_figures_label_their_axes_and_stay_readable(synthetic_csv, name):
+    fig = FIGURES[name](harness.read_results(synthetic_csv))
     assert fig is not None
     axes = _visible_axes(fig)
     assert axes
     for ax in axes:
-        assert ax.get_xlabel() and ax.get_ylabel(), (name, ax.get_title())
+        # a y label on the panel, or on the panel whose y axis it shares
+        ylabels = [a.get_ylabel() for a in ax.get_shared_y_axes().get_siblings(ax)]
+        assert ax.get_xlabel() and any(ylabels), (name, ax.get_title())
     assert "NVIDIA H100" in fig.get_suptitle() or "NVIDIA H100" in axes[0].get_title()
+    width, height = fig.get_size_inches() * plots.DPI
+    assert width <= 1920 and height <= 2400, (width, height)
 
 
 def test_speedup_figure_marks_cublas_parity(synthetic_csv):
     fig = plots.fig_speedup(harness.read_results(synthetic_csv), "square")
     for ax in _visible_axes(fig):
-        assert any(list(line.get_ydata()) == [1.0, 1.0] for line in ax.get_lines()), "no line at 1.0"
+        assert any(list(line.get_xdata()) == [1.0, 1.0] for line in ax.get_lines()), "no line at 1.0"
 
 
-def test_roofline_uses_measured_ceilings(synthetic_csv):
+def test_tflops_figure_draws_lines_only_along_one_swept_size(synthetic_csv):
+    df = harness.read_results(synthetic_csv)
+    # square: the six M = N = K sizes are one line per impl and dtype; the single 5120x5120x4096 NT problem
+    # gets no panel of its own (the title names it), so there are exactly the two dtype panels.
+    fig = plots.fig_tflops(df, "square")
+    axes = _visible_axes(fig)
+    assert [ax.get_title() for ax in axes] == ["fp16", "bf16"]
+    assert "5120x5120x4096 NT" in fig.get_suptitle()
+    assert all(len(line.get_xdata()) == 6 for ax in axes for line in ax.get_lines())
+    # decomposition: four unrelated shapes (K is not the only thing that changes): bars, no joining lines
+    (ax,) = _visible_axes(plots.fig_tflops(df, "decomposition"))
+    assert not ax.get_lines() and len(ax.patches) == 4 * 5
+    assert [t.get_text() for t in ax.get_xticklabels()] == [c.label for c in suites.decomposition_cases()]
+
+
+def test_roofline_roof_is_the_datasheet_peak_and_the_measured_copy(synthetic_csv):
     df = harness.read_results(synthetic_csv)
     assert plots.ceilings(df) == (3000.0, 790.0)
-    assert "ridge" in plots.fig_roofline(df).axes[0].get_title()
+    fig = plots.fig_roofline(df)
+    ax = fig.axes[0]
+    assert "ridge at 330 FLOP/byte" in ax.get_title()  # 989.4 TFLOP/s / 3000 GB/s
+    roof = next(line for line in ax.get_lines() if line.get_label().startswith("roof"))
+    assert max(roof.get_ydata()) == pytest.approx(989.4) and "datasheet" in roof.get_label()
+    assert any(list(line.get_ydata()) == [790.0, 790.0] for line in ax.get_lines())  # cuBLAS, measured
+    assert plots.datasheet_peak("NVIDIA H100 PCIe") == (756.0, "H100 PCIe")
+    unknown = df.assign(env_gpu="Some Future GPU")
+    roof = next(line for line in plots.fig_roofline(unknown).axes[0].get_lines()
+                if line.get_label().startswith("roof"))
+    assert max(roof.get_ydata()) == pytest.approx(790.0) and "no datasheet entry" in roof.get_label()
     no_ceilings = df[df["suite"] != "ceiling"]
     assert "not drawn" in plots.fig_roofline(no_ceilings).axes[0].get_title()
+
+
+def test_compile_figure_puts_tritongemm_beside_torch_compile(synthetic_csv):
+    df = harness.read_results(synthetic_csv)
+    fig = plots.fig_compile(df)
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert {"tritongemm", "torch.compile"} <= labels
+    assert plots.fig_compile(df[df["family"] != "torch.compile"]) is None
+
+
+def test_sweep_figure_compares_the_heuristic_with_the_best_config(synthetic_csv):
+    df = harness.read_results(synthetic_csv)
+    (ax,) = _visible_axes(plots.fig_sweep(df))
+    best, heuristic = ax.collections[:2]
+    sweep = df[(df["suite"] == "sweep") & (df["family"] == "tritongemm")]
+    per_case = sweep.groupby(["case"], sort=False)["speedup_vs_cublas"].max()
+    assert sorted(best.get_offsets()[:, 0]) == pytest.approx(sorted(per_case))
+    assert len(heuristic.get_offsets()) == len(per_case)
 
 
 def test_figures_skip_missing_data(synthetic_csv):
@@ -175,6 +238,41 @@ def test_cli_plot_regenerates_figures(synthetic_csv, tmp_path, capsys):
     assert cli_main(["plot", str(small), "--out", str(tmp_path / "figs")]) == 0
     assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["roofline.png", "stages_ladder.png"]
     assert "wrote" in capsys.readouterr().out
+    assert cli_main(["plot", str(synthetic_csv), "--out", str(tmp_path / "only"), "--figures", "speedup"]) == 0
+    assert {p.name.rsplit("_", 1)[-1] for p in (tmp_path / "only").iterdir()} == {"speedup.png"}
+
+
+def test_cli_plot_names_a_file_it_cannot_plot_in_one_line(synthetic_csv, tmp_path, capsys):
+    other = tmp_path / "other.csv"
+    other.write_text("shape,dtype,impl,ms\n64x64x64,fp16,cublas,0.1\n")
+    missing = tmp_path / "missing.csv"
+    # every file skipped: no figure, status 1, one line each, no traceback
+    assert cli_main(["plot", str(other), str(missing), "--out", str(tmp_path / "none")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "Traceback" not in "".join(err)
+    assert str(other) in err[0] and "not a benchmarks results CSV" in err[0] and "suite" in err[0]
+    assert str(missing) in err[1] and "no such file" in err[1]
+    # a good file beside a bad one: its figures are written, and the status still says something was skipped
+    assert cli_main(["plot", str(synthetic_csv), str(other), "--out", str(tmp_path / "some"),
+                     "--figures", "ladder"]) == 1
+    out = capsys.readouterr()
+    assert "stages_ladder.png" in out.out and out.err.count("\n") == 1
+
+
+def test_every_committed_results_csv_is_in_the_schema():
+    csvs = sorted((REPO / "benchmarks" / "results").glob("**/*.csv"))
+    assert len(csvs) >= 28
+    for path in csvs:
+        df = schema.read(path)
+        assert list(df.columns[: len(schema.COLUMNS)]) == schema.COLUMNS, path
+        assert set(df["status"].dropna()) <= set(schema.STATUSES), path
+        assert df["env_gpu"].notna().all(), path
+
+
+def test_the_results_readme_documents_every_column():
+    readme = (REPO / "benchmarks" / "results" / "README.md").read_text()
+    documented = re.findall(r"^\| `(\w+)` \|", readme, flags=re.M)
+    assert documented == schema.COLUMNS
 
 
 # ----------------------------------------------------------------------------------
