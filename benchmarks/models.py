@@ -139,9 +139,15 @@ def _hf_greedy(model: nn.Module, prompt: torch.Tensor, steps: int, captured: boo
     transformers do on their own for a static cache on a GPU, and what the
     docs of older ones tell users to do by hand.
     """
+    from transformers import GenerationConfig
+
+    # raw logits where generate can return them (scores went through the logits processors:
+    # min_new_tokens sets the end-of-sequence logit to -inf)
+    raw = hasattr(GenerationConfig(), "output_logits")
     kwargs: dict[str, Any] = dict(
         max_new_tokens=steps, min_new_tokens=steps, do_sample=False, num_beams=1, pad_token_id=0,
-        attention_mask=torch.ones_like(prompt), output_scores=scores, return_dict_in_generate=True)
+        attention_mask=torch.ones_like(prompt), return_dict_in_generate=True)
+    kwargs["output_logits" if raw else "output_scores"] = scores
     if captured:
         kwargs["cache_implementation"] = "static"
         if prompt.device.type == "cuda" and not _hf_generation_compiles_itself() and not hasattr(model, "_tg_compiled"):
@@ -149,7 +155,11 @@ def _hf_greedy(model: nn.Module, prompt: torch.Tensor, steps: int, captured: boo
             model._tg_compiled = True
     out = model.generate(prompt, **kwargs)
     tokens = out.sequences[:, prompt.shape[1]:]
-    return tokens, (torch.stack([s.float() for s in out.scores]) if scores else None)
+    if not scores:
+        return tokens, None
+    logits = torch.stack([s.float() for s in (out.logits if raw else out.scores)])
+    # the same masked entries in every run: zero them so they add nothing to an error norm
+    return tokens, torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
 
 
 def _tiny_greedy(model: nn.Module, prompt: torch.Tensor, steps: int, captured: bool,
@@ -169,16 +179,22 @@ def _llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: in
     return build
 
 
-def _gpt2() -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
+def _gpt2(**overrides):
+    def build() -> nn.Module:
+        from transformers import GPT2Config, GPT2LMHeadModel
 
-    return GPT2LMHeadModel(GPT2Config())  # the defaults are GPT-2 small: 12 layers, 768 wide, 124M
+        return GPT2LMHeadModel(GPT2Config(**overrides))  # the defaults are GPT-2 small: 12 layers, 768 wide
+
+    return build
 
 
-def _bert() -> nn.Module:
-    from transformers import BertConfig, BertForMaskedLM
+def _bert(**overrides):
+    def build() -> nn.Module:
+        from transformers import BertConfig, BertForMaskedLM
 
-    return BertForMaskedLM(BertConfig())  # the defaults are BERT-base: 12 layers, 768 wide
+        return BertForMaskedLM(BertConfig(**overrides))  # the defaults are BERT-base: 12 layers, 768 wide
+
+    return build
 
 
 def _vit() -> nn.Module:
@@ -196,9 +212,9 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec("llama-s", "llama", "small: launch-bound (hidden 512, 4 layers)",
               _llama(512, 1408, 4, 8, 4, 8192), _hf_logits, batch=4, seq=128, n_labels=8192,
               greedy=_hf_greedy, decode_prompt=64, decode_steps=16, needs=("transformers",)),
-    ModelSpec("gpt2", "gpt2", "GPT-2 small (124M, 12 layers)", _gpt2, _hf_logits, batch=8, seq=512,
+    ModelSpec("gpt2", "gpt2", "GPT-2 small (124M, 12 layers)", _gpt2(), _hf_logits, batch=8, seq=512,
               n_labels=50257, greedy=_hf_greedy, decode_prompt=64, decode_steps=16, needs=("transformers",)),
-    ModelSpec("bert-base", "bert", "BERT-base encoder (110M, 12 layers, MLM head)", _bert, _hf_logits,
+    ModelSpec("bert-base", "bert", "BERT-base encoder (110M, 12 layers, MLM head)", _bert(), _hf_logits,
               batch=16, seq=512, n_labels=30522, needs=("transformers",)),
     ModelSpec("llama-l", "llama", "large: compute-bound (Llama-3-8B layers: hidden 4096, MLP 14336; 2 layers)",
               _llama(4096, 14336, 2, 32, 8, 32000), _hf_logits, batch=4, seq=1024, n_labels=32000,
