@@ -163,7 +163,7 @@ def time_shapes(shapes: Iterable[GemmShape], device: torch.device | str, *, warm
             if name == "tritongemm" and not gate.ok:
                 rows[name].update(status=harness.FAILED_GATE, message=gate.reason)
                 continue
-            slots[name] = harness.Prepared(rows[name], (lambda f=fn: f(a, b)), None, torch.no_grad)
+            slots[name] = harness.Prepared(rows[name], (lambda f=fn, a=a, b=b: f(a, b)), None, torch.no_grad)
         for r in range(rounds):
             order = list(slots) if r % 2 == 0 else list(reversed(slots))
             for name in order:
@@ -183,7 +183,7 @@ def time_shapes(shapes: Iterable[GemmShape], device: torch.device | str, *, warm
         if cublas_ms and tg_ms:
             rows["tritongemm"]["speedup_vs_cublas"] = cublas_ms / tg_ms
         out[shape] = rows
-        del a, b
+        del a, b, slots
     return out
 
 

@@ -27,7 +27,7 @@ import torch
 import tritongemm
 from benchmarks import gemm_breakdown, harness, host, models
 from benchmarks.gemm_breakdown import GemmShape
-from benchmarks.tiny_models import TinyBlock, TinyConfig, TinyLM
+from benchmarks.tiny_models import TinyBlock, TinyConfig
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {"gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132, "torch": "2.11.0", "triton": "3.6.0", "git": "abc1234"}
