@@ -1,7 +1,7 @@
 """Command line: ``python -m benchmarks {quick,run,plot,list}`` (run from the repository root).
 
     python -m benchmarks quick [--out DIR]
-    python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward [--dtype fp16,bf16]
+    python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|models|host [--dtype fp16,bf16]
                              [--out DIR] [--no-compile] [--filter TEXT] [--impls A,B] [--sabotaged]
     python -m benchmarks plot CSV [CSV ...] [--out DIR] [--figures KIND,...]
     python -m benchmarks list
@@ -14,6 +14,8 @@ import os
 import sys
 
 _INTERPRET_ON = ("1", "true", "on", "yes")
+#: Suites that are not lists of GEMM cases: suite name -> module with ``run_cli(args)``.
+_OWN_RUNNERS = {"models": ".models", "host": ".host"}
 
 
 def _interpreter_requested() -> bool:
@@ -55,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run benchmark suites (CUDA GPU)")
     r.add_argument("--suite", required=True,
-                   help="comma-separated: square, llm, decode, stages, hierarchy, backward")
+                   help="comma-separated: square, llm, decode, stages, hierarchy, backward, models, host")
     r.add_argument("--dtype", help="comma-separated: fp16, bf16, fp32 (default: the suite's)")
     r.add_argument("--out", help="results folder (default benchmarks/results/<gpu-name>/)")
     r.add_argument("--no-compile", action="store_true", help="skip torch.compile(max-autotune-no-cudagraphs)")
@@ -136,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"(default dtypes {','.join(suite.default_dtypes)})")
             for c in cases:
                 print(f"    {c.label:45s} M={c.m:<6d} N={c.n:<6d} K={c.k:<6d} {c.layout}")
+        from . import host, models
+
+        print(f"{'models':10s} whole models, stock vs tritongemm (GPU; `--filter vit` adds ViT-B/16)")
+        for spec, workload in models.select_cases():
+            print(f"    {spec.name + ' ' + workload:45s} {spec.size}")
+        print(f"{'host':10s} {len(host.cases()):3d} cases  per-call host time of tiny GEMMs vs torch")
         return 0
 
     # run
@@ -149,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
 
     status = 0
     for name in [s.strip() for s in args.suite.split(",") if s.strip()]:
+        if name in _OWN_RUNNERS:  # whole models / host overhead: their own runners, CSVs and tables
+            import importlib
+
+            status = max(status, importlib.import_module(_OWN_RUNNERS[name], __package__).run_cli(args))
+            continue
         if name not in suites.SUITES:
             print(f"benchmarks run: unknown suite {name!r}; choose from {', '.join(suites.SUITES)}",
                   file=sys.stderr)
