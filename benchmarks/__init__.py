@@ -7,6 +7,11 @@
 * ``quick.py``   — the main job (``run_quick()``): a short GPU benchmark, or a
   correctness demo on Triton's CPU interpreter when there is no GPU.
 * ``plots.py``   — every figure, from CSVs alone (no GPU needed).
+* ``schema.py``  — the one CSV schema every suite writes (columns and units).
+* ``models.py``  — real models (transformers/timm, random weights): stock vs
+  ``nn.convert`` / ``patch()`` / ``torch.compile``, gated, with a per-GEMM
+  breakdown (``gemm_breakdown.py``); ``tiny_models.py`` holds the CPU test models.
+* ``host.py``    — per-call host time of tiny GEMMs against torch.
 
 Results live in ``benchmarks/results/<gpu-name>/`` as CSV + ``.env.json`` + PNG.
 

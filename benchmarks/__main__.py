@@ -94,19 +94,30 @@ def _plot(args: argparse.Namespace) -> int:
         print(f"benchmarks plot: unknown figure kind(s) {', '.join(unknown)}; choose from "
               f"{', '.join(plots.KINDS)}", file=sys.stderr)
         return 2
-    frames, skipped = [], 0
+    frames, skipped, files = [], 0, []
+    out = args.out or os.path.dirname(os.fspath(args.csv[0])) or "."
     for path in args.csv:
         try:
-            frames.append(schema.read(path))
+            frame = schema.read(path)
         except schema.SchemaError as exc:
             print(f"benchmarks plot: skipped {exc}", file=sys.stderr)
             skipped += 1
-    if not frames:
-        return 1
-    import pandas as pd
+            continue
+        suites = set(frame["suite"].dropna())
+        if suites & {"models", "models_gemms"}:  # whole-model suites draw their own figures
+            from .models import plot_models
 
-    out = args.out or os.path.dirname(os.fspath(args.csv[0])) or "."
-    files = plots.plot_all(pd.concat(frames, ignore_index=True), out, kinds)
+            files += plot_models([path], out)
+        elif "host" in suites:
+            from .host import plot_host
+
+            files += plot_host(path, out)
+        else:
+            frames.append(frame)
+    if frames:
+        import pandas as pd
+
+        files += plots.plot_all(pd.concat(frames, ignore_index=True), out, kinds)
     for f in files:
         print(f"wrote {f}")
     if not files:
