@@ -114,6 +114,8 @@ def _plot(args: argparse.Namespace) -> int:
             files += plot_host(path, out)
         else:
             frames.append(frame)
+    if not frames and not files:
+        return 1  # every file was skipped (each said why) or drew nothing of its own
     if frames:
         import pandas as pd
 

@@ -22,7 +22,6 @@ from .autograd import is_tracing
 from .fallback import torch_reason, warn_device_fallback
 from .semantics import ACTIVATIONS
 
-
 _counts_lock = threading.Lock()  # `counter[k] += 1` is a read-modify-write; fallbacks may come from threads
 
 
