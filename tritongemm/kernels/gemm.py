@@ -137,10 +137,9 @@ def hint_multiple(x, MULTIPLE: tl.constexpr):
     say, 1000 half-precision elements (16-byte aligned rows) would be loaded
     element by element; rounding down to a known multiple changes no value
     but lets the loads vectorize as far as the stride allows (issue 16, path (b)).
+    With MULTIPLE = 1 the compiler folds it away.
     """
-    if MULTIPLE > 1:
-        x = x // MULTIPLE * MULTIPLE
-    return x
+    return x // MULTIPLE * MULTIPLE
 
 
 @triton.jit
