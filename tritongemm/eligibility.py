@@ -48,11 +48,14 @@ class Operand(NamedTuple):
             return self.col_stride
         return None
 
-    def aligned(self) -> Operand:
-        """This matrix copied into an aligned workspace (``launch.aligned``): the same orientation (row-major
-        when it had no unit stride), the leading dimension rounded up to 16 bytes, a 16-byte aligned base."""
+    def aligned(self, row_major: bool | None = None) -> Operand:
+        """This matrix copied into an aligned workspace (``launch.aligned``): the same orientation unless
+        ``row_major`` says (row-major when it had no unit stride), the leading dimension rounded up to
+        16 bytes, a 16-byte aligned base."""
         per = max(16 // self.elem_size, 1)
-        if self.lead_stride is not None and self.col_stride != 1:
+        if row_major is None:
+            row_major = self.lead_stride is None or self.col_stride == 1
+        if not row_major:
             return Operand(self.rows, self.cols, 1, round_up(max(self.rows, 1), per), self.elem_size, True)
         return Operand(self.rows, self.cols, round_up(max(self.cols, 1), per), 1, self.elem_size, True)
 

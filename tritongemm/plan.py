@@ -139,7 +139,7 @@ def _padded_plan(cfg, problem, device, a, b, c, dtype, out_dtype, padding):
     pa = a.aligned() if "A" in names else a
     pb = b.aligned() if "B" in names else b
     # C is padded only when the aligned run stores through TMA (the pointer kernel stores any stride).
-    pc = c.aligned() if (not c.row_major or tma_operand_reason("C", c)) else c
+    pc = c.aligned(row_major=True) if (not c.row_major or tma_operand_reason("C", c)) else c
     padded_cfg, kernel, fallback = _kernel_for(cfg, problem, device, pa, pb, pc, dtype, out_dtype)
     tma = kernel.startswith("tma")
     if tma and pc is not c:

@@ -24,10 +24,10 @@ from ..eligibility import Operand, round_up
 class Workspace:
     """How one operand is padded: its shape, the orientation kept, which batch dims stay broadcast."""
 
-    def __init__(self, t: torch.Tensor):
+    def __init__(self, t: torch.Tensor, row_major: bool | None = None):
         self.shape = tuple(t.shape)
         self.dtype, self.device = t.dtype, t.device
-        self.row_major = Operand.of(t).aligned().row_major  # the orientation the plan assumed
+        self.row_major = Operand.of(t).aligned(row_major).row_major  # the orientation the plan assumed
         per = max(16 // t.element_size(), 1)
         *batch, rows, cols = t.shape
         # A broadcast (stride-0) batch dim is copied once and broadcast again, not materialized.
@@ -61,9 +61,9 @@ class PaddedLauncher:
         padded = plan.alignment.padded
         self.a_ws = Workspace(a) if "A" in padded else None
         self.b_ws = Workspace(b) if "B" in padded else None
-        self.c_ws = Workspace(out) if "C" in padded else None
+        self.c_ws = Workspace(out, row_major=True) if "C" in padded else None  # TMA stores rows
         # The kernels store the pre-activation with C's strides: it moves to a workspace with C.
-        self.z_ws = Workspace(z) if self.c_ws is not None and z is not out else None
+        self.z_ws = Workspace(z, row_major=True) if self.c_ws is not None and z is not out else None
         # The inner launcher is built once, on workspaces of the layout every call will have.
         wa = self.a_ws.empty()[1] if self.a_ws else a
         wb = self.b_ws.empty()[1] if self.b_ws else b
