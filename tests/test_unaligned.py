@@ -352,3 +352,23 @@ def test_gpu_unaligned_auto(device, dtype, layout):
     torch.cuda.synchronize()
     assert_close(captured, a.double() @ b.double())
     assert not torch.equal(captured, out)
+
+
+def test_linear_weight_stored_aligned_once(device):
+    """docs/unaligned.md's recipe: a padded buffer behind nn.Linear's weight; W.T then needs no copy."""
+    linear = torch.nn.Linear(13, 11).to(device=device, dtype=torch.float16)
+    n, k = linear.weight.shape
+    buf = torch.zeros(n, 16, dtype=linear.weight.dtype, device=device)
+    buf[:, :k] = linear.weight.detach()
+    linear.weight = torch.nn.Parameter(buf[:, :k])
+    assert linear.weight.stride() == (16, 1)
+    # At scale (what an H100 would run): K = 4095, the weight's rows padded to 4096: only x is copied.
+    x = torch.empty(4096, 4095, dtype=torch.float16, device="meta")
+    w = torch.empty_strided((4096, 4095), (4096, 1), dtype=torch.float16, device="meta")
+    assert explain(x, w.mT, device="h100").alignment.padded == ("A",)
+    assert explain(x, w.contiguous().mT, device="h100").alignment.padded == ("A", "B")
+    x = random_tensor((19, k), torch.float16, device).requires_grad_()
+    y = tritongemm.linear(x, linear.weight, linear.bias)
+    y.sum().backward()
+    assert_close(y, x.double() @ linear.weight.double().T + linear.bias.double())
+    assert linear.weight.grad.shape == (n, k)

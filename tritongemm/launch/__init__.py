@@ -85,12 +85,16 @@ def padding_policy() -> str:
 
 
 def set_padding(policy: str) -> str:
-    """Set the padding policy for every later call (forgetting cached launch plans); returns the old one."""
+    """Set the padding policy for every later call; returns the old one.
+
+    Each policy keeps its own launch cache, so switching (a benchmark comparing
+    them, a ``with padding(...)`` block) costs no re-planning.
+    """
+    global _CACHE
     if policy not in PADDING_POLICIES:
         raise ValueError(f"padding policy must be one of {PADDING_POLICIES}, got {policy!r}")
     old, _PADDING[0] = _PADDING[0], policy
-    if policy != old:
-        _CACHE.clear()
+    _CACHE = _CACHES[policy]
     return old
 
 
@@ -154,15 +158,18 @@ def _build(call, a, b, out, addend, residual, preact):
     return launcher
 
 
-#: (call, layout signature) -> launcher.  Cleared by ``clear_plan_cache()`` (the
-#: tuner calls it after writing new configs) and when it grows past MAX_CACHED.
-_CACHE: dict = {}
+#: (call, layout signature) -> launcher, one dict per padding policy (``_CACHE`` is the current
+#: policy's).  Cleared by ``clear_plan_cache()`` (the tuner calls it after writing new configs)
+#: and when it grows past MAX_CACHED.
+_CACHES: dict[str, dict] = {policy: {} for policy in PADDING_POLICIES}
+_CACHE: dict = _CACHES[_PADDING[0]]
 MAX_CACHED = 4096
 
 
 def clear_plan_cache() -> None:
     """Forget cached launch plans (after the tuning cache changed)."""
-    _CACHE.clear()
+    for cache in _CACHES.values():
+        cache.clear()
 
 
 __all__ = ["clear_plan_cache", "gemm", "layout_signature", "padding", "padding_policy", "plan_for", "problem_of",
