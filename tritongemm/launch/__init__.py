@@ -25,8 +25,8 @@ from ..configs import GemmProblem
 from ..device import device_info, interpreter_enabled
 from ..eligibility import Operand
 from ..plan import PADDING_POLICIES, Plan, layout_letters, plan
-from .aligned import PaddedLauncher
 from ..semantics import dtype_name
+from .aligned import PaddedLauncher
 from .common import COUNTERS, arrival_counters  # noqa: F401  (tests inspect the counters)
 from .gemv import GemvLauncher
 from .pointer import PointerLauncher

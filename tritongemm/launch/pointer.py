@@ -9,7 +9,15 @@ import triton
 
 from ..eligibility import stride_hint
 from ..kernels import gemm_kernel, splitk_reduce_kernel
-from .common import INT32_MAX, KernelArgs, Launch, arrival_counters, collapse_batch, needs_index_64, workspace_dtype
+from .common import (
+    INT32_MAX,
+    KernelArgs,
+    Launch,
+    arrival_counters,
+    collapse_batch,
+    needs_index_64,
+    workspace_dtype,
+)
 
 #: What a launch passes per call; every other argument is fixed when the launcher is built.
 RUNTIME = ("a_ptr", "b_ptr", "c_ptr", "d_ptr", "r_ptr", "z_ptr", "ws_ptr", "count_ptr", "alpha", "beta")
