@@ -333,11 +333,11 @@ def _tensors_in(obj, depth=0, seen=None) -> list:
 @pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_gpu_unaligned_auto(device, dtype, layout):
-    m, n, k = 1031, 1033, 1029
+    m, n, k = 3001, 5003, 1009  # issue 16's shape: on an H100 the cost model copies A, B and C for TMA
     a, b = make_operands(m, n, k, layout, dtype, device)
     p = explain(a, b)
     if torch.cuda.get_device_capability() >= (9, 0):
-        assert p.alignment.path == "pad" and p.kernel.startswith("tma"), p.describe()
+        assert p.alignment.padded == ("A", "B", "C") and p.kernel.startswith("tma"), p.describe()
     assert_close(tritongemm.matmul(a, b), a.double() @ b.double())
     # Captured into a CUDA graph: the workspaces come from the graph's pool, replays recompute.
     out = tritongemm.matmul(a, b)
