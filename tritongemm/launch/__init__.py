@@ -79,8 +79,8 @@ _PADDING = [_padding_from_env()]
 
 
 def padding_policy() -> str:
-    """"auto" (copy unaligned operands into aligned workspaces when the cost model says it pays),
-    "always" or "never"."""
+    """The padding policy: "auto" (copy unaligned operands into aligned workspaces when the cost model
+    says it pays), "always" or "never"."""
     return _PADDING[0]
 
 
