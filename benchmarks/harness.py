@@ -44,10 +44,12 @@ import torch
 from tritongemm.semantics import tf32_enabled
 from tritongemm.testing import (  # one home for tolerances, the error metric and L2 rotation
     DEFAULT_L2_BYTES,
-    L2_ROTATION_FACTOR as L2_ROTATION_FACTOR,  # re-exported: suites record it
     relative_error,
     rotation_copies,
     tolerance,
+)
+from tritongemm.testing import (
+    L2_ROTATION_FACTOR as L2_ROTATION_FACTOR,  # re-exported: suites record it
 )
 
 from . import schema
