@@ -67,9 +67,8 @@ def plan_of(m, n, k, layout="NN", dtype=torch.float16, batch=1, padding="auto", 
     (4097, 4097, 4097, "NN", ("A", "B", "C")),
     (3001, 5003, 1009, "NN", ("A", "B", "C")),
     (4096, 4096, 4097, "NT", ("A", "B")),  # odd K: both operands' rows, C is aligned
-    (4096, 4097, 4096, "NT", ("C",)),  # odd N under nn.Linear's layout: only the output
     (4097, 4096, 4096, "TN", ("A",)),
-], ids=["4097^3", "3001x5003x1009", "NT-odd-K", "NT-odd-N", "TN-odd-M"])
+], ids=["4097^3", "3001x5003x1009", "NT-odd-K", "TN-odd-M"])
 def test_large_unaligned_problems_are_padded_for_tma(m, n, k, layout, padded):
     p = plan_of(m, n, k, layout)
     assert p.kernel.startswith("tma") and p.fallback is None, p.describe()
@@ -115,10 +114,13 @@ def test_batched_problems_are_padded_for_the_pointer_kernel():
     assert p.alignment.padded == ("B",)  # C is not: the pointer kernel stores any stride
 
 
-def test_output_in_another_layout_is_padded_for_tma():
+def test_only_an_unaligned_output_is_not_worth_a_copy():
+    """Loads stay full-width when only C is unaligned: measured on the H100 (bf16, 4096x4097x4096 NT)
+    the unpadded pointer kernel ran 567 TFLOP/s against 528 with C padded for TMA."""
+    p = plan_of(4096, 4097, 4096, "NT")
+    assert p.alignment.padded == () and "too small to repay" in p.describe(), p.describe()
     c = Operand(4096, 4096, 1, 4096, 2, True)  # out= a column-major view
-    p = plan_of(4096, 4096, 4096, c=c)
-    assert p.kernel.startswith("tma") and p.alignment.padded == ("C",)
+    assert plan_of(4096, 4096, 4096, c=c).alignment.padded == ()
 
 
 def test_policies():

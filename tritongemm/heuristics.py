@@ -298,9 +298,12 @@ def prefers_tma_stream_k(problem: GemmProblem, device: DeviceInfo) -> bool:
 #: Device-to-device copy, bytes read + written per second: the 1 GiB copy_
 #: ceiling, 3000 GB/s (results/h100/hierarchy/hierarchy.csv, "ceiling" rows).
 COPY_BANDWIDTH = 3.0e12
-#: One more small kernel per copy: ~2-3 us on the GPU, and the host's
-#: torch.empty + copy_ (an estimate; the `unaligned` suite measures it).
-COPY_OVERHEAD_S = 4e-6
+#: Fixed cost of each copy: a kernel of its own plus the host's torch.empty +
+#: copy_.  Measured on the H100 (unaligned suite, bf16, 2026-11-23): at 1023^3
+#: the padded path (3 copies) took 100 us against 44 us unpadded, ~19 us a copy
+#: once the copies' bandwidth is counted; padding wins from 2047^3 up (138 vs 96
+#: TFLOP/s).  An early 4 us estimate padded 255^3-1025^3 and lost 2-3x there.
+COPY_OVERHEAD_S = 19e-6
 #: The TMA kernel on aligned operands: 703-761 TFLOP/s at 4096^3-8192^3 fp16
 #: (results/h100/hierarchy, square); 700 with some margin for smaller shapes.
 TMA_RATE = 700e12
