@@ -28,7 +28,7 @@ import json
 
 import torch
 
-from . import launch
+from . import distributed, launch
 from .call import Epilogue, GemmCall, Request
 from .configs import TileConfig
 from .semantics import activation_backward, dot_precision
@@ -56,6 +56,8 @@ def run_gemm(call: GemmCall, a: torch.Tensor, b: torch.Tensor, addend: torch.Ten
              residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
              preact: torch.Tensor | None = None) -> torch.Tensor:
     """Allocate (or take ``out``) and launch, without autograd."""
+    if out is not None and distributed.any_dtensor(a, out):  # out= with DTensors: DTensor copies the result in
+        return out.copy_(gemm_op(call, a, b, addend, residual))
     if out is None:
         out = _alloc_out(a, b, call.out_dtype or a.dtype)
     return launch.gemm(call, a, b, out, addend, residual, preact)
@@ -82,6 +84,8 @@ def gemm_op(call: GemmCall, a: torch.Tensor, b: torch.Tensor, addend: torch.Tens
         # The pre-activation is written by the same kernel, only when backward needs it.
         call = call._replace(epilogue=ep._replace(store_preact=True))
     if is_tracing(a):
+        if distributed.is_dtensor(a):  # DTensor runs the custom op on the shards, by its sharding rule
+            return distributed.gemm(_traceable_gemm, call, a, b, addend, residual)
         return _traceable_gemm(call, a, b, addend, residual)
     return GemmFunction.apply(a, b, addend, residual, call)[0]
 
