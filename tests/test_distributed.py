@@ -317,6 +317,20 @@ class _Cases:
         for (name, p_ref), (_, p_tg) in zip(ref.named_parameters(), tg.named_parameters()):
             self.compare(case, f"{name}.grad", p_tg.grad, p_ref.grad)
 
+    def tp_benchmark(self, case):
+        """benchmarks/tp.py's measurement on tiny sizes: it runs, and both variants pass its gate."""
+        from benchmarks import tp
+
+        if self.device.type == "cuda":
+            args = tp.parse_args(["--dtype", "bf16", "--hidden", "256", "--ffn", "512", "--heads", "4",
+                                  "--kv-heads", "2", "--batch", "2", "--seq", "64", "--warmup", "1",
+                                  "--rounds", "1", "--iters", "1"])
+        else:
+            args = tp.parse_args(["--smoke"])
+        rows = tp.run(args)
+        self.note(case, "rows", [(r["group"], r["impl"], r["status"], r["rel_err"], r["tol"]) for r in rows])
+        self.note(case, "timed", all(r["ms"] is not None and r["ms"] > 0 for r in rows))
+
 
 def _describe(placements) -> list[str]:
     """Placements as version-independent words: "Shard(1)", "Replicate", "Partial(sum)"."""
@@ -354,7 +368,7 @@ class _Attention(torch.nn.Module):
 
 
 CASES = ["mlp_convert", "mlp_fused_epilogue", "attention_patch", "attention_convert", "sequence_parallel",
-         "functional", "fallbacks", "compiled"]
+         "functional", "fallbacks", "compiled", "tp_benchmark"]
 
 
 def _worker(rank: int, port: int, out_dir: str, backend: str) -> None:
@@ -436,7 +450,7 @@ def _case(results: list[dict], name: str) -> list[dict]:
     per_rank = [r[name] for r in results]
     for rank, r in enumerate(per_rank):
         assert r["error"] is None, f"rank {rank}:\n{r['error']}"
-        assert r["checks"] or name == "fallbacks", f"rank {rank}: nothing compared"
+        assert r["checks"] or name in ("fallbacks", "tp_benchmark"), f"rank {rank}: nothing compared"
         for c in r["checks"]:
             assert c["shape"] == c["ref_shape"], f"rank {rank}, {c['what']}: shape {c['shape']} != {c['ref_shape']}"
             assert c["error"] <= c["tol"], (
@@ -479,6 +493,11 @@ def _check(results, name: str) -> None:
             assert rr["errors"]["patch"] == rr["errors"]["torch"] == rr["errors"]["nn"], rr["errors"]
     elif name == "compiled":
         assert r["forward_launches"] >= 2 and r["backward_launches"] >= 4, r
+    elif name == "tp_benchmark":
+        expected = {(g, i) for g in ("llama block prefill", "llama block train step") for i in ("torch TP", "tritongemm TP")}
+        assert {(g, i) for g, i, *_ in r["rows"]} == expected, r["rows"]
+        assert all(status == "ok" and err <= tol for _, _, status, err, tol in r["rows"]), r["rows"]
+        assert r["timed"] and r["launches"] > 0, r
 
 
 @pytest.mark.parametrize("name", CASES)
