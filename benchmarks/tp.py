@@ -180,10 +180,10 @@ def _block_flops(args, tokens: int) -> int:
 
 
 def run(args) -> list[dict]:
-    import tritongemm
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
+    import tritongemm
     from benchmarks import harness
 
     rank, world = dist.get_rank(), dist.get_world_size()

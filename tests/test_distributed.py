@@ -484,7 +484,7 @@ def _check(results, name: str) -> None:
             "batch": ["Shard(0)"],
         }, r["placements"]
     elif name == "fallbacks":
-        for rank, rr in enumerate(per_rank):
+        for rr in per_rank:
             reason = "DTensor mixed with plain torch.Tensor operands"
             assert rr["patch_fallbacks"] == {f"linear: {reason}": 1}, rr
             assert rr["nn_fallbacks"] == {reason: 1}, rr

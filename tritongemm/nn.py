@@ -23,7 +23,6 @@ from .distributed import dtensor_reason, is_dtensor
 from .fallback import torch_reason, warn_device_fallback
 from .semantics import ACTIVATIONS
 
-
 _counts_lock = threading.Lock()  # `counter[k] += 1` is a read-modify-write; fallbacks may come from threads
 
 
