@@ -378,7 +378,7 @@ def test_cli_tune_end_to_end(cache_dir, tmp_path, capsys):
     assert lines[0].startswith("m,n,k,batch,dtype,layout,block_m") and len(lines) == 2
 
     assert cli.main(["explain", "20x32x32", "--dtype", "fp32"]) == 0
-    assert "source  : tuned" in capsys.readouterr().out
+    assert "source : tuned" in capsys.readouterr().out
     assert cli.main(["cache"]) == 0
     assert "1 entries" in capsys.readouterr().out
 
@@ -405,7 +405,17 @@ def test_cli_tune_without_shapes_is_a_usage_error(capsys):
 
 def test_cli_explain_without_cache_uses_the_heuristic(capsys):
     assert cli.main(["explain", "64x64x64"]) == 0
-    assert "source  : heuristic" in capsys.readouterr().out
+    assert "source : heuristic" in capsys.readouterr().out
+
+
+def test_cli_explain_for_a_named_gpu_shows_the_fallback(capsys):
+    """The CLI is the Python explain: an H100's TMA kernel, and why an unaligned K cannot have it."""
+    assert cli.main(["explain", "4096x4096x4096", "--dtype", "bf16", "--layout", "NT", "--device", "h100"]) == 0
+    assert "kernel : tma_persistent" in capsys.readouterr().out
+    assert cli.main(["explain", "4096x4096x4097", "--dtype", "bf16", "--device", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "fell back" in out and "16 bytes" in out and "triton-interpreter" not in out
+    assert cli.main(["explain", "64x64x64", "--device", "h900"]) == 2
 
 
 # ----------------------------------------------------------------------------------

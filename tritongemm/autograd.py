@@ -14,9 +14,9 @@ to it: one extra write of M x N in forward instead of recomputing the GEMM.
 
 Doors:
 
-* eager code calls ``GemmFunction`` (lowest host overhead).  It is written in
-  the functorch form (``setup_context``, a ``vmap`` rule), so
-  ``torch.func.grad`` / ``jacrev`` / ``vmap`` work through it;
+* eager code calls ``GemmFunction`` (lowest host overhead); under
+  ``torch.func`` transforms (``grad`` / ``jacrev`` / ``vmap``) the same op in
+  the functorch form, ``GemmTransformFunction`` (``setup_context``, a ``vmap`` rule);
 * code under ``torch.compile`` / ``torch.export`` calls the custom op
   ``torch.ops.tritongemm.gemm``, which has a fake (meta) implementation and
   registered autograd, so graphs trace through it with no graph break.
@@ -87,7 +87,9 @@ def gemm_op(call: GemmCall, a: torch.Tensor, b: torch.Tensor, addend: torch.Tens
         if distributed.is_dtensor(a):  # DTensor runs the custom op on the shards, by its sharding rule
             return distributed.gemm(_traceable_gemm, call, a, b, addend, residual)
         return _traceable_gemm(call, a, b, addend, residual)
-    return GemmFunction.apply(a, b, addend, residual, call)[0]
+    if _functorch_active():
+        return GemmTransformFunction.apply(a, b, addend, residual, call)[0]
+    return GemmFunction.apply(a, b, addend, residual, call)
 
 
 def is_tracing(t: torch.Tensor) -> bool:
@@ -165,16 +167,46 @@ def _save(ctx, call: GemmCall, a, b, preact) -> None:
     )
 
 
+def _forward(a, b, addend, residual, call: GemmCall):
+    out = _alloc_out(a, b, call.out_dtype or a.dtype)
+    preact = torch.empty_like(out) if call.epilogue.store_preact else None
+    launch.gemm(call, a, b, out, addend if call.epilogue.addend else None, residual, preact)
+    return out, preact
+
+
 class GemmFunction(torch.autograd.Function):
-    """(out, pre-activation or an empty tensor) = the GEMM of ``call`` on same-batch operands."""
+    """The eager door: ``act(alpha a@b + beta addend) + residual`` for the GEMM of ``call``.
+
+    Written in the ctx form on purpose: ``apply`` of a Function with
+    ``setup_context`` binds its arguments through ``inspect.signature`` on
+    every call (measured: about 45 us of Python on the dev CPU, twice what
+    the rest of a ``linear`` costs).  ``torch.func`` transforms need that
+    form; they get ``GemmTransformFunction``.
+    """
+
+    @staticmethod
+    def forward(ctx, a, b, addend, residual, call: GemmCall):
+        out, preact = _forward(a, b, addend, residual, call)
+        _save(ctx, call, a, b, preact)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b, z = ctx.saved_tensors
+        return (*_backward_gemms(ctx, grad_out, a, b, z), None)
+
+
+class GemmTransformFunction(torch.autograd.Function):
+    """The same op in the functorch form (``setup_context``, a ``vmap`` rule), for ``torch.func`` transforms.
+
+    Returns (out, pre-activation or an empty tensor): under the transforms an
+    intermediate that backward needs must be an output.
+    """
 
     @staticmethod
     def forward(a, b, addend, residual, call: GemmCall):
-        out = _alloc_out(a, b, call.out_dtype or a.dtype)
-        preact = torch.empty_like(out) if call.epilogue.store_preact else out.new_empty(0)
-        launch.gemm(call, a, b, out, addend if call.epilogue.addend else None, residual,
-                    preact if call.epilogue.store_preact else None)
-        return out, preact
+        out, preact = _forward(a, b, addend, residual, call)
+        return out, preact if preact is not None else out.new_empty(0)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -207,7 +239,7 @@ class GemmFunction(torch.autograd.Function):
         result = (*batch, a.shape[-2], b.shape[-1])
         addend = addend.expand(result) if addend is not None else None
         residual = residual.expand(result) if residual is not None else None
-        return GemmFunction.apply(a, b, addend, residual, call), (0, 0)
+        return GemmTransformFunction.apply(a, b, addend, residual, call), (0, 0)
 
 
 # ----------------------------------------------------------------------------------

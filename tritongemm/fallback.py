@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from .semantics import autocast_dtype, device_unsupported_reason, unsupported_reason
+from .semantics import SUPPORTED_DTYPES, autocast_dtype, device_unsupported_reason, unsupported_reason
 
 _is_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
 _has_storage = getattr(torch._C, "_has_storage", None)
@@ -49,8 +49,27 @@ def _autocast_makes_runnable(tensors) -> bool:
     return len({cast if t.dtype != torch.float64 else t.dtype for t in tensors}) == 1
 
 
+_functorch_active = torch._C._are_functorch_transforms_active
+#: Devices tritongemm runs on in this process (fixed once the kernels are built).
+_RUNNABLE: set = set()
+
+
+def _plainly_runnable(tensors) -> bool:
+    """The common call in a few attribute reads: plain tensors of one supported dtype on a runnable device."""
+    first = tensors[0]
+    if type(first) not in (torch.Tensor, torch.nn.Parameter) or first.dtype not in SUPPORTED_DTYPES:
+        return False
+    dtype, device = first.dtype, first.device
+    if device not in _RUNNABLE or _functorch_active():
+        return False
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == dtype and t.device == device
+               and t.layout == torch.strided and not t.is_neg() for t in tensors)
+
+
 def torch_reason(*tensors: torch.Tensor) -> str | None:
     """Why this call must go to torch, or None when tritongemm can serve it."""
+    if _plainly_runnable(tensors):
+        return None
     reason = unsupported_reason(*tensors)
     if reason is not None and not _autocast_makes_runnable(tensors):
         return reason
@@ -61,6 +80,8 @@ def torch_reason(*tensors: torch.Tensor) -> str | None:
             return "functorch-transformed tensor (torch.func.vmap/grad/jvp): no storage for a Triton kernel"
         if t.is_neg():
             return "lazily negated view (e.g. z.conj().imag): its storage holds the un-negated values"
+    if isinstance(tensors[0], torch.Tensor) and device_unsupported_reason(tensors[0].device) is None:
+        _RUNNABLE.add(tensors[0].device)
     return None
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..configs import GemmProblem, TileConfig
-from ..device import DeviceInfo, device_info
+from ..device import DeviceInfo, device_info, named_device
 from . import cache, presets, tuner
 
 DTYPE_ALIASES = {
@@ -217,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--dtype", type=parse_dtype, default="float16")
     explain.add_argument("--layout", type=parse_layout, default=DEFAULT_LAYOUT)
     explain.add_argument("--batch", type=_positive_int, default=1)
+    explain.add_argument("--device", default=None,
+                         help="plan for a named GPU's budgets (h100, h200, a100, l4, rtx3090) instead of this machine's")
 
     show = commands.add_parser("cache", help="show the cache file and its entries")
     show.add_argument("--cache-file", default=None)
@@ -295,24 +297,28 @@ def write_csv(results: Sequence[tuner.TuneResult], path: str | Path, device: Dev
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from ..heuristics import heuristic_config
+    """The same ``explain`` as the Python API (it validates like a real call and says why, fallbacks included)."""
+    from ..explain import explain_problem
 
     m, n, k = args.shape
     problem = GemmProblem(m, n, k, args.batch, args.dtype, args.layout)
-    device = device_info()
+    try:
+        device = named_device(args.device) if args.device else device_info()
+    except ValueError as exc:
+        print(f"tritongemm explain: {exc}", file=sys.stderr)
+        return 2
+    plan = explain_problem(problem, device)
     key = cache.cache_key(problem, device)
-    tuned = cache.lookup(problem, device)
-    config = tuned or heuristic_config(problem, device)
-    print(f"problem : {tuner.describe_problem(problem)} on {device.name}")
-    print(f"cache   : {cache.cache_path()}")
-    print(f"key     : {key}")
-    if tuned is not None:
+    print(plan.describe())
+    print(f"cache  : {cache.cache_path()}")
+    print(f"key    : {key}")
+    if plan.source.startswith("tuning cache"):
         entry = cache.load().get(key, {})
-        print(f"source  : tuned ({entry.get('tflops')} TFLOP/s vs torch {entry.get('torch_tflops')}, "
+        print(f"source : tuned ({entry.get('tflops')} TFLOP/s vs torch {entry.get('torch_tflops')}, "
               f"at {entry.get('timestamp')})")
-    else:
-        print("source  : heuristic (no tuned entry for this key)")
-    print(config.describe(problem.elem_size))
+    elif plan.source.startswith("heuristic"):
+        print("source : heuristic (no tuned entry for this key)")
+    print(plan.config.describe(problem.elem_size))
     return 0
 
 
