@@ -511,6 +511,28 @@ def test_tensor_parallel_two_gpus_nccl(gpu_results, name):
     _check(gpu_results, name)
 
 
+@pytest.mark.skipif(_missing_feature() is not None, reason=str(_missing_feature()))
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_rule_offers_partial_sums_only_to_a_linear_epilogue(activation):
+    """The reduction split yields partial sums: offered without an activation only, with partial epilogue operands."""
+    from types import SimpleNamespace
+
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    from tritongemm.distributed import _placements
+
+    spec = SimpleNamespace(ndim=3)  # (batch, M, K) @ (batch, K, N): the rule reads only the rank
+    rules = _placements(spec, spec, spec, spec, activation)
+    partial = [(outs, ins) for outs, ins in rules if isinstance(outs[0], Partial)]
+    if activation == "none":
+        assert partial == [([Partial(), Replicate()], [Shard(2), Shard(1), Partial(), Partial()])]
+    else:
+        assert partial == []
+        # The pre-activation is saved for backward: placed as the output is.
+        assert all(outs[0] == outs[1] for outs, _ in rules)
+    assert ([Shard(0), Shard(0) if activation != "none" else Replicate()], [Shard(0)] * 4) in rules  # batch split
+
+
 def test_import_does_not_need_torch_distributed():
     """``import tritongemm`` leaves torch.distributed.tensor alone; the DTensor checks cost a look-up."""
     code = (

@@ -40,7 +40,8 @@ import torch
 
 from .semantics import ACTIVATIONS, UnsupportedInputError
 
-_registered = [False]
+_PENDING = object()
+_registration: list = [_PENDING]  # None once registered, or why it could not be
 _register_lock = threading.Lock()
 
 
@@ -53,15 +54,6 @@ def is_dtensor(t) -> bool:
 def any_dtensor(*tensors) -> bool:
     mod = sys.modules.get("torch.distributed.tensor")
     return mod is not None and any(isinstance(t, mod.DTensor) for t in tensors)
-
-
-def _register_sharding_api():
-    """torch's registration API for a custom op's sharding, or None where this torch lacks it."""
-    try:
-        from torch.distributed.tensor.experimental import register_sharding
-    except ImportError:
-        return None
-    return register_sharding
 
 
 def dtensor_reason(*tensors) -> str | None:
@@ -79,8 +71,9 @@ def dtensor_reason(*tensors) -> str | None:
     if len(dtensors) != len([t for t in tensors if isinstance(t, torch.Tensor)]):
         # torch raises for this too ("mixed torch.Tensor and DTensor"): let it say so.
         return "DTensor mixed with plain torch.Tensor operands"
-    if _register_sharding_api() is None:
-        return "DTensor operands, but this torch has no torch.distributed.tensor.experimental.register_sharding"
+    error = registration_error()
+    if error is not None:
+        return error
     mesh = dtensors[0].device_mesh
     for t in dtensors:
         if t.device_mesh != mesh:
@@ -123,28 +116,32 @@ def _placements(a, b, addend, residual, activation: str):
     return rules
 
 
-def ensure_registered() -> None:
-    """Register the rule with DTensor (once; on the first DTensor call, so importing costs nothing)."""
-    if _registered[0]:
-        return
+def registration_error() -> str | None:
+    """Register the rule with DTensor, once (on the first DTensor call, so importing costs nothing).
+
+    Returns why it could not be registered (None when it is): then DTensor calls go to torch.
+    """
+    if _registration[0] is not _PENDING:
+        return _registration[0]
     with _register_lock:
-        if _registered[0]:
-            return
-        register_sharding = _register_sharding_api()
-        if register_sharding is None:
-            raise UnsupportedInputError(
-                "tritongemm: DTensor operands need torch.distributed.tensor.experimental.register_sharding, "
-                f"which torch {torch.__version__} lacks"
-            )
+        if _registration[0] is _PENDING:
+            try:
+                from torch.distributed.tensor.experimental import register_sharding
 
-        op = torch.ops.tritongemm.gemm.default
+                op = torch.ops.tritongemm.gemm.default
 
-        @register_sharding(op)
-        def _gemm_sharding(a, b, addend, residual, alpha, beta, activation, *rest):
-            return _placements(a, b, addend, residual, activation)
+                @register_sharding(op)
+                def _gemm_sharding(a, b, addend, residual, alpha, beta, activation, *rest):
+                    return _placements(a, b, addend, residual, activation)
 
-        _key_cache_on_epilogue(op)
-        _registered[0] = True
+                _key_cache_on_epilogue(op)
+                _registration[0] = None
+            except (ImportError, AttributeError) as e:  # an older or newer torch than this code knows
+                _registration[0] = (
+                    f"DTensor operands, but tritongemm cannot register its sharding rule with torch "
+                    f"{torch.__version__} ({type(e).__name__}: {e})"
+                )
+    return _registration[0]
 
 
 def _key_cache_on_epilogue(op) -> None:
@@ -189,7 +186,9 @@ def gemm(traceable_gemm, call, a, b, addend, residual):
     activation, the GEMM with the linear part of the epilogue runs sharded and
     the activation and residual run on DTensor after its reduction.
     """
-    ensure_registered()
+    error = registration_error()
+    if error is not None:
+        raise UnsupportedInputError(f"tritongemm: {error}")
     if not split_epilogue(call, a, b):
         return traceable_gemm(call, a, b, addend, residual)
     ep = call.epilogue
@@ -199,4 +198,4 @@ def gemm(traceable_gemm, call, a, b, addend, residual):
     return y + residual if residual is not None else y
 
 
-__all__ = ["is_dtensor", "any_dtensor", "dtensor_reason", "ensure_registered", "gemm"]
+__all__ = ["is_dtensor", "any_dtensor", "dtensor_reason", "registration_error", "gemm"]
