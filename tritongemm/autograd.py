@@ -134,6 +134,8 @@ def _backward_gemms(ctx, grad_out, a, b, z):
     # layout of the tensor behind the view: autograd then accumulates it into
     # weight.grad without a transposing copy (which cost about 4% of a step).
     eager = not is_tracing(grad_out)
+    if not eager and distributed.is_dtensor(grad_out) and not torch.compiler.is_compiling():
+        eager = True  # a DTensor's strides describe the global tensor as its shards' do: the same rule holds
     if ctx.needs_input_grad[0]:
         if eager and ctx.a_transposed:
             grad_a = gemm(b, grad_z.to(b.dtype).mT).mT  # dA^T = B dZ^T
