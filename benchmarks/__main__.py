@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run benchmark suites (CUDA GPU)")
     r.add_argument("--suite", required=True,
-                   help="comma-separated: square, llm, decode, stages, hierarchy, backward, models, host")
+                   help="comma-separated: square, llm, decode, stages, hierarchy, backward, unaligned, models, host")
     r.add_argument("--dtype", help="comma-separated: fp16, bf16, fp32 (default: the suite's)")
     r.add_argument("--out", help="results folder (default benchmarks/results/<gpu-name>/)")
     r.add_argument("--no-compile", action="store_true", help="skip torch.compile(max-autotune-no-cudagraphs)")
@@ -114,6 +114,8 @@ def _plot(args: argparse.Namespace) -> int:
             files += plot_host(path, out)
         else:
             frames.append(frame)
+    if not frames and not files:
+        return 1  # every file was skipped (each said why) or drew nothing of its own
     if frames:
         import pandas as pd
 

@@ -24,6 +24,7 @@ import triton
 
 import tritongemm
 from tritongemm import TileConfig
+from tritongemm.testing import relative_error
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2, torch.float32: 2e-3, torch.float64: 1e-12}
@@ -49,8 +50,7 @@ def operand(rows, cols, dtype, layout, batch=()):
     return torch.randn(*batch, cols, rows, device="cuda", dtype=dtype).mT
 
 
-def rel_err(out, ref):
-    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+rel_err = relative_error
 
 
 def correctness(quick: bool) -> list[dict]:

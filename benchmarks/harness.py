@@ -41,6 +41,17 @@ from typing import Any
 
 import torch
 
+from tritongemm.semantics import tf32_enabled
+from tritongemm.testing import (  # one home for tolerances, the error metric and L2 rotation
+    DEFAULT_L2_BYTES,
+    relative_error,
+    rotation_copies,
+    tolerance,
+)
+from tritongemm.testing import (
+    L2_ROTATION_FACTOR as L2_ROTATION_FACTOR,  # re-exported: suites record it
+)
+
 from . import schema
 
 DTYPES: dict[str, torch.dtype] = {
@@ -51,12 +62,6 @@ DTYPES: dict[str, torch.dtype] = {
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
-#: Assumed L2 size when the device cannot tell us (H100: 50 MB, H200: 60 MB).
-DEFAULT_L2_BYTES = 64 * 2**20
-#: Rotated input copies must together be this many times the L2 size.
-L2_ROTATION_FACTOR = 2
-#: Never more copies than this (tiny problems would otherwise need thousands).
-MAX_COPIES = 1024
 
 #: Column order of the results CSV (the schema and its documentation: ``schema.py``).
 COLUMNS = schema.COLUMNS
@@ -118,46 +123,8 @@ class Impl:
 # The correctness gate
 # ----------------------------------------------------------------------------------
 def gate_tolerance(dtype: torch.dtype) -> float:
-    """Largest relative Frobenius error vs cuBLAS a correct GEMM can show.
-
-    Both results are fp32 accumulations rounded to the output dtype (unit
-    roundoff 2^-11 ~ 4.9e-4 for fp16, 2^-8 ~ 3.9e-3 for bf16), and cuBLAS may
-    reduce split-K partials in reduced precision (torch's default
-    ``allow_fp16_reduced_precision_reduction``).  The tolerances leave about
-    10x of room; a wrong kernel (a skipped K tile, a swapped operand, garbage)
-    errs by 1e-1 or more.
-    """
-    if dtype == torch.float16:
-        return 1e-2
-    if dtype == torch.bfloat16:
-        return 3e-2
-    if dtype == torch.float32:
-        tf32 = _tf32_enabled()
-        return 1e-2 if tf32 else 1e-4  # TF32 keeps 10 mantissa bits
-    return 1e-9
-
-
-def _tf32_enabled() -> bool:
-    matmul = torch.backends.cuda.matmul
-    precision = getattr(matmul, "fp32_precision", None)
-    if precision in ("tf32", "ieee"):
-        return precision == "tf32"
-    return bool(matmul.allow_tf32)
-
-
-def relative_error(out: torch.Tensor, ref: torch.Tensor, rows_per_chunk: int = 1024) -> float:
-    """||out - ref||_F / ||ref||_F, accumulated in float64 a row block at a time
-    (a full-size float64 copy of a 8192 x 57344 output would take 3.8 GB)."""
-    out2 = out.reshape(-1, out.shape[-1]) if out.dim() > 1 else out.reshape(1, -1)
-    ref2 = ref.reshape(-1, ref.shape[-1]) if ref.dim() > 1 else ref.reshape(1, -1)
-    err = torch.zeros((), dtype=torch.float64, device=out.device)
-    norm = torch.zeros((), dtype=torch.float64, device=out.device)
-    for start in range(0, out2.shape[0], rows_per_chunk):
-        o = out2[start:start + rows_per_chunk].double()
-        r = ref2[start:start + rows_per_chunk].double()
-        err += (o - r).square().sum()
-        norm += r.square().sum()
-    return math.sqrt(err.item()) / max(math.sqrt(norm.item()), 1e-300)
+    """Largest relative Frobenius error vs cuBLAS a correct GEMM can show (``testing.tolerance``'s library bound)."""
+    return tolerance(dtype, "cuda", against="library")
 
 
 @dataclass(frozen=True)
@@ -198,8 +165,8 @@ def l2_cache_bytes(device: torch.device) -> int:
 
 
 def copies_to_exceed_l2(set_bytes: int, l2_bytes: int) -> int:
-    """How many copies of an input set together exceed ``L2_ROTATION_FACTOR`` x L2."""
-    return max(1, min(MAX_COPIES, math.ceil(L2_ROTATION_FACTOR * l2_bytes / max(set_bytes, 1))))
+    """How many copies of an input set together exceed ``L2_ROTATION_FACTOR`` x L2 (``testing.rotation_copies``)."""
+    return rotation_copies(set_bytes, l2_bytes)
 
 
 def _operand(rows: int, cols: int, transposed: bool, dtype, device, gen) -> torch.Tensor:
@@ -658,7 +625,7 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
         python=platform.python_version(),
         tritongemm=tg_version,
         git=_git_commit(),
-        tf32=_tf32_enabled(),
+        tf32=tf32_enabled(),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0"),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )

@@ -23,6 +23,7 @@ import torch
 import tritongemm
 from tritongemm import PIPELINES
 from tritongemm.launch import problem_of
+from tritongemm.testing import tolerance
 
 from . import harness
 from .harness import Case
@@ -38,9 +39,6 @@ PIPELINE_SIZE, PIPELINE_DTYPE = 4096, torch.float16
 DEMO_SHAPES = ((64, 80, 96), (33, 47, 75))
 DEMO_LAYOUTS = ("NN", "NT", "TN")
 DEMO_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: Relative Frobenius error vs a float64 reference: the output's rounding
-#: (2^-11 for fp16, 2^-8 for bf16) with about 5x of room; fp32 is IEEE here.
-DEMO_TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
 
 def run_quick(out: str | Path | None = None, *, warmup_ms: float = 10, rep_ms: float = 50,
@@ -138,13 +136,13 @@ def quick_interpreter(out: str | Path | None = None) -> int:
                     row = {"shape": f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "layout": layout,
                            "dtype": harness.DTYPE_NAMES[dtype], "pipeline": pipeline,
                            "impl": f"tritongemm:{pipeline}", "family": "tritongemm", "variant": pipeline,
-                           "tol": DEMO_TOLERANCE[dtype]}
+                           "tol": tolerance(dtype)}
                     try:
                         cfg = tritongemm.select_config(
                             problem_of(a, b), tritongemm.device_info(a.device), None, pipeline)
                         row["config"] = cfg.short()
                         c = tritongemm.matmul(a, b, pipeline=pipeline)
-                        result = harness.check_output(c.double(), ref, DEMO_TOLERANCE[dtype])
+                        result = harness.check_output(c.double(), ref, tolerance(dtype))
                         row.update(rel_err=result.rel_err, result="PASS" if result.ok else "FAIL",
                                    status=harness.OK if result.ok else harness.FAILED_GATE,
                                    message=result.reason)

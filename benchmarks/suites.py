@@ -14,6 +14,11 @@ Suites (``python -m benchmarks run --suite NAME``):
 * ``decomposition`` long K (512x512x65536, 1024x1024x32768) and one wave of
                 128x128 tiles plus a sliver (896x2432x4096: 133 tiles, 1536x1536x8192:
                 144 tiles on 132 SMs) with sliced-K, split-K and Stream-K forced.
+* ``unaligned`` leading dimensions that are not multiples of 16 bytes (issue 16):
+                powers of two +- 1, primes, odd N or K under nn.Linear's layout,
+                every layout, small shapes near the copy's break-even, strides
+                with a factor of 2, 4 or 8 only, and aligned controls; with the
+                padding policy forced each way, to check the cost model's choice.
 
 Every case compares, on the same inputs in the same process: cuBLAS
 (``torch.matmul``), ``torch.compile(mode="max-autotune-no-cudagraphs")`` unless
@@ -32,7 +37,7 @@ import torch
 import tritongemm
 from tritongemm import PIPELINES, TileConfig
 from tritongemm.configs import DECOMPOSITIONS
-from tritongemm.launch import problem_of
+from tritongemm.launch import problem_of, set_padding
 
 from . import harness
 from .harness import Case, Impl
@@ -136,6 +141,24 @@ def backward_cases() -> list[Case]:
     return cases
 
 
+def unaligned_cases() -> list[Case]:
+    """Issue 16's shapes and their neighbours; ``x`` is the smallest odd dimension (or M)."""
+    shapes = [("issue 16", 4097, 4097, 4097, "NN"), ("issue 16", 3001, 5003, 1009, "NN"),
+              ("issue 16", 4096, 4096, 4097, "NT")]
+    shapes += [("powers of two +- 1", s, s, s, "NN") for s in (1023, 1025, 2047, 2049, 4095, 8191, 8193)]
+    shapes += [("primes", 1009, 1009, 1009, "NN"), ("primes", 5003, 3001, 7919, "NN"), ("primes", 7919, 7919, 7919, "NN")]
+    shapes += [("layouts", m, n, k, layout) for m, n, k in ((4097, 4097, 4097), (3001, 5003, 1009))
+               for layout in ("NT", "TN", "TT")]
+    shapes += [("odd N (linear)", 4096, n, 4096, "NT") for n in (4097, 32001, 50257)]
+    shapes += [("odd K (linear)", 4096, 4096, k, "NT") for k in (4095, 11007)]
+    shapes += [("small", s, s, s, "NN") for s in (255, 257, 511, 513)]
+    shapes += [("stride factor 2 / 4 / 8", s, s, s, "NN") for s in (4098, 4100, 4104)]
+    shapes += [("aligned control", 4096, 4096, 4096, layout) for layout in ("NN", "NT")]
+    return [Case("unaligned", group, f"{m}x{n}x{k} {layout}", m, n, k, layout,
+                 min([d for d in (m, n, k) if d % 8] or [m]), "smallest unaligned dim")
+            for group, m, n, k, layout in shapes]
+
+
 # ----------------------------------------------------------------------------------
 # Implementations
 # ----------------------------------------------------------------------------------
@@ -231,6 +254,23 @@ def tritongemm_decomposition(decomposition: str) -> Impl:
                 config_of=config_of)
 
 
+def tritongemm_padding(policy: str) -> Impl:
+    """The heuristic's config with unaligned operands always / never copied to aligned workspaces
+    (each policy has its own launch cache: switching per call re-plans nothing)."""
+    def run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        old = set_padding(policy)
+        try:
+            return tritongemm.matmul(a, b, config=_heuristic(a, b))
+        finally:
+            set_padding(old)
+
+    return Impl(f"tritongemm:pad-{policy}", "tritongemm", run, variant=f"padding={policy}", config_of=_heuristic)
+
+
+def padding_impls() -> list[Impl]:
+    return [tritongemm_padding("always"), tritongemm_padding("never")]
+
+
 def decomposition_impls() -> list[Impl]:
     return [tritongemm_decomposition(d) for d in DECOMPOSITIONS]
 
@@ -294,6 +334,8 @@ SUITES: dict[str, Suite] = {
         Suite("backward", "autograd forward + backward", backward_cases, lambda d: []),
         Suite("decomposition", "sliced-K, split-K and Stream-K on long-K and wave-quantized shapes",
               decomposition_cases, lambda d: decomposition_impls()),
+        Suite("unaligned", "leading dimensions not a multiple of 16 bytes, padding forced each way",
+              unaligned_cases, lambda d: padding_impls()),
     )
 }
 
@@ -397,5 +439,6 @@ def summary_table(csv: str | Path) -> str:
 __all__ = [
     "LLAMA3", "SUITES", "Suite", "implementations", "run_suite", "summary_table",
     "square_cases", "llm_cases", "decode_cases", "stages_cases", "hierarchy_cases", "backward_cases",
+    "unaligned_cases", "padding_impls",
     "stage_configs", "hierarchy_configs", "sabotaged", "cublas",
 ]

@@ -10,8 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import tritongemm
-from tritongemm import ConfigError, TileConfig
-from tritongemm import explain
+from tritongemm import ConfigError, TileConfig, explain
 from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor, shape_id
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 import tritongemm
-from tritongemm import interpreter_enabled
 from tritongemm.testing import assert_close, make_operands, random_tensor
 
 DT = torch.float32

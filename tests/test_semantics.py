@@ -233,9 +233,13 @@ def test_explain_for_an_h100_from_meta_tensors():
     assert "H100" in plan.describe()
     # One row: the GEMV rule, said in words.
     assert tritongemm.explain(w[:1], w.mT, device="h100").kernel == "gemv"
-    # An unaligned leading dimension: TMA cannot take it, and explain says why.
+    # An unaligned leading dimension: TMA cannot take it as it is; explain says so, and that
+    # the operands are copied to aligned workspaces (or, with padding off, the pointer kernel).
     odd = torch.empty(4097, 4097, device="meta", dtype=torch.bfloat16)
     plan = tritongemm.explain(odd, odd, device="h100")
+    assert plan.kernel == "tma_persistent" and plan.alignment.path == "pad" and "align" in plan.describe()
+    with tritongemm.launch.padding("never"):
+        plan = tritongemm.explain(odd, odd, device="h100")
     assert plan.kernel != "tma_persistent" and plan.fallback and "16" in plan.fallback
     # An A100 has no TMA: the same shape plans the pointer kernel.
     assert tritongemm.explain(w, w.mT, device="a100").kernel == "pointer"

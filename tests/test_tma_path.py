@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import tritongemm
-from tritongemm import TileConfig
-from tritongemm import explain
+from tritongemm import TileConfig, explain
 from tritongemm.testing import assert_close, make_operands, random_tensor
 
 TMA = TileConfig(32, 32, 16, 2, 4, 3, tma=True)

@@ -26,10 +26,9 @@ import torch
 import tritongemm
 from tritongemm import explain, heuristics, launch
 from tritongemm.configs import GemmProblem, TileConfig
-from tritongemm.tuning import candidate_configs
 from tritongemm.device import INTERPRETER_DEVICE, device_info
 from tritongemm.testing import assert_close, default_device
-from tritongemm.tuning import cache
+from tritongemm.tuning import cache, candidate_configs
 
 DEVICE = INTERPRETER_DEVICE
 CONFIG = TileConfig(block_m=32, block_n=64, block_k=32, group_m=8, num_warps=4, num_stages=2)

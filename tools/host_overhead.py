@@ -43,8 +43,9 @@ def per_call_us(fn, rounds: int = 15, calls: int = 2000) -> float:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    import tritongemm as tg
     import torch.nn.functional as F
+
+    import tritongemm as tg
 
     x = torch.randn(16, 64)
     w = torch.randn(32, 64)

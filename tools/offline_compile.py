@@ -67,7 +67,7 @@ def compile_one(kernel, types: dict, constexprs: dict, target, num_warps: int, n
 
 def pointer_cases():
     # NN layout: the unit strides are specialized to the constant 1, as at launch.
-    base = dict(stride_ak=1, stride_bn=1, stride_cn=1, stride_dn=1, GROUP_M=8, SPLIT_K=False, REDUCE_INLINE=False,
+    base = dict(HINT_AM=1, HINT_AK=1, HINT_BK=1, HINT_BN=1, HINT_CM=1, HINT_CN=1, stride_ak=1, stride_bn=1, stride_cn=1, stride_dn=1, GROUP_M=8, SPLIT_K=False, REDUCE_INLINE=False,
                 ACTIVATION="none", HAS_RESIDUAL=False, STORE_PREACT=False, HAS_ALPHA=False, HAS_ADDEND=False, INDEX_64=False, UPCAST_OPERANDS=False)
     yield "ptr-fp16-128x256x64-s3", "fp16", dict(base, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, EVEN_K=True,
                                                   ACC_FP64=False, DOT_PRECISION="ieee"), 8, 3

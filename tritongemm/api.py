@@ -99,10 +99,18 @@ def _autocast(*tensors):
     first = tensors[0]
     if not isinstance(first, torch.Tensor):
         return tensors
-    if not torch.compiler.is_compiling() and any(isinstance(t, torch.Tensor) and t.is_neg() for t in tensors):
-        tensors = tuple(t.resolve_neg() if isinstance(t, torch.Tensor) else t for t in tensors)
+    for t in tensors:
+        if t is not None and isinstance(t, torch.Tensor) and t.is_neg() and not torch.compiler.is_compiling():
+            tensors = tuple(t.resolve_neg() if isinstance(t, torch.Tensor) else t for t in tensors)
+            break
+    if not _any_autocast():
+        return tensors
     dtype = autocast_dtype(first.device)
     return tensors if dtype is None else autocast_cast(dtype, *tensors)
+
+
+#: One C call that says whether autocast is on for any device (the common answer: no).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
 
 
 def _check_out(fn: str, out: torch.Tensor | None, shape, dtype, *inputs) -> torch.Tensor | None:
@@ -206,7 +214,10 @@ def _call(a: torch.Tensor, epilogue: Epilogue, out_dtype, config, pipeline, deco
     Under torch.compile torch's TF32 switch cannot be read while tracing: the
     custom op reads it when it runs ("auto").
     """
-    precision = "auto" if torch.compiler.is_compiling() else dot_precision(a.dtype)
+    if a.dtype is not torch.float32:
+        precision = "ieee"  # TF32 concerns float32 only
+    else:
+        precision = "auto" if torch.compiler.is_compiling() else dot_precision(a.dtype)
     return GemmCall(epilogue, make_request(config, pipeline, decomposition), out_dtype, precision)
 
 

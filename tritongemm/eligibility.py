@@ -39,6 +39,55 @@ class Operand(NamedTuple):
     def row_major(self) -> bool:
         return self.col_stride == 1
 
+    @property
+    def lead_stride(self) -> int | None:
+        """The stride between rows (row-major) or columns (column-major); None without a unit stride."""
+        if self.col_stride == 1 and self.cols > 0:
+            return self.row_stride
+        if self.row_stride == 1:
+            return self.col_stride
+        return None
+
+    def aligned(self, row_major: bool | None = None) -> Operand:
+        """This matrix copied into an aligned workspace (``launch.aligned``): the same orientation unless
+        ``row_major`` says (row-major when it had no unit stride), the leading dimension rounded up to
+        16 bytes, a 16-byte aligned base."""
+        per = max(16 // self.elem_size, 1)
+        if row_major is None:
+            row_major = self.lead_stride is None or self.col_stride == 1
+        if not row_major:
+            return Operand(self.rows, self.cols, 1, round_up(max(self.rows, 1), per), self.elem_size, True)
+        return Operand(self.rows, self.cols, round_up(max(self.cols, 1), per), 1, self.elem_size, True)
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def stride_hint(stride: int) -> int:
+    """The largest power of two, at most 16, that divides ``stride`` (elements).
+
+    Triton itself only marks integer arguments divisible by 16; a stride of
+    4104 half-precision elements (16 bytes x 513) gets no mark, so the
+    pointer kernel loads its rows element by element unless told (path (b) of
+    issue 16: ``kernels/gemm.py`` rounds each stride down to this multiple,
+    which changes nothing but what the compiler can prove).
+    """
+    return 16 if stride == 0 else min(stride & -stride, 16)
+
+
+def vector_bytes(op: Operand) -> int:
+    """The widest load (bytes, at most 16) the pointer kernel can issue along ``op``'s unit stride.
+
+    A misaligned base or a missing unit stride leaves element-wise loads; else
+    the leading stride's power-of-two factor decides (cp.async moves 4, 8 or
+    16 bytes, so a 2-byte element on an odd stride cannot be loaded asynchronously at all).
+    """
+    lead = op.lead_stride
+    if lead is None or not op.aligned16:
+        return op.elem_size
+    return min(stride_hint(lead) * op.elem_size, max(16, op.elem_size))
+
 
 def tensor_descriptor_class():
     """Triton's host-side TMA descriptor, or None on a Triton that has none (< 3.4)."""
@@ -100,5 +149,5 @@ def stream_k_unsupported_reason(k: int, batched: bool) -> str | None:
     return "Stream-K takes one (unbatched) problem with K > 0"
 
 
-__all__ = ["Operand", "gemv_unsupported_reason", "stream_k_unsupported_reason", "tma_operand_reason",
-           "tma_unsupported_reason"]
+__all__ = ["Operand", "gemv_unsupported_reason", "round_up", "stream_k_unsupported_reason", "stride_hint",
+           "tma_operand_reason", "tma_unsupported_reason", "vector_bytes"]

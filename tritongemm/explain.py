@@ -18,6 +18,7 @@ from .call import make_request
 from .configs import GemmProblem
 from .device import DeviceInfo, device_info, named_device
 from .eligibility import Operand
+from .launch import padding_policy
 from .plan import Plan, layout_letters, plan
 from .semantics import autocast_cast, autocast_dtype, check_activation, dtype_name
 
@@ -74,7 +75,8 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = Non
     problem = GemmProblem(m, n, k, math.prod(batch), dtype_name(a.dtype), layout_letters(op_a, op_b))
     out = out_dtype or a.dtype
     c = Operand.contiguous(m, n, torch.empty((), dtype=out).element_size())
-    return plan(problem, target, make_request(config, pipeline, decomposition), op_a, op_b, c, a.dtype, out)
+    return plan(problem, target, make_request(config, pipeline, decomposition), op_a, op_b, c, a.dtype, out,
+                padding_policy())
 
 
 def _check_dtypes(named: dict) -> None:

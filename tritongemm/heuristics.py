@@ -290,6 +290,67 @@ def prefers_tma_stream_k(problem: GemmProblem, device: DeviceInfo) -> bool:
     return waves >= 2 and 0 < sliver <= TMA_STREAM_K_MAX_SLIVER and idle >= TMA_STREAM_K_MIN_IDLE
 
 
+# Restoring alignment (issue 16): when a leading dimension is not a multiple
+# of 16 bytes, copying the operand into a padded workspace and running the
+# aligned kernel can beat running on the user's strides.  The rates are H100
+# fp16/bf16 measurements (benchmarks/results/h100/), used for every device:
+# what matters is their ratio to the copy bandwidth, about the same on an A100.
+#: Device-to-device copy, bytes read + written per second: the 1 GiB copy_
+#: ceiling, 3000 GB/s (results/h100/hierarchy/hierarchy.csv, "ceiling" rows).
+COPY_BANDWIDTH = 3.0e12
+#: One more small kernel per copy: ~2-3 us on the GPU, and the host's
+#: torch.empty + copy_ (an estimate; the `unaligned` suite measures it).
+COPY_OVERHEAD_S = 4e-6
+#: The TMA kernel on aligned operands: 703-761 TFLOP/s at 4096^3-8192^3 fp16
+#: (results/h100/hierarchy, square); 700 with some margin for smaller shapes.
+TMA_RATE = 700e12
+#: The pointer kernel on aligned operands (16-byte vectors, cp.async): 585-656
+#: TFLOP/s at 2048^3-8192^3 fp16 (results/h100/stages, hierarchy).
+POINTER_ALIGNED_RATE = 590e12
+#: The pointer kernel by the widest load its strides allow (bytes).  2: issue
+#: 16's measurements, 16-90 TFLOP/s (NT with odd K 0.12x, 4097^3 0.24x,
+#: 3001x5003x1009 0.73x of cuBLAS's 114-139): the highest is taken, so a copy
+#: must pay even against the best unaligned run.  4 and 8 are estimates
+#: (loads scale with vector width up to the aligned rate), still to be
+#: measured by `python -m benchmarks run --suite unaligned`.
+POINTER_RATE_BY_VECTOR = {2: 90e12, 4: 180e12, 8: 360e12, 16: POINTER_ALIGNED_RATE}
+
+
+class PaddingEstimate(NamedTuple):
+    """What copying into aligned workspaces costs and saves, in microseconds."""
+
+    copy_us: float
+    saved_us: float
+
+    @property
+    def pays(self) -> bool:
+        return self.saved_us > self.copy_us
+
+    def words(self) -> str:
+        return f"copies ~{self.copy_us:.1f} us, the aligned kernel saves ~{self.saved_us:.1f} us"
+
+
+def padding_estimate(problem: GemmProblem, copied_elems: int, copies: int, vector_bytes: int,
+                     padded_tma: bool) -> PaddingEstimate:
+    """Cost and gain of running ``problem`` on aligned copies rather than on the operands' own strides.
+
+    ``copied_elems`` elements are each read and written once, in ``copies``
+    kernels; ``vector_bytes`` is the widest load the unaligned pointer kernel
+    could use (``eligibility.vector_bytes``), ``padded_tma`` whether the aligned
+    run is the TMA kernel.  Both runs are at least as slow as moving the
+    GEMM's own operands once (a skinny problem is bound by memory either way,
+    so a copy of its big operand never pays).
+    """
+    flops = 2 * problem.batch * problem.m * problem.n * problem.k
+    traffic = problem.batch * (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n)
+    floor = traffic * problem.elem_size / COPY_BANDWIDTH
+    slow_rate = POINTER_RATE_BY_VECTOR.get(min(vector_bytes, 16), POINTER_RATE_BY_VECTOR[2])
+    fast_rate = TMA_RATE if padded_tma else POINTER_ALIGNED_RATE
+    saved = max(flops / slow_rate, floor) - max(flops / fast_rate, floor)
+    copy = copies * COPY_OVERHEAD_S + 2 * copied_elems * problem.elem_size / COPY_BANDWIDTH
+    return PaddingEstimate(copy * 1e6, saved * 1e6)
+
+
 def fit_shared_memory(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> TileConfig:
     """Halve block_k (not below 16) until the stages fit the device's shared memory."""
     while cfg.smem_bytes(problem.elem_size) > device.smem_per_block and cfg.block_k > 16:
@@ -368,6 +429,8 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
 
 __all__ = [
     "Choice",
+    "PaddingEstimate",
+    "padding_estimate",
     "heuristic_choice",
     "heuristic_config",
     "stream_k_schedule",

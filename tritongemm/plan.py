@@ -9,14 +9,39 @@ tensors, shapes, or another device's budgets).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
 from .call import Request
 from .configs import GemmProblem, TileConfig
 from .device import DeviceInfo
-from .eligibility import Operand, gemv_unsupported_reason, stream_k_unsupported_reason, tma_unsupported_reason
+from .eligibility import (
+    Operand,
+    gemv_unsupported_reason,
+    stream_k_unsupported_reason,
+    tma_operand_reason,
+    tma_unsupported_reason,
+    vector_bytes,
+)
+from .heuristics import padding_estimate
 from .selection import select
+
+#: How unaligned operands are treated: "auto" (the cost model), "always" pad, "never" pad.
+PADDING_POLICIES = ("auto", "always", "never")
+
+
+class Alignment(NamedTuple):
+    """What a plan does about operands whose strides the fast loads cannot take (issue 16).
+
+    ``path`` is "pad" (copy ``padded`` into aligned workspaces, run the aligned
+    kernel, copy C back), "hinted" (the pointer kernel with the widest loads the
+    strides allow) or "plain" (the pointer kernel, element-wise loads).
+    """
+
+    path: str
+    padded: tuple[str, ...]
+    why: str
 
 
 @dataclass(frozen=True)
@@ -29,6 +54,8 @@ class Plan:
     fallback: str | None = None
     problem: GemmProblem | None = None
     device: DeviceInfo | None = None
+    #: None when every operand is aligned (the common case).
+    alignment: Alignment | None = None
 
     def describe(self) -> str:
         lines = []
@@ -40,13 +67,32 @@ class Plan:
         lines.append(f"kernel : {self.kernel}" + (f" (fell back: {self.fallback})" if self.fallback else ""))
         lines.append(f"config : {self.config.short()}")
         lines.append(f"why    : {self.source}")
+        if self.alignment is not None:
+            al = self.alignment
+            what = f"copy {', '.join(al.padded)} to aligned workspaces" if al.path == "pad" else f"{al.path} pointer loads"
+            lines.append(f"align  : {what} ({al.why})")
         return "\n".join(lines)
 
 
 def plan(problem: GemmProblem, device: DeviceInfo, request: Request, a: Operand, b: Operand, c: Operand,
-         dtype: torch.dtype, out_dtype: torch.dtype) -> Plan:
-    """Choose the config (``selection.select``), then the kernel the operands allow."""
-    cfg, source = select(problem, device, request)
+         dtype: torch.dtype, out_dtype: torch.dtype, padding: str = "auto") -> Plan:
+    """Choose the config (``selection.select``), then the kernel the operands allow, then whether to copy
+    unaligned operands into aligned workspaces (``padding``: one of ``PADDING_POLICIES``)."""
+    chosen, source = select(problem, device, request)
+    cfg, kernel, fallback = _kernel_for(chosen, problem, device, a, b, c, dtype, out_dtype)
+    alignment = None
+    if kernel != "gemv" and _misaligned(a, b, c, chosen.tma):
+        padded = _padded_plan(chosen, problem, device, a, b, c, dtype, out_dtype, padding)
+        if isinstance(padded, tuple):
+            (cfg, kernel, fallback), alignment = padded
+        else:
+            alignment = _unpadded_alignment(a, b, kernel, padded)
+    return Plan(cfg, source, kernel, fallback, problem, device, alignment)
+
+
+def _kernel_for(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo, a: Operand, b: Operand, c: Operand,
+                dtype: torch.dtype, out_dtype: torch.dtype) -> tuple[TileConfig, str, str | None]:
+    """(config, kernel, why it fell back) for these operand layouts."""
     batched = problem.batch > 1
     kernel, fallbacks = "pointer", []
     if cfg.stream_k:
@@ -71,7 +117,57 @@ def plan(problem: GemmProblem, device: DeviceInfo, request: Request, a: Operand,
             # Same tiles on the pointer kernel (Stream-K included); the TMA-only knobs do not apply.
             fallbacks.append(reason)
             cfg = replace(cfg, tma=False, persistent=False, warp_specialize=False, epilogue_subtile=False)
-    return Plan(cfg, source, kernel, "; ".join(fallbacks) or None, problem, device)
+    return cfg, kernel, "; ".join(fallbacks) or None
+
+
+def _misaligned(a: Operand, b: Operand, c: Operand, wants_tma: bool) -> bool:
+    """Does some operand keep the kernel from its fast loads (or, for a TMA config, stores)?"""
+    return any(tma_operand_reason(n, op) for n, op in (("A", a), ("B", b))) or (
+        wants_tma and (not c.row_major or tma_operand_reason("C", c) is not None))
+
+
+def _padded_plan(cfg, problem, device, a, b, c, dtype, out_dtype, padding):
+    """((config, kernel, fallback), Alignment) when copying to aligned workspaces is chosen, else why not."""
+    if padding == "never":
+        return "copies turned off (padding='never')"
+    if problem.elem_size != 2:
+        # cp.async moves 4-byte elements one by one; only 2-byte ones lose asynchronous loads.
+        return f"{problem.dtype} loads stay asynchronous on any stride: no copy"
+    if problem.k == 0:
+        return "K = 0: nothing is read"
+    names = [n for n, op in (("A", a), ("B", b)) if tma_operand_reason(n, op)]
+    pa = a.aligned() if "A" in names else a
+    pb = b.aligned() if "B" in names else b
+    # C is padded only when the aligned run stores through TMA (the pointer kernel stores any stride).
+    pc = c.aligned(row_major=True) if (not c.row_major or tma_operand_reason("C", c)) else c
+    padded_cfg, kernel, fallback = _kernel_for(cfg, problem, device, pa, pb, pc, dtype, out_dtype)
+    tma = kernel.startswith("tma")
+    if tma and pc is not c:
+        names.append("C")
+    elif not names:
+        return "only C is unaligned, and the pointer kernel stores any stride"
+    if kernel == "gemv":
+        return "the GEMV kernel streams B once: a copy would double its traffic"
+    shapes = {"A": problem.m * problem.k, "B": problem.k * problem.n, "C": problem.m * problem.n}
+    elems = problem.batch * sum(shapes[n] for n in names)
+    estimate = padding_estimate(problem, elems, len(names), min(vector_bytes(a), vector_bytes(b)), tma)
+    target = "the TMA kernel" if tma else "the pointer kernel's 16-byte loads"
+    if padding == "always":
+        return (padded_cfg, kernel, fallback), Alignment("pad", tuple(names), f"padding='always'; {estimate.words()}")
+    if not estimate.pays:
+        return f"too small to repay a copy: {estimate.words()}"
+    return (padded_cfg, kernel, fallback), Alignment("pad", tuple(names), f"for {target}: {estimate.words()}")
+
+
+def _unpadded_alignment(a: Operand, b: Operand, kernel: str, why_not: str) -> Alignment:
+    """The operands' own strides: the widest loads they allow (path (b)) or element-wise ones (path (c))."""
+    narrow = [(n, vector_bytes(op), op.elem_size) for n, op in (("A", a), ("B", b)) if vector_bytes(op) < 16]
+    widths = ", ".join(f"{n} {w} B" for n, w, _ in narrow)
+    if not narrow:
+        return Alignment("plain", (), f"C is stored without TMA; {why_not}")
+    if kernel == "pointer" and any(w > e for _, w, e in narrow):
+        return Alignment("hinted", (), f"the widest loads the strides allow: {widths}; {why_not}")
+    return Alignment("plain", (), f"element-wise loads ({widths}); {why_not}")
 
 
 def layout_letters(a: Operand, b: Operand) -> str:
@@ -79,4 +175,4 @@ def layout_letters(a: Operand, b: Operand) -> str:
     return ("N" if a.col_stride == 1 else "T") + ("N" if b.col_stride == 1 else "T")
 
 
-__all__ = ["Plan", "layout_letters", "plan"]
+__all__ = ["PADDING_POLICIES", "Alignment", "Plan", "layout_letters", "plan"]

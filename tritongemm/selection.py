@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
-from .call import Request
+from .call import NO_REQUEST, Request
 from .configs import DECOMPOSITIONS, MAX_SPLIT_K, ConfigError, GemmProblem, TileConfig
 from .device import DeviceInfo
 from .heuristics import (
@@ -59,7 +59,7 @@ def _from_sources(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig,
     return None
 
 
-def select(problem: GemmProblem, device: DeviceInfo, request: Request = Request()) -> tuple[TileConfig, str]:
+def select(problem: GemmProblem, device: DeviceInfo, request: Request = NO_REQUEST) -> tuple[TileConfig, str]:
     """(config, where it came from in words) for ``problem`` on ``device``."""
     cfg = request.config
     if cfg is not None:

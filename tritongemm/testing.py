@@ -15,6 +15,7 @@ average away; both use the one tolerance per dtype defined here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -56,12 +57,34 @@ def tf32_allowed() -> bool:
     return tf32_enabled()
 
 
-def tolerance(dtype: torch.dtype, device: torch.device | str) -> float:
-    """The relative-error bound for results of ``dtype`` computed on ``device``."""
+#: Bound on the relative error against *another library's* result in the same dtype
+#: (the benchmarks' gate against cuBLAS, the tuner's check against torch): both
+#: sides are fp32 accumulations rounded to the output dtype, and cuBLAS may
+#: reduce split-K partials in reduced precision, so about 10x the rounding is
+#: left; a wrong kernel (a skipped K tile, a swapped operand) errs by 1e-1 or more.
+LIBRARY_TOLERANCES: dict[torch.dtype, float] = {
+    torch.float16: 1e-2,
+    torch.bfloat16: 3e-2,
+    torch.float32: 1e-4,
+    torch.float64: 1e-9,
+}
+LIBRARY_TF32_TOLERANCE = 1e-2
+
+
+def tolerance(dtype: torch.dtype, device: torch.device | str = "cpu", against: str = "float64") -> float:
+    """The relative-error bound for results of ``dtype`` computed on ``device``.
+
+    ``against="float64"``: compared with a float64 reference on the same inputs
+    (the tests).  ``against="library"``: compared with another library's
+    result in the same dtype (the benchmarks' gate, the tuner's check).
+    """
     device = torch.device(device)
-    if dtype == torch.float32 and device.type == "cuda" and tf32_allowed():
-        return TF32_TOLERANCE
-    return TOLERANCES[dtype]
+    tf32 = dtype == torch.float32 and device.type == "cuda" and tf32_allowed()
+    if against == "library":
+        return LIBRARY_TF32_TOLERANCE if tf32 else LIBRARY_TOLERANCES[dtype]
+    if against != "float64":
+        raise ValueError(f"against must be 'float64' or 'library', got {against!r}")
+    return TF32_TOLERANCE if tf32 else TOLERANCES[dtype]
 
 
 # ----------------------------------------------------------------------------------
@@ -127,11 +150,39 @@ def strided_out(shape: Sequence[int], dtype: torch.dtype, device) -> tuple[torch
 # ----------------------------------------------------------------------------------
 # Comparison with a float64 reference
 # ----------------------------------------------------------------------------------
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||out - ref|| / ||ref||`` in float64 (absolute when ``ref`` is all zeros); NaN stays NaN."""
-    diff = (out.double() - ref.double()).norm().item()
-    scale = ref.double().norm().item()
+def relative_error(out: torch.Tensor, ref: torch.Tensor, rows_per_chunk: int = 1024) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (absolute when ``ref`` is all zeros); NaN stays NaN.
+
+    Accumulated a row block at a time: a full-size float64 copy of an
+    8192 x 57344 output would take 3.8 GB.
+    """
+    out2 = out.reshape(-1, out.shape[-1]) if out.dim() > 1 else out.reshape(1, -1)
+    ref2 = ref.reshape(-1, ref.shape[-1]) if ref.dim() > 1 else ref.reshape(1, -1)
+    err = torch.zeros((), dtype=torch.float64, device=out.device)
+    norm = torch.zeros((), dtype=torch.float64, device=out.device)
+    for start in range(0, out2.shape[0], rows_per_chunk):
+        o = out2[start:start + rows_per_chunk].double()
+        r = ref2[start:start + rows_per_chunk].double()
+        err += (o - r).square().sum()
+        norm += r.square().sum()
+    diff, scale = math.sqrt(err.item()), math.sqrt(norm.item())
     return diff / scale if scale > 0 else diff
+
+
+# ----------------------------------------------------------------------------------
+# L2 rotation: timed calls never find their operands in L2
+# ----------------------------------------------------------------------------------
+#: Assumed L2 size when the device cannot tell us (H100: 50 MB, H200: 60 MB).
+DEFAULT_L2_BYTES = 64 * 2**20
+#: Rotated input copies must together be this many times the L2 size.
+L2_ROTATION_FACTOR = 2
+#: Never more copies than this (tiny problems would otherwise need thousands).
+MAX_ROTATION_COPIES = 1024
+
+
+def rotation_copies(set_bytes: int, l2_bytes: int = DEFAULT_L2_BYTES, most: int = MAX_ROTATION_COPIES) -> int:
+    """How many copies of an input set together exceed ``L2_ROTATION_FACTOR`` x L2 (at most ``most``)."""
+    return max(1, min(most, math.ceil(L2_ROTATION_FACTOR * l2_bytes / max(set_bytes, 1))))
 
 
 def assert_close(
@@ -222,6 +273,8 @@ __all__ = [
     "DTYPE_IDS",
     "LAYOUTS",
     "TOLERANCES",
+    "LIBRARY_TOLERANCES",
+    "rotation_copies",
     "TF32_TOLERANCE",
     "assert_close",
     "assert_matches_reference",

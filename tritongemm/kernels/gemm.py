@@ -130,6 +130,19 @@ def epilogue(
 
 
 @triton.jit
+def hint_multiple(x, MULTIPLE: tl.constexpr):
+    """``x`` (a stride), with the compiler told that it is a multiple of MULTIPLE (the launcher checked).
+
+    Triton marks only integer arguments divisible by 16, so a row stride of,
+    say, 1000 half-precision elements (16-byte aligned rows) would be loaded
+    element by element; rounding down to a known multiple changes no value
+    but lets the loads vectorize as far as the stride allows (issue 16, path (b)).
+    With MULTIPLE = 1 the compiler folds it away.
+    """
+    return x // MULTIPLE * MULTIPLE
+
+
+@triton.jit
 def splitk_partials(ws_ptr, slice_id, batch, offs_m, offs_n, M, N, stride_split):
     """Pointers to one slice's fp32 partial tile in the (splits, batch, M, N) workspace."""
     return ws_ptr + slice_id * stride_split + batch * M * N + offs_m[:, None] * N + offs_n[None, :]
@@ -198,6 +211,8 @@ def gemm_kernel(
     ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr,
     INDEX_64: tl.constexpr, ACC_FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_OPERANDS: tl.constexpr, SPLIT_K: tl.constexpr, REDUCE_INLINE: tl.constexpr,
+    HINT_AM: tl.constexpr = 1, HINT_AK: tl.constexpr = 1, HINT_BK: tl.constexpr = 1, HINT_BN: tl.constexpr = 1,
+    HINT_CM: tl.constexpr = 1, HINT_CN: tl.constexpr = 1,
 ):
     """Sliced-K GEMM (SPLIT_K=False): one program per (batch, C tile), walking all of K.
 
@@ -229,6 +244,14 @@ def gemm_kernel(
     # a unit-stride M or N dimension vectorize.
     offs_m = tl.max_contiguous(tl.multiple_of(offs_m, BLOCK_M), BLOCK_M)
     offs_n = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
+
+    # HINT_*: a power of two each stride is a multiple of (``eligibility.stride_hint``).
+    stride_am = hint_multiple(stride_am, HINT_AM)
+    stride_ak = hint_multiple(stride_ak, HINT_AK)
+    stride_bk = hint_multiple(stride_bk, HINT_BK)
+    stride_bn = hint_multiple(stride_bn, HINT_BN)
+    stride_cm = hint_multiple(stride_cm, HINT_CM)
+    stride_cn = hint_multiple(stride_cn, HINT_CN)
 
     a_ptr += batch * stride_ab
     b_ptr += batch * stride_bb

@@ -7,9 +7,16 @@ costs building the signature, a dictionary lookup and the kernel launch.
 
 Each kernel has its launcher next to its import (``pointer.py``, ``gemv.py``,
 ``stream_k.py``, ``tma.py``), building the kernel's arguments by keyword.
+When the plan copies unaligned operands into aligned workspaces
+(``plan.Alignment``), ``aligned.py``'s launcher wraps the kernel's; the
+decision is made once per launch-cache entry, so aligned calls pay nothing for it.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+import warnings
 
 import torch
 
@@ -17,8 +24,9 @@ from ..call import GemmCall
 from ..configs import GemmProblem
 from ..device import device_info, interpreter_enabled
 from ..eligibility import Operand
-from ..plan import Plan, layout_letters, plan
+from ..plan import PADDING_POLICIES, Plan, layout_letters, plan
 from ..semantics import dtype_name
+from .aligned import PaddedLauncher
 from .common import COUNTERS, arrival_counters  # noqa: F401  (tests inspect the counters)
 from .gemv import GemvLauncher
 from .pointer import PointerLauncher
@@ -35,11 +43,16 @@ LAUNCHERS = {
 }
 
 
-def layout_signature(*tensors) -> tuple:
-    """What a compiled launch depends on in the tensors: shapes, strides, dtypes, 16-byte alignment, device."""
-    return tuple(
-        None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors
-    ) + (tensors[0].device,)
+def _layout(t) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.dtype, not t.data_ptr() & 15)
+
+
+def layout_signature(a, b, out, addend=None, residual=None, preact=None) -> tuple:
+    """What a compiled launch depends on in the tensors: shapes, strides, dtypes, 16-byte alignment, device.
+
+    Written out rather than looped: it runs on every call (a generator costs a microsecond more).
+    """
+    return (_layout(a), _layout(b), _layout(out), _layout(addend), _layout(residual), _layout(preact), a.device)
 
 
 def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
@@ -54,7 +67,50 @@ def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
 def plan_for(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Plan:
     """The plan for these tensors (what ``gemm`` would run)."""
     return plan(problem_of(a, b), device_info(a.device), call.request, Operand.of(a), Operand.of(b),
-                Operand.of(out), a.dtype, out.dtype)
+                Operand.of(out), a.dtype, out.dtype, _PADDING[0])
+
+
+def _padding_from_env() -> str:
+    policy = os.environ.get("TRITONGEMM_PADDING", "auto")
+    if policy not in PADDING_POLICIES:
+        warnings.warn(f"tritongemm: TRITONGEMM_PADDING={policy!r} is not one of {PADDING_POLICIES}; using 'auto'",
+                      RuntimeWarning, stacklevel=2)
+        return "auto"
+    return policy
+
+
+#: How unaligned operands are treated (``plan.PADDING_POLICIES``); TRITONGEMM_PADDING sets the default.
+_PADDING = [_padding_from_env()]
+
+
+def padding_policy() -> str:
+    """The padding policy: "auto" (copy unaligned operands into aligned workspaces when the cost model
+    says it pays), "always" or "never"."""
+    return _PADDING[0]
+
+
+def set_padding(policy: str) -> str:
+    """Set the padding policy for every later call; returns the old one.
+
+    Each policy keeps its own launch cache, so switching (a benchmark comparing
+    them, a ``with padding(...)`` block) costs no re-planning.
+    """
+    global _CACHE
+    if policy not in PADDING_POLICIES:
+        raise ValueError(f"padding policy must be one of {PADDING_POLICIES}, got {policy!r}")
+    old, _PADDING[0] = _PADDING[0], policy
+    _CACHE = _CACHES[policy]
+    return old
+
+
+@contextlib.contextmanager
+def padding(policy: str):
+    """``with padding("never"): ...`` runs the block under another padding policy."""
+    old = set_padding(policy)
+    try:
+        yield
+    finally:
+        set_padding(old)
 
 
 def gemm(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
@@ -81,12 +137,16 @@ def gemm(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     d = addend if addend is not None else out  # absent tensors: the kernel never touches them
     r = residual if residual is not None else out
     z = preact if preact is not None else out
-    if a.device.type == "cuda" and a.device.index != torch.cuda.current_device():
-        with torch.cuda.device(a.device):
+    device = a.device
+    if device.type == "cuda" and device.index != _current_device():
+        with torch.cuda.device(device):
             launcher(a, b, out, d, r, z, ep.alpha, ep.beta)
     else:
         launcher(a, b, out, d, r, z, ep.alpha, ep.beta)
     return out
+
+
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device  # no Python layers
 
 
 def _build(call, a, b, out, addend, residual, preact):
@@ -98,20 +158,28 @@ def _build(call, a, b, out, addend, residual, preact):
     d = addend if addend is not None else out
     r = residual if residual is not None else out
     z = preact if preact is not None else out
-    launcher = LAUNCHERS[chosen.kernel](chosen, call, a, b, out, d, r, z, interpreter_enabled())
+    kernel_launcher = LAUNCHERS[chosen.kernel]
+    if chosen.alignment is not None and chosen.alignment.padded:
+        launcher = PaddedLauncher(chosen, call, a, b, out, d, r, z, interpreter_enabled(), kernel_launcher)
+    else:
+        launcher = kernel_launcher(chosen, call, a, b, out, d, r, z, interpreter_enabled())
     launcher.plan = chosen
     return launcher
 
 
-#: (call, layout signature) -> launcher.  Cleared by ``clear_plan_cache()`` (the
-#: tuner calls it after writing new configs) and when it grows past MAX_CACHED.
-_CACHE: dict = {}
+#: (call, layout signature) -> launcher, one dict per padding policy (``_CACHE`` is the current
+#: policy's).  Cleared by ``clear_plan_cache()`` (the tuner calls it after writing new configs)
+#: and when it grows past MAX_CACHED.
+_CACHES: dict[str, dict] = {policy: {} for policy in PADDING_POLICIES}
+_CACHE: dict = _CACHES[_PADDING[0]]
 MAX_CACHED = 4096
 
 
 def clear_plan_cache() -> None:
     """Forget cached launch plans (after the tuning cache changed)."""
-    _CACHE.clear()
+    for cache in _CACHES.values():
+        cache.clear()
 
 
-__all__ = ["clear_plan_cache", "gemm", "layout_signature", "plan_for", "problem_of"]
+__all__ = ["clear_plan_cache", "gemm", "layout_signature", "padding", "padding_policy", "plan_for", "problem_of",
+           "set_padding"]

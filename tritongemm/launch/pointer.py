@@ -7,8 +7,17 @@ import itertools
 import torch
 import triton
 
+from ..eligibility import stride_hint
 from ..kernels import gemm_kernel, splitk_reduce_kernel
-from .common import INT32_MAX, KernelArgs, Launch, arrival_counters, collapse_batch, needs_index_64, workspace_dtype
+from .common import (
+    INT32_MAX,
+    KernelArgs,
+    Launch,
+    arrival_counters,
+    collapse_batch,
+    needs_index_64,
+    workspace_dtype,
+)
 
 #: What a launch passes per call; every other argument is fixed when the launcher is built.
 RUNTIME = ("a_ptr", "b_ptr", "c_ptr", "d_ptr", "r_ptr", "z_ptr", "ws_ptr", "count_ptr", "alpha", "beta")
@@ -28,6 +37,15 @@ def mainloop_constexprs(call, cfg, dtype: torch.dtype, interpreting: bool) -> di
         # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584).
         UPCAST_OPERANDS=(interpreting and dtype == torch.bfloat16),
     )
+
+
+def stride_hints(a, b, out) -> dict:
+    """What the kernel may assume each stride is a multiple of (path (b) of issue 16: unaligned leading
+    dimensions still get the widest loads and stores they allow).  1 where Triton knows as much
+    itself (it specializes strides equal to 1 and multiples of 16), so aligned launches compile as before."""
+    names = ("HINT_AM", "HINT_AK", "HINT_BK", "HINT_BN", "HINT_CM", "HINT_CN")
+    strides = (*a.stride()[-2:], *b.stride()[-2:], *out.stride()[-2:])
+    return {n: (h if 1 < h < 16 else 1) for n, h in zip(names, map(stride_hint, strides))}
 
 
 class SplitK:
@@ -73,7 +91,7 @@ class PointerLauncher:
                 stride_split=batch * M * N if split.splits > 1 else 0,
                 **mainloop_constexprs(call, cfg, a.dtype, interpreting), **epilogue,
                 EVEN_K=(K % cfg.block_k == 0), INDEX_64=index_64, ACC_FP64=acc_fp64,
-                SPLIT_K=split.splits > 1, REDUCE_INLINE=split.inline,
+                SPLIT_K=split.splits > 1, REDUCE_INLINE=split.inline, **stride_hints(a, b, out),
             ),
             (batch * tiles, split.splits), cfg.num_warps, cfg.num_stages,
         )

@@ -37,7 +37,9 @@ def rebase(template, t):
 class TmaLauncher:
     def __init__(self, plan, call, a, b, out, d, r, z, interpreting: bool):
         cfg = plan.config
-        a2, b2, c2, d2, r2 = (t.reshape(t.shape[-2:]) for t in (a, b, out, d, r))  # a batch of one: views
+        # A batch of one, as 2-D views that keep the strides (reshape would re-derive a size-1 dim's
+        # stride, e.g. (1, 7) in a padded workspace of rows of 8 -> (7, 1), which TMA rejects).
+        a2, b2, c2, d2, r2 = (t[(0,) * (t.dim() - 2)] for t in (a, b, out, d, r))
         M, K = a2.shape
         N = b2.shape[1]
         # Descriptor templates: per call only the base tensor changes.
@@ -63,6 +65,10 @@ class TmaLauncher:
             ),
             (programs,), cfg.num_warps, cfg.num_stages,
         )
+        # Every launch rebases the templates, so they need no tensor: a cached launcher must not keep
+        # the first call's operands (or an aligned launcher's template workspaces) alive.
+        for template in (self.a_desc, self.b_desc, self.c_desc):
+            template.base = None
 
     def __call__(self, a, b, out, d, r, z, alpha, beta):
         ws, counts = self.buffers.get(a.device) if self.buffers is not None else (out, out)  # unread without STREAM_K

@@ -21,7 +21,6 @@ not the results: ``tune`` warns, and returns them with ``save_error`` set.
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ from ..configs import ConfigError, GemmProblem, TileConfig
 from ..device import DeviceInfo, device_info, interpreter_enabled
 from ..heuristics import heuristic_config
 from ..semantics import dot_precision
+from ..testing import LIBRARY_TF32_TOLERANCE, LIBRARY_TOLERANCES, rotation_copies
 from . import cache
 from .progress import ProgressBar
 from .space import candidate_configs
@@ -52,15 +52,9 @@ DEFAULT_BUDGET_S = 30.0
 DEFAULT_BENCH_MS = 25
 WARMUP_MS = 5
 
-#: Operand bytes to rotate through between timed calls: more than the L2 of
-#: current NVIDIA GPUs (A100 40 MB, H100 50 MB, B200 126 MB), so a call never
-#: finds its operands left in L2 by the previous one.
-ROTATION_BYTES = 256 * 2**20
+#: Most operand copies tuning rotates through (memory; the rule is ``testing.rotation_copies``).
 MAX_COPIES = 16
 
-#: Largest error allowed, relative to max|C|: accumulation order and TF32 move
-#: results by far less; a wrong tile or a missed mask moves them by O(1).
-TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-2, "float64": 1e-9}
 
 _TORCH_DTYPES = {
     "float16": torch.float16,
@@ -186,7 +180,7 @@ def copies_for(problem: GemmProblem, on_cuda: bool) -> int:
         return 2  # the interpreter has no L2 to flatter; two copies still exercise the rotation
     copy_bytes = problem.batch * (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n)
     copy_bytes *= problem.elem_size
-    return max(1, min(MAX_COPIES, math.ceil(ROTATION_BYTES / max(copy_bytes, 1))))
+    return rotation_copies(copy_bytes, most=MAX_COPIES)
 
 
 class _Rotation:
@@ -255,7 +249,9 @@ def check_result(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> str | None
     expected = ref.to(wide)
     scale = expected.abs().max().clamp_min(1e-6)
     err = ((out.to(wide) - expected).abs().max() / scale).item()
-    tol = TOLERANCE[dtype]
+    # Against torch's result in the same dtype, relative to max|C|: the library bound, and
+    # TF32's for float32 (torch may use it; the check runs wherever tuning does).
+    tol = LIBRARY_TF32_TOLERANCE if dtype == "float32" else LIBRARY_TOLERANCES[_TORCH_DTYPES[dtype]]
     if not err <= tol:  # also catches NaN: unwritten (poisoned) elements
         return f"wrong result: max |C - torch| = {err:.3g} x max|C| (tolerance {tol:g})"
     return None
