@@ -28,7 +28,7 @@ import json
 
 import torch
 
-from . import launch
+from . import distributed, launch
 from .call import Epilogue, GemmCall, Request
 from .configs import TileConfig
 from .semantics import activation_backward, dot_precision
@@ -56,6 +56,8 @@ def run_gemm(call: GemmCall, a: torch.Tensor, b: torch.Tensor, addend: torch.Ten
              residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
              preact: torch.Tensor | None = None) -> torch.Tensor:
     """Allocate (or take ``out``) and launch, without autograd."""
+    if out is not None and distributed.any_dtensor(a, out):  # out= with DTensors: DTensor copies the result in
+        return out.copy_(gemm_op(call, a, b, addend, residual))
     if out is None:
         out = _alloc_out(a, b, call.out_dtype or a.dtype)
     return launch.gemm(call, a, b, out, addend, residual, preact)
@@ -82,6 +84,8 @@ def gemm_op(call: GemmCall, a: torch.Tensor, b: torch.Tensor, addend: torch.Tens
         # The pre-activation is written by the same kernel, only when backward needs it.
         call = call._replace(epilogue=ep._replace(store_preact=True))
     if is_tracing(a):
+        if distributed.is_dtensor(a):  # DTensor runs the custom op on the shards, by its sharding rule
+            return distributed.gemm(_traceable_gemm, call, a, b, addend, residual)
         return _traceable_gemm(call, a, b, addend, residual)
     if _functorch_active():
         return GemmTransformFunction.apply(a, b, addend, residual, call)[0]
@@ -130,6 +134,8 @@ def _backward_gemms(ctx, grad_out, a, b, z):
     # layout of the tensor behind the view: autograd then accumulates it into
     # weight.grad without a transposing copy (which cost about 4% of a step).
     eager = not is_tracing(grad_out)
+    if not eager and distributed.is_dtensor(grad_out) and not torch.compiler.is_compiling():
+        eager = True  # a DTensor's strides describe the global tensor as its shards' do: the same rule holds
     if ctx.needs_input_grad[0]:
         if eager and ctx.a_transposed:
             grad_a = gemm(b, grad_z.to(b.dtype).mT).mT  # dA^T = B dZ^T

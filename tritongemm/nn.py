@@ -19,6 +19,7 @@ import torch
 
 from . import api
 from .autograd import is_tracing
+from .distributed import dtensor_reason, is_dtensor
 from .fallback import torch_reason, warn_device_fallback
 from .semantics import ACTIVATIONS
 
@@ -52,9 +53,9 @@ class Linear(torch.nn.Linear):
         return super().extra_repr() + act + ", backend=tritongemm"
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not is_tracing(input):
+        if not is_tracing(input) or is_dtensor(input):
             tensors = (input, self.weight) if self.bias is None else (input, self.weight, self.bias)
-            reason = torch_reason(*tensors)
+            reason = torch_reason(*tensors) or dtensor_reason(*tensors)
             if reason is not None:
                 return self._torch_forward(input, reason)
         return api.linear(input, self.weight, self.bias, activation=self.activation)

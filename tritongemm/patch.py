@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from . import api
+from .distributed import dtensor_reason
 from .fallback import torch_reason, warn_device_fallback
 
 
@@ -99,7 +100,7 @@ def _route(op: str, args: tuple, kwargs: dict, n_tensors: int) -> str | None:
     tensors = [t for t in tensors if t is not None]
     if any(not isinstance(t, torch.Tensor) for t in tensors):
         return "non-tensor operand"
-    return torch_reason(*tensors)
+    return torch_reason(*tensors) or dtensor_reason(*tensors)
 
 
 class _TritonGemmMode(TorchFunctionMode):
