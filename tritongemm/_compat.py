@@ -4,11 +4,14 @@ The floors come from running the suite (README, "Supported versions"):
 
 * Triton 3.0 and 3.1 return wrong products without an error; 3.2 to 3.4 reject
   a float64 ``tl.dot`` ("Unsupported lhs dtype fp64"), and float64 is a dtype
-  tritongemm serves.  3.5 is the first that compiles every kernel for sm_90
-  (``tools/offline_compile.py``) and passes the interpreter suite.
+  tritongemm serves.  3.5 compiles every kernel for sm_90
+  (``tools/offline_compile.py``), but its interpreter checks TMA descriptor
+  strides in elements instead of bytes and fails 36 TMA-kernel tests.  3.6 (the
+  GPU image's) is the first that passes everything it was run on.
 * torch 2.4 cannot register the custom op (``torch.library.custom_op`` raises
-  ValueError on its signature); torch 2.6 pairs with Triton 3.2.  torch 2.9 is
-  the first release whose own Triton pin (3.5.0) is in range.
+  ValueError on its signature); torch 2.6 pairs with Triton 3.2.  torch 2.10 is
+  the first release whose own Triton pin (3.6.0) is in range (2.10 itself is
+  untested; 2.11 and 2.13 are).
 
 Newer releases than the tested ones are let through: a floor is a known break,
 a ceiling would only be a guess.
@@ -20,10 +23,10 @@ import re
 
 from ._version import __version__
 
-MIN_TORCH = (2, 9)
-MIN_TRITON = (3, 5)
+MIN_TORCH = (2, 10)
+MIN_TRITON = (3, 6)
 #: What the test suite has been run with (README, "Supported versions").
-TESTED = "torch 2.11 + triton 3.6 on an H100; torch 2.13 (CPU) + triton 3.5.0 to 3.9.0 on the interpreter"
+TESTED = "torch 2.11 + triton 3.6 on an H100; torch 2.13 (CPU) + triton 3.6 to 3.9 on the interpreter"
 
 _TRITON_BREAKS = {
     (3, 0): "it returns wrong products without an error",
@@ -31,6 +34,7 @@ _TRITON_BREAKS = {
     (3, 2): "it rejects float64 dot products",
     (3, 3): "it rejects float64 dot products",
     (3, 4): "it rejects float64 dot products",
+    (3, 5): "its CPU interpreter rejects the TMA kernel's tensor descriptors; untested on a GPU",
 }
 
 
