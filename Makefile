@@ -52,13 +52,15 @@ COMPAT_TESTS ?= tests/test_api.py tests/test_errors.py tests/test_gemv.py tests/
 	tests/test_autograd.py tests/test_tma_path.py tests/test_nn.py tests/test_patch.py \
 	tests/test_epilogue.py::test_linear_activation_forward_backward
 
-# $(1): venv name, $(2): pip requirements pinning Triton and numpy
+# $(1): venv name, $(2): pip requirements pinning Triton and numpy.  The -W filter: Triton
+# 3.6's interpreter warns on every launch under numpy >= 1.25 (thousands of lines).
 define compat_run
 	rm -rf $(COMPAT_DIR)/$(1) && $(PYTHON) -m venv $(COMPAT_DIR)/$(1)
 	$(COMPAT_DIR)/$(1)/bin/python -m pip install -q $(TORCH_PIP_ARGS) "$(COMPAT_TORCH)" $(2) "pytest>=7" "pytest-xdist>=3" .
 	@$(COMPAT_DIR)/$(1)/bin/python -c 'import torch, triton, numpy; print("== $(1):", "torch", torch.__version__, "triton", triton.__version__, "numpy", numpy.__version__)'
 	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 TRITON_INTERPRET=1 TRITONGEMM_POISON_OUTPUTS=1 \
-		$(COMPAT_DIR)/$(1)/bin/python -m pytest -p xdist.plugin -n $(JOBS) -q -p no:cacheprovider $(COMPAT_TESTS)
+		$(COMPAT_DIR)/$(1)/bin/python -m pytest -p xdist.plugin -n $(JOBS) -q -p no:cacheprovider \
+		-W "ignore:Conversion of an array with ndim:DeprecationWarning" $(COMPAT_TESTS)
 endef
 
 compat:

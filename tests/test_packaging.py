@@ -53,8 +53,9 @@ def _run_as_pasted(code: str, tmp_path: Path, *, interpreter_from_env: bool) -> 
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.pop("TRITONGEMM_CACHE_FILE", None)
     env["TRITONGEMM_CACHE_DIR"] = str(tmp_path / "cache")  # never the user's own tuning cache
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def _interpreter_cannot_run() -> str | None:
@@ -64,7 +65,9 @@ def _interpreter_cannot_run() -> str | None:
 
     triton_release, numpy_release = _compat._release(triton.__version__), _compat._release(numpy.__version__)
     if triton_release and numpy_release and triton_release < (3, 7) and numpy_release >= (2, 4):
-        return f"Triton {triton.__version__}'s interpreter needs numpy < 2.4, this is numpy {numpy.__version__}"
+        return (
+            f"Triton {triton.__version__}'s interpreter needs numpy < 2.4, this is numpy {numpy.__version__}"
+        )
     return None
 
 
@@ -90,13 +93,16 @@ def test_installed_versions_pass_the_check():
     _compat.check_versions()
 
 
-@pytest.mark.parametrize(("torch_version", "triton_version", "named"), [
-    ("2.13.0+cpu", "3.0.0", ["triton 3.0.0", "wrong products"]),
-    ("2.13.0+cpu", "3.4.0", ["triton 3.4.0", "float64"]),
-    ("2.13.0+cpu", "3.5.1", ["triton 3.5.1", "interpreter"]),
-    ("2.4.1", "3.6.0", ["torch 2.4.1"]),
-    ("2.9.1+cu128", "3.5.0", ["torch 2.9.1+cu128", "triton 3.5.0"]),
-])
+@pytest.mark.parametrize(
+    ("torch_version", "triton_version", "named"),
+    [
+        ("2.13.0+cpu", "3.0.0", ["triton 3.0.0", "wrong products"]),
+        ("2.13.0+cpu", "3.4.0", ["triton 3.4.0", "float64"]),
+        ("2.13.0+cpu", "3.5.1", ["triton 3.5.1", "interpreter"]),
+        ("2.4.1", "3.6.0", ["torch 2.4.1"]),
+        ("2.9.1+cu128", "3.5.0", ["torch 2.9.1+cu128", "triton 3.5.0"]),
+    ],
+)
 def test_unsupported_versions_raise_naming_installed_and_supported(torch_version, triton_version, named):
     with pytest.raises(ImportError) as info:
         _compat.check_versions(torch_version, triton_version)
@@ -105,13 +111,16 @@ def test_unsupported_versions_raise_naming_installed_and_supported(torch_version
         assert text in message
 
 
-@pytest.mark.parametrize(("torch_version", "triton_version"), [
-    ("2.11.0+cu130", "3.6.0"),           # the GPU image
-    ("2.13.0+cpu", "3.9.0"),             # CI
-    ("2.10.0a0+git1234abc", "3.6.0+gitdeadbeef"),
-    ("3.0.0", "4.2.0"),                  # newer than tested: let through
-    ("local-build", "unknown"),          # unreadable: benefit of the doubt
-])
+@pytest.mark.parametrize(
+    ("torch_version", "triton_version"),
+    [
+        ("2.11.0+cu130", "3.6.0"),  # the GPU image
+        ("2.13.0+cpu", "3.9.0"),  # CI
+        ("2.10.0a0+git1234abc", "3.6.0+gitdeadbeef"),
+        ("3.0.0", "4.2.0"),  # newer than tested: let through
+        ("local-build", "unknown"),  # unreadable: benefit of the doubt
+    ],
+)
 def test_supported_versions_pass(torch_version, triton_version):
     _compat.check_versions(torch_version, triton_version)
 
@@ -151,8 +160,21 @@ def test_wheel_contents(tmp_path):
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     (wheel,) = tmp_path.glob("tritongemm-*.whl")
