@@ -33,7 +33,7 @@ $(VENV)/.installed: pyproject.toml
 run: venv
 	$(PY) -m benchmarks quick
 
-# Tests marked `slow` are deselected (pyproject addopts); `make test-slow` runs them.
+# Tests marked `slow` are skipped, with the reason (tests/conftest.py); `make test-slow` runs them.
 test: venv
 	$(PYTEST) -n $(JOBS) -q tests
 
