@@ -12,7 +12,14 @@ TORCH_PIP_ARGS ?=
 PY := $(VENV)/bin/python
 JOBS ?= 2
 
-.PHONY: venv run test lint gpu-check clean
+# The venv sees the machine's site-packages (for its torch), and with them every
+# pytest plugin installed there (pytest-benchmark warns under xdist, others could
+# reorder or time out tests).  So plugins are not auto-loaded; the one the suite
+# uses is named.
+PYTEST := PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 TRITON_INTERPRET=1 TRITONGEMM_POISON_OUTPUTS=1 \
+	$(PY) -m pytest -p xdist.plugin
+
+.PHONY: venv run test test-slow compat lint gpu-check clean
 
 venv: $(VENV)/.installed
 
@@ -26,8 +33,39 @@ $(VENV)/.installed: pyproject.toml
 run: venv
 	$(PY) -m benchmarks quick
 
+# Tests marked `slow` are skipped, with the reason (tests/conftest.py); `make test-slow` runs them.
 test: venv
-	TRITON_INTERPRET=1 TRITONGEMM_POISON_OUTPUTS=1 $(PY) -m pytest -n $(JOBS) -q tests
+	$(PYTEST) -n $(JOBS) -q tests
+
+test-slow: venv
+	$(PYTEST) -n $(JOBS) -q -m slow tests
+
+# Not part of CI: the fast subset below in two throwaway venvs (under $(COMPAT_DIR),
+# without system site-packages) with the oldest and the newest Triton that install
+# next to $(COMPAT_TORCH) (README, "Supported versions").  Triton 3.6's interpreter
+# needs numpy < 2.4.
+COMPAT_DIR ?= build/compat
+COMPAT_TORCH ?= $(TORCH_SPEC)
+COMPAT_OLDEST ?= "triton==3.6.0" "numpy<2.4"
+COMPAT_NEWEST ?= "triton" "numpy"
+COMPAT_TESTS ?= tests/test_api.py tests/test_errors.py tests/test_gemv.py tests/test_decomposition.py \
+	tests/test_autograd.py tests/test_tma_path.py tests/test_nn.py tests/test_patch.py \
+	tests/test_epilogue.py::test_linear_activation_forward_backward
+
+# $(1): venv name, $(2): pip requirements pinning Triton and numpy.  The -W filter: Triton
+# 3.6's interpreter warns on every launch under numpy >= 1.25 (thousands of lines).
+define compat_run
+	rm -rf $(COMPAT_DIR)/$(1) && $(PYTHON) -m venv $(COMPAT_DIR)/$(1)
+	$(COMPAT_DIR)/$(1)/bin/python -m pip install -q $(TORCH_PIP_ARGS) "$(COMPAT_TORCH)" $(2) "pytest>=7" "pytest-xdist>=3" .
+	@$(COMPAT_DIR)/$(1)/bin/python -c 'import torch, triton, numpy; print("== $(1):", "torch", torch.__version__, "triton", triton.__version__, "numpy", numpy.__version__)'
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 TRITON_INTERPRET=1 TRITONGEMM_POISON_OUTPUTS=1 \
+		$(COMPAT_DIR)/$(1)/bin/python -m pytest -p xdist.plugin -n $(JOBS) -q -p no:cacheprovider \
+		-W "ignore:Conversion of an array with ndim:DeprecationWarning" $(COMPAT_TESTS)
+endef
+
+compat:
+	$(call compat_run,oldest,$(COMPAT_OLDEST))
+	$(call compat_run,newest,$(COMPAT_NEWEST))
 
 # On a CUDA GPU: correctness matrix on compiled kernels + the pipeline ladder.
 gpu-check: venv

@@ -10,7 +10,8 @@ Before tritongemm (or anything ``@triton.jit``) is imported:
 
 Tests take their device from the ``device`` fixture ("cuda" when Triton
 compiles for a GPU, else "cpu" on the interpreter); ``@pytest.mark.gpu`` tests
-are skipped, with the reason shown, when Triton does not run on a GPU.
+are skipped, with the reason shown, when Triton does not run on a GPU, and
+``@pytest.mark.slow`` ones unless ``-m`` names them (``make test-slow``).
 """
 
 import atexit
@@ -54,6 +55,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # A skip with its reason rather than a deselection: xdist's summary does not count
+    # deselected tests, and a user should see what the default run leaves out.
+    if "slow" not in (config.option.markexpr or ""):
+        slow = pytest.mark.skip(reason="slow: a full-size variant of a case checked more cheaply; "
+                                       "run with `make test-slow` or `pytest -m slow`")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(slow)
     if default_device().type == "cuda":
         return
     why = (
