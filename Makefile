@@ -71,8 +71,11 @@ compat:
 gpu-check: venv
 	$(PY) -m benchmarks.gpu_check
 
+# Lint and format check (CI runs it after the tests): ruff check + ruff format --check.
 lint: venv
-	$(PY) -m pip install -q ruff && $(PY) -m ruff check tritongemm benchmarks tests
+	$(PY) -m pip install -q "ruff>=0.5"
+	$(PY) -m ruff check tritongemm benchmarks tests tools
+	$(PY) -m ruff format --check tritongemm benchmarks tests tools
 
 clean:
 	rm -rf $(VENV) build *.egg-info

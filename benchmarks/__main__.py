@@ -1,10 +1,10 @@
 """Command line: ``python -m benchmarks {quick,run,plot,list}`` (run from the repository root).
 
-    python -m benchmarks quick [--out DIR]
-    python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|models|host [--dtype fp16,bf16]
-                             [--out DIR] [--no-compile] [--filter TEXT] [--impls A,B] [--sabotaged]
-    python -m benchmarks plot CSV [CSV ...] [--out DIR] [--figures KIND,...]
-    python -m benchmarks list
+python -m benchmarks quick [--out DIR]
+python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|models|host [--dtype fp16,bf16]
+                         [--out DIR] [--no-compile] [--filter TEXT] [--impls A,B] [--sabotaged]
+python -m benchmarks plot CSV [CSV ...] [--out DIR] [--figures KIND,...]
+python -m benchmarks list
 """
 
 from __future__ import annotations
@@ -51,34 +51,53 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description="tritongemm benchmarks")
     sub = p.add_subparsers(dest="command", required=True)
 
-    q = sub.add_parser("quick", help="short benchmark vs cuBLAS (GPU) or interpreter correctness demo (no GPU)")
+    q = sub.add_parser(
+        "quick", help="short benchmark vs cuBLAS (GPU) or interpreter correctness demo (no GPU)"
+    )
     q.add_argument("--out", help="results folder (default benchmarks/results/<gpu-name>/)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     r = sub.add_parser("run", help="run benchmark suites (CUDA GPU)")
-    r.add_argument("--suite", required=True,
-                   help="comma-separated: square, llm, decode, stages, hierarchy, backward, unaligned, models, host")
+    r.add_argument(
+        "--suite",
+        required=True,
+        help="comma-separated: square, llm, decode, stages, hierarchy, backward, unaligned, models, host",
+    )
     r.add_argument("--dtype", help="comma-separated: fp16, bf16, fp32 (default: the suite's)")
     r.add_argument("--out", help="results folder (default benchmarks/results/<gpu-name>/)")
     r.add_argument("--no-compile", action="store_true", help="skip torch.compile(max-autotune-no-cudagraphs)")
     r.add_argument("--filter", help="only cases whose label contains this text")
-    r.add_argument("--impls", help="only implementations whose name contains one of these (comma-separated); "
-                                   "cuBLAS always runs")
-    r.add_argument("--sabotaged", action="store_true",
-                   help="add a deliberately wrong implementation, to see the gate reject it")
-    r.add_argument("--no-ceilings", action="store_true", help="skip the copy-bandwidth / peak-matmul ceilings")
+    r.add_argument(
+        "--impls",
+        help="only implementations whose name contains one of these (comma-separated); cuBLAS always runs",
+    )
+    r.add_argument(
+        "--sabotaged",
+        action="store_true",
+        help="add a deliberately wrong implementation, to see the gate reject it",
+    )
+    r.add_argument(
+        "--no-ceilings", action="store_true", help="skip the copy-bandwidth / peak-matmul ceilings"
+    )
     r.add_argument("--no-plots", action="store_true", help="write the CSV only")
     r.add_argument("--warmup", type=float, default=25, help="do_bench warm-up, ms (default 25)")
     r.add_argument("--rep", type=float, default=100, help="do_bench measuring time, ms (default 100)")
-    r.add_argument("--rounds", type=int, default=3,
-                   help="time each case's implementations in this many interleaved rounds (default 3)")
+    r.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="time each case's implementations in this many interleaved rounds (default 3)",
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     pl = sub.add_parser("plot", help="regenerate figures from results CSVs (no GPU needed)")
     pl.add_argument("csv", nargs="+", help="results CSV(s), drawn together")
     pl.add_argument("--out", help="figures folder (default: the first CSV's folder)")
-    pl.add_argument("--figures", help="only these kinds (comma-separated): tflops, speedup, ladder, heatmap, "
-                                      "sweep, roofline, compile, quick")
+    pl.add_argument(
+        "--figures",
+        help="only these kinds (comma-separated): tflops, speedup, ladder, heatmap, "
+        "sweep, roofline, compile, quick",
+    )
 
     sub.add_parser("list", help="list the suites and their cases")
     return p
@@ -91,8 +110,11 @@ def _plot(args: argparse.Namespace) -> int:
     kinds = [k.strip() for k in args.figures.split(",") if k.strip()] if args.figures else list(plots.KINDS)
     unknown = [k for k in kinds if k not in plots.KINDS]
     if unknown:
-        print(f"benchmarks plot: unknown figure kind(s) {', '.join(unknown)}; choose from "
-              f"{', '.join(plots.KINDS)}", file=sys.stderr)
+        print(
+            f"benchmarks plot: unknown figure kind(s) {', '.join(unknown)}; choose from "
+            f"{', '.join(plots.KINDS)}",
+            file=sys.stderr,
+        )
         return 2
     frames, skipped, files = [], 0, []
     out = args.out or os.path.dirname(os.fspath(args.csv[0])) or "."
@@ -123,8 +145,10 @@ def _plot(args: argparse.Namespace) -> int:
     for f in files:
         print(f"wrote {f}")
     if not files:
-        print("benchmarks plot: no figures: the CSV(s) hold no successful measurements of the kinds asked for",
-              file=sys.stderr)
+        print(
+            "benchmarks plot: no figures: the CSV(s) hold no successful measurements of the kinds asked for",
+            file=sys.stderr,
+        )
     return 0 if files and not skipped else 1
 
 
@@ -147,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
 
         for suite in SUITES.values():
             cases = suite.cases()
-            print(f"{suite.name:10s} {len(cases):3d} cases  {suite.description} "
-                  f"(default dtypes {','.join(suite.default_dtypes)})")
+            print(
+                f"{suite.name:10s} {len(cases):3d} cases  {suite.description} "
+                f"(default dtypes {','.join(suite.default_dtypes)})"
+            )
             for c in cases:
                 print(f"    {c.label:45s} M={c.m:<6d} N={c.n:<6d} K={c.k:<6d} {c.layout}")
         from . import host, models
@@ -162,9 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     # run
     if not _has_gpu() or _interpreter_requested():
         why = "no CUDA GPU is available" if not _has_gpu() else "TRITON_INTERPRET=1 is set"
-        print(f"benchmarks run: {why}; suites time compiled kernels on a CUDA GPU.\n"
-              "Without one, `python -m benchmarks quick` runs the interpreter correctness demo, and "
-              "`python -m benchmarks plot CSV` redraws figures from saved results.", file=sys.stderr)
+        print(
+            f"benchmarks run: {why}; suites time compiled kernels on a CUDA GPU.\n"
+            "Without one, `python -m benchmarks quick` runs the interpreter correctness demo, and "
+            "`python -m benchmarks plot CSV` redraws figures from saved results.",
+            file=sys.stderr,
+        )
         return 2
     from . import suites
 
@@ -176,13 +205,24 @@ def main(argv: list[str] | None = None) -> int:
             status = max(status, importlib.import_module(_OWN_RUNNERS[name], __package__).run_cli(args))
             continue
         if name not in suites.SUITES:
-            print(f"benchmarks run: unknown suite {name!r}; choose from {', '.join(suites.SUITES)}",
-                  file=sys.stderr)
+            print(
+                f"benchmarks run: unknown suite {name!r}; choose from {', '.join(suites.SUITES)}",
+                file=sys.stderr,
+            )
             return 2
         summary = suites.run_suite(
-            name, args.dtype, args.out, compile=not args.no_compile, case_filter=args.filter,
-            impl_filter=args.impls, include_sabotaged=args.sabotaged, ceilings=not args.no_ceilings,
-            warmup_ms=args.warmup, rep_ms=args.rep, rounds=args.rounds, progress=not args.no_progress,
+            name,
+            args.dtype,
+            args.out,
+            compile=not args.no_compile,
+            case_filter=args.filter,
+            impl_filter=args.impls,
+            include_sabotaged=args.sabotaged,
+            ceilings=not args.no_ceilings,
+            warmup_ms=args.warmup,
+            rep_ms=args.rep,
+            rounds=args.rounds,
+            progress=not args.no_progress,
             plots=not args.no_plots,
         )
         print(f"\n== {name} ==")

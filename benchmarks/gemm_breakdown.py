@@ -66,8 +66,14 @@ def shape_of(op: str, args: Sequence[Any]) -> GemmShape:
     ia, ib = _GEMM_ARGS[op]
     a, b = args[ia], args[ib]
     batch = a.shape[0] if a.dim() == 3 else 1
-    return GemmShape(batch, a.shape[-2], b.shape[-1], a.shape[-1], operand_layout(a) + operand_layout(b),
-                     harness.DTYPE_NAMES.get(a.dtype, str(a.dtype)))
+    return GemmShape(
+        batch,
+        a.shape[-2],
+        b.shape[-1],
+        a.shape[-1],
+        operand_layout(a) + operand_layout(b),
+        harness.DTYPE_NAMES.get(a.dtype, str(a.dtype)),
+    )
 
 
 class GemmRecorder(TorchDispatchMode):
@@ -98,7 +104,9 @@ def capture_gemms(fn: Callable[[], Any]) -> tuple[Counter, dict[GemmShape, set[s
 # ----------------------------------------------------------------------------------
 # Timing each shape: cuBLAS against tritongemm.matmul
 # ----------------------------------------------------------------------------------
-def make_operands(shape: GemmShape, device: torch.device | str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def make_operands(
+    shape: GemmShape, device: torch.device | str, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random operands of ``shape`` with its layout (a 'T' operand is a transposed view)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -111,12 +119,23 @@ def make_operands(shape: GemmShape, device: torch.device | str, seed: int = 0) -
         t = torch.randn(dims, generator=gen, device=device, dtype=torch.float32).to(dtype)
         return t.mT if transposed else t
 
-    return operand(shape.m, shape.k, shape.layout[0] == "T"), operand(shape.k, shape.n, shape.layout[1] == "T")
+    return operand(shape.m, shape.k, shape.layout[0] == "T"), operand(
+        shape.k, shape.n, shape.layout[1] == "T"
+    )
 
 
 def _shape_row(shape: GemmShape) -> dict:
-    return {"suite": SUITE, "m": shape.m, "n": shape.n, "k": shape.k, "batch": shape.batch,
-            "layout": shape.layout, "dtype": shape.dtype, "shape": shape.label, "flops": shape.flops}
+    return {
+        "suite": SUITE,
+        "m": shape.m,
+        "n": shape.n,
+        "k": shape.k,
+        "batch": shape.batch,
+        "layout": shape.layout,
+        "dtype": shape.dtype,
+        "shape": shape.label,
+        "flops": shape.flops,
+    }
 
 
 def _plan_columns(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -134,8 +153,15 @@ def _plan_columns(a: torch.Tensor, b: torch.Tensor) -> dict:
     return cols
 
 
-def time_shapes(shapes: Iterable[GemmShape], device: torch.device | str, *, warmup_ms: float = 25,
-                rep_ms: float = 100, rounds: int = 3, log: Callable[[str], None] = lambda s: None) -> dict:
+def time_shapes(
+    shapes: Iterable[GemmShape],
+    device: torch.device | str,
+    *,
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    rounds: int = 3,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict:
     """GemmShape -> {"cublas": row, "tritongemm": row}: gated, then timed in interleaved rounds."""
     import tritongemm
 
@@ -145,8 +171,10 @@ def time_shapes(shapes: Iterable[GemmShape], device: torch.device | str, *, warm
     for i, shape in enumerate(shapes):
         log(f"GEMM {i + 1}/{len(shapes)} {shape.label} {shape.dtype}")
         base = _shape_row(shape)
-        rows = {"cublas": {**base, "impl": "cublas", "family": "cublas"},
-                "tritongemm": {**base, "impl": "tritongemm", "family": "tritongemm"}}
+        rows = {
+            "cublas": {**base, "impl": "cublas", "family": "cublas"},
+            "tritongemm": {**base, "impl": "tritongemm", "family": "tritongemm"},
+        }
         try:
             a, b = make_operands(shape, device)
             rows["tritongemm"].update(_plan_columns(a, b))
@@ -168,15 +196,23 @@ def time_shapes(shapes: Iterable[GemmShape], device: torch.device | str, *, warm
             order = list(slots) if r % 2 == 0 else list(reversed(slots))
             for name in order:
                 if isinstance(slots[name], harness.Prepared):
-                    failed = harness.time_round(slots[name], device, warmup_ms if r == 0 else warmup_ms / 5,
-                                                rep_ms / rounds)
+                    failed = harness.time_round(
+                        slots[name], device, warmup_ms if r == 0 else warmup_ms / 5, rep_ms / rounds
+                    )
                     if failed is not None:
                         slots[name] = failed
         for name, slot in slots.items():
             if isinstance(slot, harness.Prepared):
                 ms, p20, p80 = harness.summarize(slot.samples)
-                rows[name] = {**slot.row, "status": harness.OK, "message": "", "ms": ms, "ms_p20": p20,
-                              "ms_p80": p80, "tflops": shape.flops / (ms * 1e-3) / 1e12}
+                rows[name] = {
+                    **slot.row,
+                    "status": harness.OK,
+                    "message": "",
+                    "ms": ms,
+                    "ms_p20": p20,
+                    "ms_p80": p80,
+                    "tflops": shape.flops / (ms * 1e-3) / 1e12,
+                }
             else:
                 rows[name] = slot
         cublas_ms, tg_ms = rows["cublas"].get("ms"), rows["tritongemm"].get("ms")
@@ -187,24 +223,47 @@ def time_shapes(shapes: Iterable[GemmShape], device: torch.device | str, *, warm
     return out
 
 
-def breakdown_rows(model: str, workload: str, counts: Counter, ops: dict[GemmShape, set[str]],
-                   timed: dict[GemmShape, dict[str, dict]]) -> list[dict]:
+def breakdown_rows(
+    model: str,
+    workload: str,
+    counts: Counter,
+    ops: dict[GemmShape, set[str]],
+    timed: dict[GemmShape, dict[str, dict]],
+) -> list[dict]:
     """Tidy rows (one per shape and implementation) with each shape's count and share of GEMM time.
 
     ``share`` is count x cuBLAS time over the sum of that for the workload: the
     fraction of its GEMM time the shape takes when cuBLAS runs it.
     """
-    weights = {s: n * timed[s]["cublas"]["ms"] for s, n in counts.items()
-               if s in timed and timed[s]["cublas"].get("status") == harness.OK}
+    weights = {
+        s: n * timed[s]["cublas"]["ms"]
+        for s, n in counts.items()
+        if s in timed and timed[s]["cublas"].get("status") == harness.OK
+    }
     total = sum(weights.values())
     rows = []
     for shape, n in sorted(counts.items(), key=lambda kv: -weights.get(kv[0], 0.0)):
         share = weights[shape] / total if shape in weights and total > 0 else math.nan
         for impl in ("cublas", "tritongemm"):
-            row = dict(timed.get(shape, {}).get(impl) or {**_shape_row(shape), "impl": impl, "family": impl,
-                                                           "status": harness.ERROR, "message": "not timed"})
-            row.update(group=model, model=model, workload=workload, case=f"{model} {workload} {shape.label}",
-                       count=n, ops="+".join(sorted(ops.get(shape, ()))), share=share)
+            row = dict(
+                timed.get(shape, {}).get(impl)
+                or {
+                    **_shape_row(shape),
+                    "impl": impl,
+                    "family": impl,
+                    "status": harness.ERROR,
+                    "message": "not timed",
+                }
+            )
+            row.update(
+                group=model,
+                model=model,
+                workload=workload,
+                case=f"{model} {workload} {shape.label}",
+                count=n,
+                ops="+".join(sorted(ops.get(shape, ()))),
+                share=share,
+            )
             rows.append(row)
     return rows
 
@@ -237,18 +296,40 @@ def breakdown_table(rows: Sequence[dict]) -> str:
             pairs[r["case"]][r["impl"]] = r
         for pair in pairs.values():
             c, t = pair.get("cublas", {}), pair.get("tritongemm", {})
-            lines.append({
-                "shape": t.get("shape") or c.get("shape"), "dtype": t.get("dtype"), "ops": t.get("ops"),
-                "count": t.get("count"), "share": _pct(t.get("share")),
-                "cublas_us": _us(c), "tg_us": _us(t),
-                "ratio": t.get("speedup_vs_cublas") if t.get("status") == harness.OK else t.get("status"),
-                "kernel": t.get("kernel"), "config": t.get("config"),
-            })
+            lines.append(
+                {
+                    "shape": t.get("shape") or c.get("shape"),
+                    "dtype": t.get("dtype"),
+                    "ops": t.get("ops"),
+                    "count": t.get("count"),
+                    "share": _pct(t.get("share")),
+                    "cublas_us": _us(c),
+                    "tg_us": _us(t),
+                    "ratio": t.get("speedup_vs_cublas") if t.get("status") == harness.OK else t.get("status"),
+                    "kernel": t.get("kernel"),
+                    "config": t.get("config"),
+                }
+            )
         head = f"[{model} {workload}] GEMM mix: tritongemm ÷ cuBLAS = {_fmt(weighted_ratio(group))} (speed)"
-        parts.append(head + "\n" + harness.format_table(lines, [
-            ("shape", "M x N x K layout"), ("dtype", "dtype"), ("ops", "aten"), ("count", "count"),
-            ("share", "share %"), ("cublas_us", "cuBLAS us"), ("tg_us", "tritongemm us"),
-            ("ratio", "tg ÷ cuBLAS"), ("kernel", "kernel"), ("config", "config")]))
+        parts.append(
+            head
+            + "\n"
+            + harness.format_table(
+                lines,
+                [
+                    ("shape", "M x N x K layout"),
+                    ("dtype", "dtype"),
+                    ("ops", "aten"),
+                    ("count", "count"),
+                    ("share", "share %"),
+                    ("cublas_us", "cuBLAS us"),
+                    ("tg_us", "tritongemm us"),
+                    ("ratio", "tg ÷ cuBLAS"),
+                    ("kernel", "kernel"),
+                    ("config", "config"),
+                ],
+            )
+        )
     return "\n\n".join(parts) if parts else "(no GEMMs captured)"
 
 
@@ -286,17 +367,29 @@ def fig_breakdown(df):
     for ax, model in zip(axes, models):
         m = d[d["model"] == model]
         for workload, w in m.groupby("workload", sort=False):
-            ax.scatter(100 * w["share"], w["speedup_vs_cublas"], s=20 + 400 * w["share"], alpha=0.7,
-                       color=_WORKLOAD_COLORS.get(workload, "#9467bd"), label=workload, edgecolors="none")
+            ax.scatter(
+                100 * w["share"],
+                w["speedup_vs_cublas"],
+                s=20 + 400 * w["share"],
+                alpha=0.7,
+                color=_WORKLOAD_COLORS.get(workload, "#9467bd"),
+                label=workload,
+                edgecolors="none",
+            )
         for _, r in m.nlargest(5, "share").iterrows():
-            ax.annotate(str(r["shape"]), (100 * r["share"], r["speedup_vs_cublas"]), fontsize=7,
-                        xytext=(4, 4), textcoords="offset points")
+            ax.annotate(
+                str(r["shape"]),
+                (100 * r["share"], r["speedup_vs_cublas"]),
+                fontsize=7,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
         ax.axhline(1.0, color="#222222", lw=0.8, ls="--")
         ax.set_title(f"{model} ({m['dtype'].iloc[0]})")
         ax.set_xlabel("share of the workload's GEMM time under cuBLAS (%)")
         ax.set_ylabel("tritongemm ÷ cuBLAS (speed, >1 faster)")
         ax.legend(fontsize=8)
-    for ax in axes[len(models):]:
+    for ax in axes[len(models) :]:
         ax.set_visible(False)
     gpu = df["env_gpu"].dropna().iloc[0] if "env_gpu" in df.columns and df["env_gpu"].notna().any() else ""
     fig.suptitle(f"Per-GEMM breakdown of each model: where the time is and how tritongemm does there  {gpu}")
@@ -313,5 +406,15 @@ def plot_breakdown(csv: str | Path, out_dir: str | Path) -> list[Path]:
     return [path]
 
 
-__all__ = ["GemmShape", "GemmRecorder", "capture_gemms", "time_shapes", "breakdown_rows", "breakdown_table",
-           "weighted_ratio", "fig_breakdown", "plot_breakdown", "make_operands"]
+__all__ = [
+    "GemmShape",
+    "GemmRecorder",
+    "capture_gemms",
+    "time_shapes",
+    "breakdown_rows",
+    "breakdown_table",
+    "weighted_ratio",
+    "fig_breakdown",
+    "plot_breakdown",
+    "make_operands",
+]

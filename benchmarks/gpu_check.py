@@ -63,9 +63,7 @@ def correctness(quick: bool) -> list[dict]:
         "multi_stage": TileConfig(128, 256, 64, 8, 8, 3),
         "heuristic": None,
     }
-    for (name, cfg), dt, la, lb, (m, n, k) in itertools.product(
-        configs.items(), DTYPES, "NT", "NT", shapes
-    ):
+    for (name, cfg), dt, la, lb, (m, n, k) in itertools.product(configs.items(), DTYPES, "NT", "NT", shapes):
         dtype = DTYPES[dt]
         if quick and (la, lb) in (("T", "N"),) and dt == "fp64":
             continue
@@ -80,7 +78,9 @@ def correctness(quick: bool) -> list[dict]:
             msg = ""
         except Exception as e:  # record and go on: the table says what broke
             err, ok, msg = float("nan"), False, f"{type(e).__name__}: {str(e)[:200]}"
-        rows.append(dict(variant=name, dtype=dt, layout=la + lb, m=m, n=n, k=k, rel_err=err, ok=ok, error=msg))
+        rows.append(
+            dict(variant=name, dtype=dt, layout=la + lb, m=m, n=n, k=k, rel_err=err, ok=ok, error=msg)
+        )
     # batched + broadcast, autograd
     a = torch.randn(3, 1, 70, 50, device="cuda", dtype=torch.float16, requires_grad=True)
     b = torch.randn(1, 4, 50, 90, device="cuda", dtype=torch.float16, requires_grad=True)
@@ -89,9 +89,19 @@ def correctness(quick: bool) -> list[dict]:
     ga, gb = a.grad.clone(), b.grad.clone()
     a.grad = b.grad = None
     torch.matmul(a.double(), b.double()).square().sum().backward()
-    rows.append(dict(variant="autograd-bcast", dtype="fp16", layout="NN", m=70, n=90, k=50,
-                     rel_err=max(rel_err(ga, a.grad.double()), rel_err(gb, b.grad.double())),
-                     ok=max(rel_err(ga, a.grad.double()), rel_err(gb, b.grad.double())) < 5e-3, error=""))
+    rows.append(
+        dict(
+            variant="autograd-bcast",
+            dtype="fp16",
+            layout="NN",
+            m=70,
+            n=90,
+            k=50,
+            rel_err=max(rel_err(ga, a.grad.double()), rel_err(gb, b.grad.double())),
+            ok=max(rel_err(ga, a.grad.double()), rel_err(gb, b.grad.double())) < 5e-3,
+            error="",
+        )
+    )
     tritongemm._set_poison_outputs(False)
     return rows
 
@@ -117,8 +127,11 @@ def ladder(sizes, dtypes) -> list[dict]:
     for (m, n, k), dt in itertools.product(sizes, dtypes):
         dtype = DTYPES[dt]
         # rotate 4 input sets: 4 x (A + B) >> 50 MB of L2
-        sets = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
-                for _ in range(4)]
+        sets = [
+            (torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
+            for _ in range(4)
+        ]
+
         def rotate(f, sets=sets):
             return rotating(f, sets)
 
@@ -127,16 +140,36 @@ def ladder(sizes, dtypes) -> list[dict]:
         base = TileConfig(128, 256, 64, 8, 8, 3)
         for stages in (1, 2, 3, 4):
             cfg = TileConfig(base.block_m, base.block_n, base.block_k, 8, 8, stages)
-            impls[f"{cfg.pipeline}(s={stages})"] = (lambda c: lambda a, b: tritongemm.matmul(a, b, config=c))(cfg)
+            impls[f"{cfg.pipeline}(s={stages})"] = (lambda c: lambda a, b: tritongemm.matmul(a, b, config=c))(
+                cfg
+            )
         impls["heuristic"] = lambda a, b: tritongemm.matmul(a, b)
         for name, f in impls.items():
             out = f(*sets[0])
             err = rel_err(out, ref.double())
             if err > 1e-2:
-                rows.append(dict(shape=f"{m}x{n}x{k}", dtype=dt, impl=name, ms=float("nan"), tflops=float("nan"), rel_err=err))
+                rows.append(
+                    dict(
+                        shape=f"{m}x{n}x{k}",
+                        dtype=dt,
+                        impl=name,
+                        ms=float("nan"),
+                        tflops=float("nan"),
+                        rel_err=err,
+                    )
+                )
                 continue
             ms = bench(rotate(f))
-            rows.append(dict(shape=f"{m}x{n}x{k}", dtype=dt, impl=name, ms=ms, tflops=2 * m * n * k / ms * 1e-9, rel_err=err))
+            rows.append(
+                dict(
+                    shape=f"{m}x{n}x{k}",
+                    dtype=dt,
+                    impl=name,
+                    ms=ms,
+                    tflops=2 * m * n * k / ms * 1e-9,
+                    rel_err=err,
+                )
+            )
     return rows
 
 
@@ -158,11 +191,16 @@ def host_overhead() -> list[dict]:
     rows = []
     a = torch.randn(256, 256, device="cuda", dtype=torch.float16)
     b = torch.randn(256, 256, device="cuda", dtype=torch.float16)
-    cfgs = {"torch.matmul": lambda: torch.matmul(a, b),
-            "tritongemm heuristic": lambda: tritongemm.matmul(a, b),
-            "tritongemm ptr cfg": (lambda c: lambda: tritongemm.matmul(a, b, config=c))(TileConfig(64, 64, 64, 8, 4, 3)),
-            "tritongemm tma cfg": (lambda c: lambda: tritongemm.matmul(a, b, config=c))(
-                TileConfig(64, 64, 64, 8, 4, 3, tma=True, persistent=True))}
+    cfgs = {
+        "torch.matmul": lambda: torch.matmul(a, b),
+        "tritongemm heuristic": lambda: tritongemm.matmul(a, b),
+        "tritongemm ptr cfg": (lambda c: lambda: tritongemm.matmul(a, b, config=c))(
+            TileConfig(64, 64, 64, 8, 4, 3)
+        ),
+        "tritongemm tma cfg": (lambda c: lambda: tritongemm.matmul(a, b, config=c))(
+            TileConfig(64, 64, 64, 8, 4, 3, tma=True, persistent=True)
+        ),
+    }
     for name, f in cfgs.items():
         host = _host_us_per_call(f, calls=2000, warmup=50)
         rows.append(dict(impl=name, host_us=host))
@@ -217,8 +255,14 @@ def epilogue_bench(out_dir: str) -> list[dict]:
     shapes = [(m, n, k) for (n, k) in ((14336, 4096), (28672, 8192)) for m in (1024, 4096, 8192)]
     for (m, n, k), dt in itertools.product(shapes, ("fp16", "bf16")):
         dtype = DTYPES[dt]
-        sets = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(n, k, device="cuda", dtype=dtype) * 0.05,
-                 torch.randn(n, device="cuda", dtype=dtype)) for _ in range(2)]
+        sets = [
+            (
+                torch.randn(m, k, device="cuda", dtype=dtype),
+                torch.randn(n, k, device="cuda", dtype=dtype) * 0.05,
+                torch.randn(n, device="cuda", dtype=dtype),
+            )
+            for _ in range(2)
+        ]
         grad = torch.randn(m, n, device="cuda", dtype=dtype)
         ours = lambda x, w, b: tritongemm.linear(x, w, b, activation="gelu")  # noqa: E731
         ref = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
@@ -239,13 +283,24 @@ def epilogue_bench(out_dir: str) -> list[dict]:
 
                 times[name] = bench(rotating(step, sets), 150)
             flops = 2 * m * n * k * (1 if mode == "fwd" else 3)
-            rows.append(dict(shape=f"{m}x{n}x{k}", dtype=dt, mode=mode, torch_ms=times["torch"],
-                             tritongemm_ms=times["tritongemm"], speedup=times["torch"] / times["tritongemm"],
-                             tritongemm_tflops=flops / times["tritongemm"] * 1e-9, rel_err=err))
+            rows.append(
+                dict(
+                    shape=f"{m}x{n}x{k}",
+                    dtype=dt,
+                    mode=mode,
+                    torch_ms=times["torch"],
+                    tritongemm_ms=times["tritongemm"],
+                    speedup=times["torch"] / times["tritongemm"],
+                    tritongemm_tflops=flops / times["tritongemm"] * 1e-9,
+                    rel_err=err,
+                )
+            )
             for t in (x, w, b):
                 t.requires_grad_(False)
-        print(f"epilogue {m}x{n}x{k} {dt}: fwd {rows[-2]['speedup']:.3f}x  fwd+bwd {rows[-1]['speedup']:.3f}x",
-              flush=True)
+        print(
+            f"epilogue {m}x{n}x{k} {dt}: fwd {rows[-2]['speedup']:.3f}x  fwd+bwd {rows[-1]['speedup']:.3f}x",
+            flush=True,
+        )
     return rows
 
 
@@ -265,7 +320,9 @@ def sweep_configs():
         "tmaP 128x128x64 w4 s4": T(128, 128, 64, 8, 4, 4, tma=True, persistent=True),
         "tma 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, tma=True),
         "tmaP 256x128x64 s3 sub": T(256, 128, 64, 8, 8, 3, tma=True, persistent=True, epilogue_subtile=True),
-        "tmaP 128x256x128 s2 sub": T(128, 256, 128, 8, 8, 2, tma=True, persistent=True, epilogue_subtile=True),
+        "tmaP 128x256x128 s2 sub": T(
+            128, 256, 128, 8, 8, 2, tma=True, persistent=True, epilogue_subtile=True
+        ),
         "heuristic": None,
     }
 
@@ -273,8 +330,16 @@ def sweep_configs():
 def small_sweep_configs():
     T = TileConfig
     out = {}
-    for bm, bn, bk, w, st in [(64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 4, 4),
-                              (128, 128, 64, 8, 4), (64, 256, 64, 4, 3), (128, 256, 64, 8, 3), (64, 128, 128, 4, 3)]:
+    for bm, bn, bk, w, st in [
+        (64, 64, 64, 4, 4),
+        (64, 128, 64, 4, 4),
+        (128, 64, 64, 4, 4),
+        (128, 128, 64, 4, 4),
+        (128, 128, 64, 8, 4),
+        (64, 256, 64, 4, 3),
+        (128, 256, 64, 8, 3),
+        (64, 128, 128, 4, 3),
+    ]:
         out[f"ptr {bm}x{bn}x{bk} w{w} s{st}"] = T(bm, bn, bk, 8, w, st)
         out[f"tmaP {bm}x{bn}x{bk} w{w} s{st}"] = T(bm, bn, bk, 8, w, st, tma=True, persistent=True)
         out[f"tma {bm}x{bn}x{bk} w{w} s{st}"] = T(bm, bn, bk, 8, w, st, tma=True)
@@ -288,6 +353,7 @@ def sweep(shapes, dtypes, configs=None) -> list[dict]:
         dtype = DTYPES[dt]
         nsets = max(2, min(8, int(200e6 // ((m * k + k * n) * 2)) + 1))
         sets = [(operand(m, k, dtype, layout[0]), operand(k, n, dtype, layout[1])) for _ in range(nsets)]
+
         def rotate(f, sets=sets):
             return rotating(f, sets)
 
@@ -304,11 +370,22 @@ def sweep(shapes, dtypes, configs=None) -> list[dict]:
                 ms = bench(rotate(f), 100)
                 kern = tritongemm.explain(*sets[0], config=cfg).kernel
             except Exception as e:
-                rows.append(dict(base, impl=name, ms=float("nan"), tflops=float("nan"), ratio=float("nan"),
-                                 error=f"{type(e).__name__}: {str(e)[:150]}"))
+                rows.append(
+                    dict(
+                        base,
+                        impl=name,
+                        ms=float("nan"),
+                        tflops=float("nan"),
+                        ratio=float("nan"),
+                        error=f"{type(e).__name__}: {str(e)[:150]}",
+                    )
+                )
                 continue
-            rows.append(dict(base, impl=name, kernel=kern, ms=ms, tflops=2 * m * n * k / ms * 1e-9,
-                             ratio=t_cublas / ms))
+            rows.append(
+                dict(
+                    base, impl=name, kernel=kern, ms=ms, tflops=2 * m * n * k / ms * 1e-9, ratio=t_cublas / ms
+                )
+            )
         print(f"swept {base}", flush=True)
     return rows
 
@@ -344,59 +421,118 @@ def main() -> int:
         ep = pd.DataFrame(epilogue_bench(args.out)).assign(**e)
         ep.to_csv(os.path.join(args.out, "epilogue_gelu.csv"), index=False)
         import math as _m
+
         for mode in ("fwd", "fwd+bwd"):
             sub = ep[ep["mode"] == mode]
             print(f"geomean speedup {mode}: {_m.exp(sum(_m.log(v) for v in sub.speedup) / len(sub)):.3f}")
     if args.host_profile:
         host_profile(args.out)
     if args.small_sweep:
-        shapes = [(512, 512, 512, "NN"), (1024, 1024, 1024, "NN"), (2048, 2048, 2048, "NN"), (3072, 3072, 3072, "NN"),
-                  (1024, 6144, 4096, "NT"), (1024, 4096, 14336, "NT"), (4096, 28672, 4096, "NT"), (4096, 4096, 4096, "NT")]
+        shapes = [
+            (512, 512, 512, "NN"),
+            (1024, 1024, 1024, "NN"),
+            (2048, 2048, 2048, "NN"),
+            (3072, 3072, 3072, "NN"),
+            (1024, 6144, 4096, "NT"),
+            (1024, 4096, 14336, "NT"),
+            (4096, 28672, 4096, "NT"),
+            (4096, 4096, 4096, "NT"),
+        ]
         sw = pd.DataFrame(sweep(shapes, ["fp16"], small_sweep_configs())).assign(**e)
         sw.to_csv(os.path.join(args.out, "sweep_small.csv"), index=False)
-        best = sw[sw.impl != "cublas"].sort_values("ratio", ascending=False).groupby(["shape", "layout", "dtype"]).head(3)
-        print(best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
+        best = (
+            sw[sw.impl != "cublas"]
+            .sort_values("ratio", ascending=False)
+            .groupby(["shape", "layout", "dtype"])
+            .head(3)
+        )
+        print(
+            best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(
+                index=False, float_format="%.3f"
+            )
+        )
     if args.decode:
-        shapes = [(m, n, k, "NT") for m in (1, 16, 64, 128) for (n, k) in ((6144, 4096), (4096, 14336), (28672, 4096))]
-        shapes += [(512, 512, 65536, "NN"), (1024, 1024, 32768, "NN"), (1024, 1024, 1024, "NN"),
-                   (896, 2432, 4096, "NN"), (3072, 3072, 3072, "NN")]
-        cfgs = {"heuristic": None,
-                "ptr 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4),
-                "streamk 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4, stream_k=True),
-                "streamk 128x256x64 w8 s3": TileConfig(128, 256, 64, 8, 8, 3, stream_k=True),
-                "tmaP 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True)}
+        shapes = [
+            (m, n, k, "NT")
+            for m in (1, 16, 64, 128)
+            for (n, k) in ((6144, 4096), (4096, 14336), (28672, 4096))
+        ]
+        shapes += [
+            (512, 512, 65536, "NN"),
+            (1024, 1024, 32768, "NN"),
+            (1024, 1024, 1024, "NN"),
+            (896, 2432, 4096, "NN"),
+            (3072, 3072, 3072, "NN"),
+        ]
+        cfgs = {
+            "heuristic": None,
+            "ptr 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4),
+            "streamk 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4, stream_k=True),
+            "streamk 128x256x64 w8 s3": TileConfig(128, 256, 64, 8, 8, 3, stream_k=True),
+            "tmaP 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
+        }
         for sk in (2, 4, 8, 16):
             cfgs[f"ptr 16x128x64 sk{sk}"] = TileConfig(16, 128, 64, 8, 4, 4, split_k=sk)
             cfgs[f"ptr 64x128x64 sk{sk}"] = TileConfig(64, 128, 64, 8, 4, 4, split_k=sk)
             cfgs[f"ptr 128x128x64 w8 sk{sk}"] = TileConfig(128, 128, 64, 8, 8, 4, split_k=sk)
         sw = pd.DataFrame(sweep(shapes, ["fp16"], cfgs)).assign(**e)
         sw.to_csv(os.path.join(args.out, "sweep_decode.csv"), index=False)
-        best = sw[sw.impl != "cublas"].sort_values("ratio", ascending=False).groupby(["shape", "layout", "dtype"]).head(2)
-        print(best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
+        best = (
+            sw[sw.impl != "cublas"]
+            .sort_values("ratio", ascending=False)
+            .groupby(["shape", "layout", "dtype"])
+            .head(2)
+        )
+        print(
+            best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(
+                index=False, float_format="%.3f"
+            )
+        )
         h = sw[sw.impl == "heuristic"]
         print(h[["shape", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
     if args.layouts:
         shapes = [(s_, s_, s_, lay) for s_ in (2048, 4096) for lay in ("NT", "TN", "TT")]
         T = TileConfig
-        cfgs = {"heuristic": None,
-                "tma 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True),
-                "tmaP 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
-                "tmaP 128x256x64 s4 sub": T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True),
-                "tmaP 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
-                "tmaP 256x128x64 s3 sub": T(256, 128, 64, 8, 8, 3, tma=True, persistent=True, epilogue_subtile=True),
-                "ptr 128x256x64 s3": T(128, 256, 64, 8, 8, 3),
-                "ptr 128x256x64 s4": T(128, 256, 64, 8, 8, 4),
-                "ptr 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4)}
+        cfgs = {
+            "heuristic": None,
+            "tma 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True),
+            "tmaP 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
+            "tmaP 128x256x64 s4 sub": T(
+                128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True
+            ),
+            "tmaP 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
+            "tmaP 256x128x64 s3 sub": T(
+                256, 128, 64, 8, 8, 3, tma=True, persistent=True, epilogue_subtile=True
+            ),
+            "ptr 128x256x64 s3": T(128, 256, 64, 8, 8, 3),
+            "ptr 128x256x64 s4": T(128, 256, 64, 8, 8, 4),
+            "ptr 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4),
+        }
         sw = pd.DataFrame(sweep(shapes, ["fp16"], cfgs)).assign(**e)
         sw.to_csv(os.path.join(args.out, "sweep_layouts.csv"), index=False)
         print(sw.pivot_table(index="impl", columns=["shape", "layout"], values="ratio").round(2).to_string())
     if args.sweep:
-        shapes = [(1024, 1024, 1024, "NN"), (2048, 2048, 2048, "NN"), (4096, 4096, 4096, "NN"),
-                  (8192, 8192, 8192, "NN"), (5120, 5120, 4096, "NT"), (4096, 4096, 4096, "TN")]
+        shapes = [
+            (1024, 1024, 1024, "NN"),
+            (2048, 2048, 2048, "NN"),
+            (4096, 4096, 4096, "NN"),
+            (8192, 8192, 8192, "NN"),
+            (5120, 5120, 4096, "NT"),
+            (4096, 4096, 4096, "TN"),
+        ]
         sw = pd.DataFrame(sweep(shapes, ["fp16", "bf16"])).assign(**e)
         sw.to_csv(os.path.join(args.out, "sweep.csv"), index=False)
-        best = sw[sw.impl != "cublas"].sort_values("ratio", ascending=False).groupby(["shape", "layout", "dtype"]).head(2)
-        print(best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(index=False, float_format="%.3f"))
+        best = (
+            sw[sw.impl != "cublas"]
+            .sort_values("ratio", ascending=False)
+            .groupby(["shape", "layout", "dtype"])
+            .head(2)
+        )
+        print(
+            best[["shape", "layout", "dtype", "impl", "tflops", "ratio"]].to_string(
+                index=False, float_format="%.3f"
+            )
+        )
     if args.no_ladder:
         return 0
     lad = pd.DataFrame(ladder([(4096, 4096, 4096)], ["fp16", "bf16"]))
@@ -405,7 +541,11 @@ def main() -> int:
     cublas = lad[lad.impl == "cublas"].set_index("dtype").tflops
     lad["vs_cublas"] = [t / cublas[d] for t, d in zip(lad.tflops, lad.dtype)]
     print(f"\nPipeline ladder on {e['gpu']} (torch {e['torch']}, triton {e['triton']})")
-    print(lad[["shape", "dtype", "impl", "ms", "tflops", "vs_cublas"]].to_string(index=False, float_format="%.3f"))
+    print(
+        lad[["shape", "dtype", "impl", "ms", "tflops", "vs_cublas"]].to_string(
+            index=False, float_format="%.3f"
+        )
+    )
     return 0
 
 

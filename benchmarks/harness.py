@@ -254,8 +254,13 @@ def gate(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple]) 
 # ----------------------------------------------------------------------------------
 # Timing
 # ----------------------------------------------------------------------------------
-def time_samples(step: Callable[[], Any], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,
-                 grad_to_none: Sequence[torch.Tensor] | None = None) -> list[float]:
+def time_samples(
+    step: Callable[[], Any],
+    device: torch.device,
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+) -> list[float]:
     """Milliseconds of each timed call of ``step``.
 
     On CUDA: ``triton.testing.do_bench`` (CUDA events around each call, L2
@@ -264,8 +269,9 @@ def time_samples(step: Callable[[], Any], device: torch.device, warmup_ms: float
     if device.type == "cuda":
         import triton.testing
 
-        times = triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none,
-                                        return_mode="all")
+        times = triton.testing.do_bench(
+            step, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all"
+        )
         return [float(t) for t in times]
     step()
     times = []
@@ -286,8 +292,13 @@ def summarize(times: Sequence[float]) -> tuple[float, float, float]:
     return statistics.median(ordered), _quantile(ordered, 0.2), _quantile(ordered, 0.8)
 
 
-def time_ms(step: Callable[[], Any], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,
-            grad_to_none: Sequence[torch.Tensor] | None = None) -> tuple[float, float, float]:
+def time_ms(
+    step: Callable[[], Any],
+    device: torch.device,
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+) -> tuple[float, float, float]:
     """(median, p20, p80) milliseconds of ``step`` (see ``time_samples``)."""
     return summarize(time_samples(step, device, warmup_ms, rep_ms, grad_to_none))
 
@@ -328,11 +339,20 @@ def _base_row(case: Case, dtype: torch.dtype) -> dict:
     elem = torch.empty((), dtype=dtype).element_size()
     nbytes = case.min_bytes(elem)
     return {
-        "suite": case.suite, "group": case.group, "case": case.label,
-        "x": case.x if case.x is not None else case.m, "x_label": case.x_label,
-        "m": case.m, "n": case.n, "k": case.k, "layout": case.layout,
-        "dtype": DTYPE_NAMES.get(dtype, str(dtype)), "backward": case.backward,
-        "flops": case.flops, "bytes": nbytes, "intensity": case.flops / nbytes,
+        "suite": case.suite,
+        "group": case.group,
+        "case": case.label,
+        "x": case.x if case.x is not None else case.m,
+        "x_label": case.x_label,
+        "m": case.m,
+        "n": case.n,
+        "k": case.k,
+        "layout": case.layout,
+        "dtype": DTYPE_NAMES.get(dtype, str(dtype)),
+        "backward": case.backward,
+        "flops": case.flops,
+        "bytes": nbytes,
+        "intensity": case.flops / nbytes,
     }
 
 
@@ -359,8 +379,9 @@ class Prepared:
     samples: list = field(default_factory=list)
 
 
-def prepare(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple],
-            device: torch.device) -> Prepared | dict:
+def prepare(
+    case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple], device: torch.device
+) -> Prepared | dict:
     """Gate ``impl``; a finished row if it cannot be timed, else what timing needs."""
     row = {"impl": impl.name, "family": impl.family, "variant": impl.variant, "n_copies": len(sets)}
     row.update(_config_columns(impl.config))
@@ -402,7 +423,9 @@ def time_round(prepared: Prepared, device: torch.device, warmup_ms: float, rep_m
     """Add one round of timings to ``prepared``; a finished error row if timing fails."""
     try:
         with prepared.grad_mode():
-            prepared.samples += time_samples(prepared.step, device, warmup_ms, rep_ms, grad_to_none=prepared.leaves)
+            prepared.samples += time_samples(
+                prepared.step, device, warmup_ms, rep_ms, grad_to_none=prepared.leaves
+            )
     except Exception as exc:
         return {**prepared.row, "status": ERROR, "message": "timing: " + _short_error(exc)}
     return None
@@ -416,7 +439,15 @@ def finish(prepared: Prepared, device: torch.device) -> dict:
     except Exception as exc:
         return {**prepared.row, "status": ERROR, "message": "timing: " + _short_error(exc)}
     ms, p20, p80 = summarize(prepared.samples)
-    return {**prepared.row, "status": OK, "message": "", "ms": ms, "ms_p20": p20, "ms_p80": p80, "host_us": host_us}
+    return {
+        **prepared.row,
+        "status": OK,
+        "message": "",
+        "ms": ms,
+        "ms_p20": p20,
+        "ms_p80": p80,
+        "host_us": host_us,
+    }
 
 
 def _references(case: Case, sets: Sequence[tuple], reference: Impl) -> dict[int, tuple]:
@@ -486,8 +517,16 @@ def run_cases(
             for impl in impls:
                 done += 1
                 bar.step(done, f"{base['dtype']} {case.label} {impl.name}")
-                rows.append({**base, "impl": impl.name, "family": impl.family, "variant": impl.variant,
-                             "status": ERROR, "message": "inputs: " + _short_error(exc)})
+                rows.append(
+                    {
+                        **base,
+                        "impl": impl.name,
+                        "family": impl.family,
+                        "variant": impl.variant,
+                        "status": ERROR,
+                        "message": "inputs: " + _short_error(exc),
+                    }
+                )
             continue
         # Gate every implementation, then time them in interleaved rounds (the
         # order reversed every other round), so a drift of the GPU's clocks
@@ -502,7 +541,9 @@ def run_cases(
             order = range(len(slots)) if r % 2 == 0 else reversed(range(len(slots)))
             for i in order:
                 if isinstance(slots[i], Prepared):
-                    failed = time_round(slots[i], device, warmup_ms if r == 0 else warmup_ms / 5, rep_ms / rounds)
+                    failed = time_round(
+                        slots[i], device, warmup_ms if r == 0 else warmup_ms / 5, rep_ms / rounds
+                    )
                     if failed is not None:
                         slots[i] = failed
         for slot in slots:
@@ -518,15 +559,23 @@ def run_cases(
 # ----------------------------------------------------------------------------------
 # Ceilings: what the device can do at best, measured once per run
 # ----------------------------------------------------------------------------------
-def measure_ceilings(device: torch.device | str = "cuda", copy_bytes: int = 2**30, peak_n: int = 8192,
-                     warmup_ms: float = 25, rep_ms: float = 100) -> list[dict]:
+def measure_ceilings(
+    device: torch.device | str = "cuda",
+    copy_bytes: int = 2**30,
+    peak_n: int = 8192,
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+) -> list[dict]:
     """Rows for the device-to-device copy bandwidth and cuBLAS's best matmul rate.
 
     GPU only.  The copy counts bytes read plus bytes written; the matmul is
     cuBLAS ``peak_n``^3 bf16 on random data.
     """
     device = torch.device(device)
-    rows = [_copy_ceiling(device, copy_bytes, warmup_ms, rep_ms), _matmul_ceiling(device, peak_n, warmup_ms, rep_ms)]
+    rows = [
+        _copy_ceiling(device, copy_bytes, warmup_ms, rep_ms),
+        _matmul_ceiling(device, peak_n, warmup_ms, rep_ms),
+    ]
     torch.cuda.empty_cache()
     return rows
 
@@ -538,10 +587,19 @@ def _copy_ceiling(device: torch.device, copy_bytes: int, warmup_ms: float, rep_m
     dst = torch.empty_like(src)
     ms, p20, p80 = time_ms(lambda: dst.copy_(src), device, warmup_ms, rep_ms)
     return {
-        "suite": "ceiling", "group": "ceiling", "case": f"d2d copy {nbytes / 2**20:.0f} MiB",
-        "impl": "torch.Tensor.copy_", "family": "ceiling", "variant": "copy_bandwidth", "status": OK,
-        "message": "GB/s counts bytes read + written", "bytes": 2 * nbytes,
-        "ms": ms, "ms_p20": p20, "ms_p80": p80, "gbps": 2 * nbytes / (ms * 1e-3) / 1e9,
+        "suite": "ceiling",
+        "group": "ceiling",
+        "case": f"d2d copy {nbytes / 2**20:.0f} MiB",
+        "impl": "torch.Tensor.copy_",
+        "family": "ceiling",
+        "variant": "copy_bandwidth",
+        "status": OK,
+        "message": "GB/s counts bytes read + written",
+        "bytes": 2 * nbytes,
+        "ms": ms,
+        "ms_p20": p20,
+        "ms_p80": p80,
+        "gbps": 2 * nbytes / (ms * 1e-3) / 1e9,
     }
 
 
@@ -553,9 +611,22 @@ def _matmul_ceiling(device: torch.device, n: int, warmup_ms: float, rep_ms: floa
     flops = 2 * n**3
     ms, p20, p80 = time_ms(lambda: torch.matmul(a, b), device, warmup_ms, rep_ms)
     return {
-        "suite": "ceiling", "group": "ceiling", "case": f"cublas {n}^3 bf16", "m": n, "n": n, "k": n,
-        "dtype": "bf16", "impl": "cublas", "family": "ceiling", "variant": "matmul_peak", "status": OK,
-        "message": "", "flops": flops, "ms": ms, "ms_p20": p20, "ms_p80": p80,
+        "suite": "ceiling",
+        "group": "ceiling",
+        "case": f"cublas {n}^3 bf16",
+        "m": n,
+        "n": n,
+        "k": n,
+        "dtype": "bf16",
+        "impl": "cublas",
+        "family": "ceiling",
+        "variant": "matmul_peak",
+        "status": OK,
+        "message": "",
+        "flops": flops,
+        "ms": ms,
+        "ms_p20": p20,
+        "ms_p80": p80,
         "tflops": flops / (ms * 1e-3) / 1e12,
     }
 
@@ -567,7 +638,9 @@ def _nvidia_driver() -> str:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip().splitlines()[0]
@@ -582,12 +655,20 @@ def _nvidia_driver() -> str:
 def _git_commit() -> str:
     root = Path(__file__).resolve().parent.parent
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if out.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -597,21 +678,31 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
     """What produced the numbers: GPU, SM count, L2, driver, CUDA, torch, triton, date."""
     import triton
 
-    device = torch.device(device) if device is not None else (
-        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    device = (
+        torch.device(device)
+        if device is not None
+        else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    )
     env: dict[str, Any] = {}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(
-            gpu=props.name, sm_count=props.multi_processor_count,
+            gpu=props.name,
+            sm_count=props.multi_processor_count,
             capability=f"{props.major}.{props.minor}",
             l2_mb=round(l2_cache_bytes(device) / 2**20, 1),
             gpu_memory_gb=round(props.total_memory / 1e9, 1),
             driver=_nvidia_driver(),
         )
     else:
-        env.update(gpu="none (CPU, Triton interpreter)", sm_count=0, capability="", l2_mb=0.0,
-                   gpu_memory_gb=0.0, driver="none")
+        env.update(
+            gpu="none (CPU, Triton interpreter)",
+            sm_count=0,
+            capability="",
+            l2_mb=0.0,
+            gpu_memory_gb=0.0,
+            driver="none",
+        )
     try:
         import tritongemm
 
@@ -655,8 +746,12 @@ def to_frame(rows: Iterable[dict], env: dict[str, Any] | None = None):
     return schema.conform(df)
 
 
-def write_results(rows: Iterable[dict], path: str | Path, env: dict[str, Any] | None = None,
-                  extra: dict[str, Any] | None = None) -> Path:
+def write_results(
+    rows: Iterable[dict],
+    path: str | Path,
+    env: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Write the tidy CSV at ``path`` and ``<stem>.env.json`` beside it; returns the CSV path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -679,8 +774,12 @@ def _write_csv_plain(rows: list[dict], path: Path, env: dict[str, Any]) -> None:
         writer = csv.DictWriter(f, fieldnames=header)
         writer.writeheader()
         for r in rows:
-            writer.writerow({**{k: ("" if v is None else v) for k, v in r.items()},
-                             **{f"{schema.ENV_PREFIX}{k}": v for k, v in env.items()}})
+            writer.writerow(
+                {
+                    **{k: ("" if v is None else v) for k, v in r.items()},
+                    **{f"{schema.ENV_PREFIX}{k}": v for k, v in env.items()},
+                }
+            )
 
 
 def read_results(*paths: str | Path):
@@ -699,8 +798,10 @@ def plot_safely(csv: str | Path, out_dir: str | Path) -> list[Path]:
 
         return plots.plot_all([csv], out_dir)
     except Exception as exc:  # report and carry on
-        print(f"figures skipped ({type(exc).__name__}: {exc}); redraw with `python -m benchmarks plot {csv}`",
-              file=sys.stderr)
+        print(
+            f"figures skipped ({type(exc).__name__}: {exc}); redraw with `python -m benchmarks plot {csv}`",
+            file=sys.stderr,
+        )
         return []
 
 
@@ -709,6 +810,7 @@ def plot_safely(csv: str | Path, out_dir: str | Path) -> list[Path]:
 # ----------------------------------------------------------------------------------
 def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> str:
     """A plain fixed-width table; ``columns`` are (key, heading) pairs."""
+
     def cell(v) -> str:
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return "-"

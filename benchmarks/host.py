@@ -50,8 +50,16 @@ class HostCase:
         return f"{self.api} {self.m}x{self.n}x{self.k}"
 
 
-APIS = ("matmul", "linear", "linear grad fwd", "linear grad fwd+bwd", "nn.Linear",
-        "patch matmul", "patch F.linear", "patch nn.Linear")
+APIS = (
+    "matmul",
+    "linear",
+    "linear grad fwd",
+    "linear grad fwd+bwd",
+    "nn.Linear",
+    "patch matmul",
+    "patch F.linear",
+    "patch nn.Linear",
+)
 
 
 def cases(sizes=SIZES) -> list[HostCase]:
@@ -83,20 +91,27 @@ def _pair(case: HostCase, dtype: torch.dtype, device: torch.device):
     nocontext = contextlib.nullcontext
 
     if case.api in ("matmul", "patch matmul"):
+
         def torch_fn():
             return (torch.matmul(a, b),)
+
         tg_fn = (lambda: (tritongemm.matmul(a, b),)) if case.api == "matmul" else torch_fn
     elif case.api in ("linear", "linear grad fwd", "patch F.linear"):
+
         def torch_fn():
             return (F.linear(a, w, bias),)
+
         tg_fn = (lambda: (tritongemm.linear(a, w, bias),)) if case.api != "patch F.linear" else torch_fn
     elif case.api == "linear grad fwd+bwd":
+
         def fwd_bwd(fn):
             def run():
                 a.grad = w.grad = bias.grad = None
                 fn(a, w, bias).backward(g)
                 return a.grad, w.grad, bias.grad
+
             return run
+
         torch_fn, tg_fn = fwd_bwd(F.linear), fwd_bwd(tritongemm.linear)
     else:  # nn.Linear, patch nn.Linear
         layer = torch.nn.Linear(case.k, case.n, device=device, dtype=dtype)
@@ -107,6 +122,7 @@ def _pair(case: HostCase, dtype: torch.dtype, device: torch.device):
 
         def tg_fn():
             return (ours(a),)
+
     context = tritongemm.patch if case.api.startswith("patch") else nocontext
     grad_mode = torch.enable_grad if grad else torch.no_grad
     return torch_fn, tg_fn, context, grad_mode
@@ -122,16 +138,29 @@ def per_call_us(fn: Callable[[], object], calls: int, device: torch.device) -> f
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def measure(case: HostCase, dtype: torch.dtype, device: torch.device | str, *, calls: int = 200,
-            rounds: int = 15) -> list[dict]:
+def measure(
+    case: HostCase, dtype: torch.dtype, device: torch.device | str, *, calls: int = 200, rounds: int = 15
+) -> list[dict]:
     """Two rows (torch, tritongemm) for one case: gated, then interleaved rounds of ``calls`` calls."""
     device = torch.device(device)
-    base = {"suite": SUITE, "group": case.api, "case": case.label, "api": case.api, "m": case.m, "n": case.n,
-            "k": case.k, "layout": "NT" if "linear" in case.api.lower() else "NN",
-            "dtype": harness.DTYPE_NAMES[dtype], "backward": case.api.endswith("bwd"), "calls": calls,
-            "rounds": rounds}
-    rows = {"torch": {**base, "impl": "torch", "family": "cublas"},
-            "tritongemm": {**base, "impl": "tritongemm", "family": "tritongemm"}}
+    base = {
+        "suite": SUITE,
+        "group": case.api,
+        "case": case.label,
+        "api": case.api,
+        "m": case.m,
+        "n": case.n,
+        "k": case.k,
+        "layout": "NT" if "linear" in case.api.lower() else "NN",
+        "dtype": harness.DTYPE_NAMES[dtype],
+        "backward": case.api.endswith("bwd"),
+        "calls": calls,
+        "rounds": rounds,
+    }
+    rows = {
+        "torch": {**base, "impl": "torch", "family": "cublas"},
+        "tritongemm": {**base, "impl": "tritongemm", "family": "tritongemm"},
+    }
     try:
         torch_fn, tg_fn, context, grad_mode = _pair(case, dtype, device)
         with grad_mode():
@@ -164,19 +193,31 @@ def measure(case: HostCase, dtype: torch.dtype, device: torch.device | str, *, c
     for name in samples:  # warm-up: first-call compilation and caches
         timed(name)
     for r in range(rounds):
-        for name in (("torch", "tritongemm") if r % 2 == 0 else ("tritongemm", "torch")):
+        for name in ("torch", "tritongemm") if r % 2 == 0 else ("tritongemm", "torch"):
             samples[name].append(timed(name))
     for name, s in samples.items():
         ordered = sorted(s)
-        rows[name].update(status=harness.OK, message="", host_us=statistics.median(ordered),
-                          us_p20=harness._quantile(ordered, 0.2), us_p80=harness._quantile(ordered, 0.8),
-                          ms=statistics.median(ordered) / 1e3)
+        rows[name].update(
+            status=harness.OK,
+            message="",
+            host_us=statistics.median(ordered),
+            us_p20=harness._quantile(ordered, 0.2),
+            us_p80=harness._quantile(ordered, 0.8),
+            ms=statistics.median(ordered) / 1e3,
+        )
     rows["tritongemm"]["ratio_vs_torch"] = rows["tritongemm"]["host_us"] / rows["torch"]["host_us"]
     return list(rows.values())
 
 
-def run_host(case_list: list[HostCase], dtype: torch.dtype, device: torch.device | str, *, calls: int = 200,
-             rounds: int = 15, log: Callable[[str], None] = lambda s: None) -> list[dict]:
+def run_host(
+    case_list: list[HostCase],
+    dtype: torch.dtype,
+    device: torch.device | str,
+    *,
+    calls: int = 200,
+    rounds: int = 15,
+    log: Callable[[str], None] = lambda s: None,
+) -> list[dict]:
     rows = []
     for i, case in enumerate(case_list):
         log(f"{i + 1}/{len(case_list)} {case.label}")
@@ -192,12 +233,27 @@ def summary_table(rows: list[dict]) -> str:
     for case, p in pairs.items():
         t, g = p.get("torch", {}), p.get("tritongemm", {})
         ratio = g.get("ratio_vs_torch")
-        lines.append({"case": case, "dtype": g.get("dtype"), "torch": t.get("host_us"), "tg": g.get("host_us"),
-                      "ratio": ratio, "target": ("ok" if ratio <= TARGET_RATIO else "over") if ratio else
-                      g.get("status")})
-    return harness.format_table(lines, [("case", "case"), ("dtype", "dtype"), ("torch", "torch us/call"),
-                                        ("tg", "tritongemm us/call"), ("ratio", "tritongemm ÷ torch"),
-                                        ("target", f"<= {TARGET_RATIO}x")])
+        lines.append(
+            {
+                "case": case,
+                "dtype": g.get("dtype"),
+                "torch": t.get("host_us"),
+                "tg": g.get("host_us"),
+                "ratio": ratio,
+                "target": ("ok" if ratio <= TARGET_RATIO else "over") if ratio else g.get("status"),
+            }
+        )
+    return harness.format_table(
+        lines,
+        [
+            ("case", "case"),
+            ("dtype", "dtype"),
+            ("torch", "torch us/call"),
+            ("tg", "tritongemm us/call"),
+            ("ratio", "tritongemm ÷ torch"),
+            ("target", f"<= {TARGET_RATIO}x"),
+        ],
+    )
 
 
 def fig_host(df):
@@ -243,9 +299,15 @@ def run_cli(args) -> int:
     out_dir = Path(args.out) if args.out else harness.default_results_dir(env)
     case_list = [c for c in cases() if not args.filter or args.filter in c.label]
     start = time.perf_counter()
-    rows = run_host(case_list, dtype, device, log=lambda s: print(
-        f"[host {time.perf_counter() - start:6.1f}s] {s}", file=sys.stderr, flush=True))
-    csv = harness.write_results(rows, out_dir / "host.csv", env, {"suite": SUITE, "target_ratio": TARGET_RATIO})
+    rows = run_host(
+        case_list,
+        dtype,
+        device,
+        log=lambda s: print(f"[host {time.perf_counter() - start:6.1f}s] {s}", file=sys.stderr, flush=True),
+    )
+    csv = harness.write_results(
+        rows, out_dir / "host.csv", env, {"suite": SUITE, "target_ratio": TARGET_RATIO}
+    )
     print("\n== host ==")
     print(summary_table(rows))
     print(f"wrote {csv}")
@@ -261,5 +323,15 @@ def run_cli(args) -> int:
     return 1 if failed else 0
 
 
-__all__ = ["HostCase", "APIS", "cases", "measure", "run_host", "per_call_us", "summary_table", "fig_host",
-           "plot_host", "run_cli"]
+__all__ = [
+    "HostCase",
+    "APIS",
+    "cases",
+    "measure",
+    "run_host",
+    "per_call_us",
+    "summary_table",
+    "fig_host",
+    "plot_host",
+    "run_cli",
+]

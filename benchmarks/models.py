@@ -137,8 +137,9 @@ def _hf_generation_compiles_itself() -> bool:
     return hasattr(GenerationConfig(), "compile_config")
 
 
-def _hf_greedy(model: nn.Module, prompt: torch.Tensor, steps: int, captured: bool,
-               scores: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _hf_greedy(
+    model: nn.Module, prompt: torch.Tensor, steps: int, captured: bool, scores: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``model.generate`` greedy, exactly ``steps`` new tokens.
 
     Captured: a static KV cache, so the decode step has fixed shapes, and the
@@ -152,8 +153,14 @@ def _hf_greedy(model: nn.Module, prompt: torch.Tensor, steps: int, captured: boo
     # min_new_tokens sets the end-of-sequence logit to -inf)
     raw = hasattr(GenerationConfig(), "output_logits")
     kwargs: dict[str, Any] = dict(
-        max_new_tokens=steps, min_new_tokens=steps, do_sample=False, num_beams=1, pad_token_id=0,
-        attention_mask=torch.ones_like(prompt), return_dict_in_generate=True)
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        do_sample=False,
+        num_beams=1,
+        pad_token_id=0,
+        attention_mask=torch.ones_like(prompt),
+        return_dict_in_generate=True,
+    )
     kwargs["output_logits" if raw else "output_scores"] = scores
     if captured:
         kwargs["cache_implementation"] = "static"
@@ -162,7 +169,7 @@ def _hf_greedy(model: nn.Module, prompt: torch.Tensor, steps: int, captured: boo
             model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
             model._tg_compiled = True
     out = model.generate(prompt, **kwargs)
-    tokens = out.sequences[:, prompt.shape[1]:]
+    tokens = out.sequences[:, prompt.shape[1] :]
     if not scores:
         return tokens, None
     logits = torch.stack([s.float() for s in (out.logits if raw else out.scores)])
@@ -170,8 +177,9 @@ def _hf_greedy(model: nn.Module, prompt: torch.Tensor, steps: int, captured: boo
     return tokens, torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
 
 
-def _tiny_greedy(model: nn.Module, prompt: torch.Tensor, steps: int, captured: bool,
-                 scores: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def _tiny_greedy(
+    model: nn.Module, prompt: torch.Tensor, steps: int, captured: bool, scores: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     return greedy_full_recompute(model, prompt, steps)
 
 
@@ -179,9 +187,16 @@ def _llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: in
     def build() -> nn.Module:
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        cfg = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                          num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
-                          max_position_embeddings=4096, tie_word_embeddings=False)
+        cfg = LlamaConfig(
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            vocab_size=vocab,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        )
         return LlamaForCausalLM(cfg)
 
     return build
@@ -216,25 +231,96 @@ def _tiny() -> nn.Module:
 
 
 #: Every registered model; the GPU suite runs the ``default`` ones (ViT-B/16 on request: ``--filter vit``).
-MODELS: dict[str, ModelSpec] = {s.name: s for s in (
-    ModelSpec("llama-s", "llama", "small: launch-bound (hidden 512, 4 layers)",
-              _llama(512, 1408, 4, 8, 4, 8192), _hf_logits, batch=4, seq=128, n_labels=8192,
-              greedy=_hf_greedy, decode_prompt=64, decode_steps=16, needs=("transformers",)),
-    # GPT-2's decode is eager only: the captured decode is the Llama models' (two compiles each)
-    ModelSpec("gpt2", "gpt2", "GPT-2 small (124M, 12 layers)", _gpt2(), _hf_logits, batch=8, seq=512,
-              n_labels=50257, greedy=_hf_greedy, decode_prompt=64, decode_steps=16, needs=("transformers",),
-              compiled=("infer",), captured_decode=False),
-    ModelSpec("bert-base", "bert", "BERT-base encoder (110M, 12 layers, MLM head)", _bert(), _hf_logits,
-              batch=16, seq=512, n_labels=30522, needs=("transformers",), compiled=("infer",)),
-    ModelSpec("llama-l", "llama", "large: compute-bound (Llama-3-8B layers: hidden 4096, MLP 14336; 2 layers)",
-              _llama(4096, 14336, 2, 32, 8, 32000), _hf_logits, batch=4, seq=1024, n_labels=32000,
-              greedy=_hf_greedy, decode_prompt=64, decode_steps=16, needs=("transformers",)),
-    ModelSpec("vit-b16", "vit", "ViT-B/16 encoder (86M, 12 layers, 224x224)", _vit, _call_plain, batch=64,
-              seq=224, n_labels=1000, image=True, needs=("timm",), default=False),
-    ModelSpec("tiny", "tiny", "hand-written test model (hidden 32, 1 block)", _tiny, _call_plain, batch=2, seq=8,
-              n_labels=48, greedy=_tiny_greedy, decode_prompt=4, decode_steps=3, default=False,
-              captured_decode=False),  # no KV cache to make static
-)}
+MODELS: dict[str, ModelSpec] = {
+    s.name: s
+    for s in (
+        ModelSpec(
+            "llama-s",
+            "llama",
+            "small: launch-bound (hidden 512, 4 layers)",
+            _llama(512, 1408, 4, 8, 4, 8192),
+            _hf_logits,
+            batch=4,
+            seq=128,
+            n_labels=8192,
+            greedy=_hf_greedy,
+            decode_prompt=64,
+            decode_steps=16,
+            needs=("transformers",),
+        ),
+        # GPT-2's decode is eager only: the captured decode is the Llama models' (two compiles each)
+        ModelSpec(
+            "gpt2",
+            "gpt2",
+            "GPT-2 small (124M, 12 layers)",
+            _gpt2(),
+            _hf_logits,
+            batch=8,
+            seq=512,
+            n_labels=50257,
+            greedy=_hf_greedy,
+            decode_prompt=64,
+            decode_steps=16,
+            needs=("transformers",),
+            compiled=("infer",),
+            captured_decode=False,
+        ),
+        ModelSpec(
+            "bert-base",
+            "bert",
+            "BERT-base encoder (110M, 12 layers, MLM head)",
+            _bert(),
+            _hf_logits,
+            batch=16,
+            seq=512,
+            n_labels=30522,
+            needs=("transformers",),
+            compiled=("infer",),
+        ),
+        ModelSpec(
+            "llama-l",
+            "llama",
+            "large: compute-bound (Llama-3-8B layers: hidden 4096, MLP 14336; 2 layers)",
+            _llama(4096, 14336, 2, 32, 8, 32000),
+            _hf_logits,
+            batch=4,
+            seq=1024,
+            n_labels=32000,
+            greedy=_hf_greedy,
+            decode_prompt=64,
+            decode_steps=16,
+            needs=("transformers",),
+        ),
+        ModelSpec(
+            "vit-b16",
+            "vit",
+            "ViT-B/16 encoder (86M, 12 layers, 224x224)",
+            _vit,
+            _call_plain,
+            batch=64,
+            seq=224,
+            n_labels=1000,
+            image=True,
+            needs=("timm",),
+            default=False,
+        ),
+        ModelSpec(
+            "tiny",
+            "tiny",
+            "hand-written test model (hidden 32, 1 block)",
+            _tiny,
+            _call_plain,
+            batch=2,
+            seq=8,
+            n_labels=48,
+            greedy=_tiny_greedy,
+            decode_prompt=4,
+            decode_steps=3,
+            default=False,
+            captured_decode=False,
+        ),  # no KV cache to make static
+    )
+}
 
 
 @dataclass
@@ -337,8 +423,14 @@ def _count_linears(model: nn.Module, cls: type) -> int:
     return sum(type(m) is cls for m in model.modules())
 
 
-def build_variants(stock: nn.Module, workload: str, *, compile: bool, sabotaged: bool = False,
-                   compiled: Sequence[str] = COMPILED_WORKLOADS) -> list[Variant]:
+def build_variants(
+    stock: nn.Module,
+    workload: str,
+    *,
+    compile: bool,
+    sabotaged: bool = False,
+    compiled: Sequence[str] = COMPILED_WORKLOADS,
+) -> list[Variant]:
     """stock, convert, patch (not for the captured decode: there the variants are torch.compile of stock
     and of the converted model), the sabotaged check when asked, and torch.compile of stock and of the
     converted model for the ``compiled`` workloads."""
@@ -355,12 +447,20 @@ def build_variants(stock: nn.Module, workload: str, *, compile: bool, sabotaged:
         variants.append(Variant("patch", "tritongemm", shared_copy(stock), "stock", patched=True))
     if sabotaged and workload != "decode_graph":
         bad = shared_copy(stock)
-        variants.append(Variant("sabotaged", "test", bad, "stock", note=f"sabotaged {sabotage(bad)} nn.Linear"))
+        variants.append(
+            Variant("sabotaged", "test", bad, "stock", note=f"sabotaged {sabotage(bad)} nn.Linear")
+        )
     if compile and workload in compiled:
         variants.append(Variant("compile", "torch.compile", torch.compile(shared_copy(stock)), "stock"))
-        variants.append(Variant("compile+convert", "torch.compile+tritongemm",
-                                torch.compile(tritongemm.nn.convert(shared_copy(stock))), "compile",
-                                note=conv_note))
+        variants.append(
+            Variant(
+                "compile+convert",
+                "torch.compile+tritongemm",
+                torch.compile(tritongemm.nn.convert(shared_copy(stock))),
+                "compile",
+                note=conv_note,
+            )
+        )
     return variants
 
 
@@ -377,13 +477,20 @@ def loss_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-def forward(spec: ModelSpec, model: nn.Module, batch: Batch, amp_dtype: torch.dtype | None = None) -> torch.Tensor:
+def forward(
+    spec: ModelSpec, model: nn.Module, batch: Batch, amp_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     with torch.no_grad(), _autocast(batch.inputs.device, amp_dtype):
         return spec.call(model, batch.inputs)
 
 
-def forward_backward(spec: ModelSpec, model: nn.Module, params: Sequence[tuple[str, nn.Parameter]], batch: Batch,
-                     amp_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
+def forward_backward(
+    spec: ModelSpec,
+    model: nn.Module,
+    params: Sequence[tuple[str, nn.Parameter]],
+    batch: Batch,
+    amp_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
     """Logits and every parameter's gradient (cloned) of one forward + backward."""
     for _, p in params:
         p.grad = None
@@ -397,8 +504,13 @@ def forward_backward(spec: ModelSpec, model: nn.Module, params: Sequence[tuple[s
     return logits.detach(), grads
 
 
-def train_step(spec: ModelSpec, model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
-               amp_dtype: torch.dtype | None = None) -> None:
+def train_step(
+    spec: ModelSpec,
+    model: nn.Module,
+    batch: Batch,
+    optimizer: torch.optim.Optimizer,
+    amp_dtype: torch.dtype | None = None,
+) -> None:
     optimizer.zero_grad(set_to_none=True)
     with _autocast(batch.inputs.device, amp_dtype):
         loss = loss_of(spec.call(model, batch.inputs), batch.labels)
@@ -426,32 +538,47 @@ def error_bound(stock_err: float, dtype: torch.dtype, factor: float = GATE_FACTO
     return max(factor * stock_err, harness.gate_tolerance(dtype))
 
 
-def gate_tensor(name: str, ref: torch.Tensor, stock: torch.Tensor, out: Any, dtype: torch.dtype,
-                factor: float = GATE_FACTOR) -> harness.GateResult:
+def gate_tensor(
+    name: str,
+    ref: torch.Tensor,
+    stock: torch.Tensor,
+    out: Any,
+    dtype: torch.dtype,
+    factor: float = GATE_FACTOR,
+) -> harness.GateResult:
     """``out`` against the fp32 ``ref``, within ``error_bound`` of stock's own error."""
     stock_err = harness.relative_error(stock.to(ref.dtype), ref)
     tol = error_bound(stock_err, dtype, factor)
     if not isinstance(out, torch.Tensor):
-        return harness.GateResult(False, math.nan, tol, f"{name}: returned {type(out).__name__}, not a Tensor")
+        return harness.GateResult(
+            False, math.nan, tol, f"{name}: returned {type(out).__name__}, not a Tensor"
+        )
     if out.dtype != stock.dtype:
         return harness.GateResult(False, math.nan, tol, f"{name}: dtype {out.dtype} != stock's {stock.dtype}")
     result = harness.check_output(out.to(ref.dtype), ref, tol)
     if not result.ok:
-        return harness.GateResult(False, result.rel_err, tol,
-                                  f"{name}: {result.reason} (stock errs {stock_err:.3g})")
+        return harness.GateResult(
+            False, result.rel_err, tol, f"{name}: {result.reason} (stock errs {stock_err:.3g})"
+        )
     return result
 
 
-def gate_grads(ref: dict[str, torch.Tensor | None], stock: dict[str, torch.Tensor | None],
-               grads: dict[str, torch.Tensor | None], dtype: torch.dtype,
-               factor: float = GATE_FACTOR) -> harness.GateResult:
+def gate_grads(
+    ref: dict[str, torch.Tensor | None],
+    stock: dict[str, torch.Tensor | None],
+    grads: dict[str, torch.Tensor | None],
+    dtype: torch.dtype,
+    factor: float = GATE_FACTOR,
+) -> harness.GateResult:
     """Every parameter's gradient, each against its own bound; the worst (by err / tol) if all pass."""
     worst = harness.GateResult(True, 0.0, harness.gate_tolerance(dtype))
     for name, r in ref.items():
         s, g = stock.get(name), grads.get(name)
         if r is None or s is None:
             if g is not None and s is None:
-                return harness.GateResult(False, math.nan, worst.tol, f"grad {name}: stock has none, variant has one")
+                return harness.GateResult(
+                    False, math.nan, worst.tol, f"grad {name}: stock has none, variant has one"
+                )
             if g is None and s is not None:
                 return harness.GateResult(False, math.nan, worst.tol, f"grad {name}: missing")
             continue
@@ -470,16 +597,21 @@ def tie_margin(ref_logits: torch.Tensor, stock_logits: torch.Tensor, factor: flo
     return factor * float((stock_logits.float() - ref_logits.float()).abs().max())
 
 
-def gate_tokens(stock_tokens: torch.Tensor, stock_logits: torch.Tensor, tokens: torch.Tensor,
-                margin: float) -> harness.GateResult:
+def gate_tokens(
+    stock_tokens: torch.Tensor, stock_logits: torch.Tensor, tokens: torch.Tensor, margin: float
+) -> harness.GateResult:
     """Greedy tokens must equal stock's; a sequence may part from stock's only at a step where stock's
     top-two logits are within ``margin`` (a tie any rounding can break; from there on the contexts differ).
 
     ``stock_logits`` is (steps, B, vocab), the logits each stock token was chosen from.
     """
     if tuple(tokens.shape) != tuple(stock_tokens.shape):
-        return harness.GateResult(False, math.nan, margin, f"tokens: shape {tuple(tokens.shape)} != "
-                                                            f"stock's {tuple(stock_tokens.shape)}")
+        return harness.GateResult(
+            False,
+            math.nan,
+            margin,
+            f"tokens: shape {tuple(tokens.shape)} != stock's {tuple(stock_tokens.shape)}",
+        )
     notes = []
     for row in range(stock_tokens.shape[0]):
         differ = (tokens[row] != stock_tokens[row]).nonzero()
@@ -489,10 +621,16 @@ def gate_tokens(stock_tokens: torch.Tensor, stock_logits: torch.Tensor, tokens: 
         top2 = stock_logits[step, row].float().topk(2).values
         gap = float(top2[0] - top2[1])
         if gap > margin:
-            return harness.GateResult(False, gap, margin,
-                                      f"tokens: differ from stock's at step {step} of sequence {row}, where stock's "
-                                      f"top-two logit gap {gap:.3g} exceeds the tie margin {margin:.3g}")
-        notes.append(f"sequence {row} parts from stock's at step {step} on a tie (gap {gap:.3g} <= {margin:.3g})")
+            return harness.GateResult(
+                False,
+                gap,
+                margin,
+                f"tokens: differ from stock's at step {step} of sequence {row}, where stock's "
+                f"top-two logit gap {gap:.3g} exceeds the tie margin {margin:.3g}",
+            )
+        notes.append(
+            f"sequence {row} parts from stock's at step {step} on a tie (gap {gap:.3g} <= {margin:.3g})"
+        )
     return harness.GateResult(True, 0.0, margin, "; ".join(notes))
 
 
@@ -518,6 +656,7 @@ def _prepare_forward(spec, variants, ref_model, batch, amp, dtype):
         def step():
             with v.context():
                 forward(spec, v.module, batch, amp)
+
         return step
 
     return gate, step_for, harness.relative_error(stock.to(ref.dtype), ref), torch.no_grad
@@ -544,6 +683,7 @@ def _prepare_train(spec, variants, ref_model, batch, amp, dtype, optimizer):
         def step():
             with v.context():
                 train_step(spec, v.module, batch, optimizer, amp)
+
         return step
 
     stock_err = harness.relative_error(stock_out.to(torch.float32), ref_out.float())
@@ -574,6 +714,7 @@ def _prepare_decode(spec, variants, ref_model, batch, amp, dtype, captured):
         def step():
             with v.context():
                 spec.greedy(v.module, batch.prompt, steps, captured, scores=False)
+
         return step
 
     stock_err = harness.relative_error(stock_logits[0], ref_logits[0])
@@ -584,34 +725,68 @@ def _patch_note(stats) -> str:
     if stats is None or not hasattr(stats, "total_served"):
         return ""
     reasons = "; ".join(f"{r}: {n}" for r, n in stats.fallback_reasons().most_common(3))
-    return f"patch served {stats.total_served}, fell back {stats.total_fallbacks}" + (f" ({reasons})" if reasons else "")
+    return f"patch served {stats.total_served}, fell back {stats.total_fallbacks}" + (
+        f" ({reasons})" if reasons else ""
+    )
 
 
-def run_workload(spec: ModelSpec, workload: str, stock: nn.Module, ref_model: nn.Module, batch: Batch,
-                 dtype: torch.dtype, device: torch.device, *, compile: bool = False, sabotaged: bool = False,
-                 warmup_ms: float = 25, rep_ms: float = 100, rounds: int = 3,
-                 log: Callable[[str], None] = lambda s: None) -> list[dict]:
+def run_workload(
+    spec: ModelSpec,
+    workload: str,
+    stock: nn.Module,
+    ref_model: nn.Module,
+    batch: Batch,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    compile: bool = False,
+    sabotaged: bool = False,
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    rounds: int = 3,
+    log: Callable[[str], None] = lambda s: None,
+) -> list[dict]:
     """Gate every variant of (model, workload) against the fp32 reference, time those that pass."""
     amp, _ = _workload_dtype(workload, dtype)
-    base = {"suite": SUITE, "group": spec.name, "case": f"{spec.name} {workload}", "model": spec.name,
-            "model_family": spec.family, "workload": workload, "dtype": harness.DTYPE_NAMES[dtype],
-            "backward": workload.startswith("train"), "params": sum(p.numel() for p in stock.parameters()),
-            "tokens": (spec.decode_steps if workload.startswith("decode") else spec.batch * (
-                1 if spec.image else spec.seq))}
+    base = {
+        "suite": SUITE,
+        "group": spec.name,
+        "case": f"{spec.name} {workload}",
+        "model": spec.name,
+        "model_family": spec.family,
+        "workload": workload,
+        "dtype": harness.DTYPE_NAMES[dtype],
+        "backward": workload.startswith("train"),
+        "params": sum(p.numel() for p in stock.parameters()),
+        "tokens": (
+            spec.decode_steps
+            if workload.startswith("decode")
+            else spec.batch * (1 if spec.image else spec.seq)
+        ),
+    }
     variants = build_variants(stock, workload, compile=compile, sabotaged=sabotaged, compiled=spec.compiled)
     optimizer = None
     if workload.startswith("train"):
         optimizer = torch.optim.AdamW(stock.parameters(), lr=LEARNING_RATE)
-        gate, step_for, stock_err, grad_mode = _prepare_train(spec, variants, ref_model, batch, amp, dtype, optimizer)
+        gate, step_for, stock_err, grad_mode = _prepare_train(
+            spec, variants, ref_model, batch, amp, dtype, optimizer
+        )
     elif workload == "infer":
         gate, step_for, stock_err, grad_mode = _prepare_forward(spec, variants, ref_model, batch, amp, dtype)
     else:
-        gate, step_for, stock_err, grad_mode = _prepare_decode(spec, variants, ref_model, batch, amp, dtype,
-                                                               workload == "decode_graph")
+        gate, step_for, stock_err, grad_mode = _prepare_decode(
+            spec, variants, ref_model, batch, amp, dtype, workload == "decode_graph"
+        )
     slots: list[Any] = []
     for v in variants:
-        row = {**base, "impl": v.name, "family": v.family, "variant": _describe(v.name, workload),
-               "baseline": v.baseline, "note": v.note}
+        row = {
+            **base,
+            "impl": v.name,
+            "family": v.family,
+            "variant": _describe(v.name, workload),
+            "baseline": v.baseline,
+            "note": v.note,
+        }
         try:
             if v.name == "stock":
                 result, stats = harness.GateResult(True, stock_err, math.nan, "the baseline"), None
@@ -623,8 +798,11 @@ def run_workload(spec: ModelSpec, workload: str, stock: nn.Module, ref_model: nn
             slots.append({**row, "status": harness.ERROR, "message": harness._short_error(exc)})
             _free(device)
             continue
-        row.update(rel_err=result.rel_err, tol=result.tol,
-                   note="; ".join(x for x in (v.note, _patch_note(stats) if v.patched else "") if x))
+        row.update(
+            rel_err=result.rel_err,
+            tol=result.tol,
+            note="; ".join(x for x in (v.note, _patch_note(stats) if v.patched else "") if x),
+        )
         if not result.ok:
             log(f"{spec.name} {workload} {v.name}: FAILED the gate ({result.reason})")
             slots.append({**row, "status": harness.FAILED_GATE, "message": result.reason})
@@ -635,7 +813,9 @@ def run_workload(spec: ModelSpec, workload: str, stock: nn.Module, ref_model: nn
         order = range(len(slots)) if r % 2 == 0 else reversed(range(len(slots)))
         for i in order:
             if isinstance(slots[i], harness.Prepared):
-                failed = harness.time_round(slots[i], device, warmup_ms if r == 0 else warmup_ms / 5, rep_ms / rounds)
+                failed = harness.time_round(
+                    slots[i], device, warmup_ms if r == 0 else warmup_ms / 5, rep_ms / rounds
+                )
                 if failed is not None:
                     slots[i] = failed
     rows = []
@@ -648,8 +828,14 @@ def run_workload(spec: ModelSpec, workload: str, stock: nn.Module, ref_model: nn
     finish_rows(rows)
     for row in rows:
         if row.get("status") == harness.OK:
-            log(f"{spec.name} {workload} {row['impl']}: {row['ms']:.3f} ms"
-                + (f", {row['speedup_vs_baseline']:.2f}x {row['baseline']}" if row.get("speedup_vs_baseline") else ""))
+            log(
+                f"{spec.name} {workload} {row['impl']}: {row['ms']:.3f} ms"
+                + (
+                    f", {row['speedup_vs_baseline']:.2f}x {row['baseline']}"
+                    if row.get("speedup_vs_baseline")
+                    else ""
+                )
+            )
     del variants, optimizer, slots
     _free(device)
     return rows
@@ -693,8 +879,10 @@ def _dynamo_room():
     """More recompiles than dynamo's default allows: every model and workload compiles fresh copies."""
     cfg = torch._dynamo.config
     names = []
-    for new, old in (("recompile_limit", "cache_size_limit"),
-                     ("accumulated_recompile_limit", "accumulated_cache_size_limit")):
+    for new, old in (
+        ("recompile_limit", "cache_size_limit"),
+        ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
+    ):
         name = new if hasattr(cfg, new) else old if hasattr(cfg, old) else None
         if name is not None:
             names.append(name)
@@ -711,7 +899,9 @@ class ModelsResult:
     gemm_rows: list[dict] = field(default_factory=list)
 
 
-def select_cases(case_filter: str | None = None, models: Sequence[str] | None = None) -> list[tuple[ModelSpec, str]]:
+def select_cases(
+    case_filter: str | None = None, models: Sequence[str] | None = None
+) -> list[tuple[ModelSpec, str]]:
     """(model, workload) pairs to run.
 
     ``models`` names them; by default the default models, or with a filter every
@@ -726,9 +916,19 @@ def select_cases(case_filter: str | None = None, models: Sequence[str] | None = 
     return pairs
 
 
-def run_models(pairs: Sequence[tuple[ModelSpec, str]], device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
-               *, compile: bool = False, sabotaged: bool = False, breakdown: bool = True, warmup_ms: float = 25,
-               rep_ms: float = 100, rounds: int = 3, log: Callable[[str], None] = lambda s: None) -> ModelsResult:
+def run_models(
+    pairs: Sequence[tuple[ModelSpec, str]],
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    compile: bool = False,
+    sabotaged: bool = False,
+    breakdown: bool = True,
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    rounds: int = 3,
+    log: Callable[[str], None] = lambda s: None,
+) -> ModelsResult:
     """Run the (model, workload) pairs model by model; returns the model rows and the GEMM breakdown rows."""
     device = torch.device(device)
     result = ModelsResult()
@@ -741,18 +941,40 @@ def run_models(pairs: Sequence[tuple[ModelSpec, str]], device: torch.device | st
         if missing:
             msg = f"needs {', '.join(missing)} (pip install {' '.join(missing)}), not installed"
             log(f"{name}: skipped: {msg}")
-            result.rows += [{"suite": SUITE, "group": name, "case": f"{name} {w}", "model": name, "workload": w,
-                             "impl": "stock", "dtype": harness.DTYPE_NAMES[dtype], "status": harness.ERROR,
-                             "message": msg} for w in workloads]
+            result.rows += [
+                {
+                    "suite": SUITE,
+                    "group": name,
+                    "case": f"{name} {w}",
+                    "model": name,
+                    "workload": w,
+                    "impl": "stock",
+                    "dtype": harness.DTYPE_NAMES[dtype],
+                    "status": harness.ERROR,
+                    "message": msg,
+                }
+                for w in workloads
+            ]
             continue
         try:
             model32 = build_model(spec, device)
             low = low_precision_copy(model32, dtype)
         except Exception as exc:
             log(f"{name}: could not build: {harness._short_error(exc)}")
-            result.rows += [{"suite": SUITE, "group": name, "case": f"{name} {w}", "model": name, "workload": w,
-                             "impl": "stock", "dtype": harness.DTYPE_NAMES[dtype], "status": harness.ERROR,
-                             "message": "build: " + harness._short_error(exc)} for w in workloads]
+            result.rows += [
+                {
+                    "suite": SUITE,
+                    "group": name,
+                    "case": f"{name} {w}",
+                    "model": name,
+                    "workload": w,
+                    "impl": "stock",
+                    "dtype": harness.DTYPE_NAMES[dtype],
+                    "status": harness.ERROR,
+                    "message": "build: " + harness._short_error(exc),
+                }
+                for w in workloads
+            ]
             continue
         model32.eval()  # no dropout: every run of a batch must compute the same function
         low.eval()
@@ -766,14 +988,36 @@ def run_models(pairs: Sequence[tuple[ModelSpec, str]], device: torch.device | st
                 torch._dynamo.reset()
             try:
                 with _dynamo_room():
-                    result.rows += run_workload(spec, workload, stock, model32, batch, dtype, device,
-                                                compile=compile, sabotaged=sabotaged, warmup_ms=warmup_ms,
-                                                rep_ms=rep_ms, rounds=rounds, log=log)
+                    result.rows += run_workload(
+                        spec,
+                        workload,
+                        stock,
+                        model32,
+                        batch,
+                        dtype,
+                        device,
+                        compile=compile,
+                        sabotaged=sabotaged,
+                        warmup_ms=warmup_ms,
+                        rep_ms=rep_ms,
+                        rounds=rounds,
+                        log=log,
+                    )
             except Exception as exc:  # the reference or stock itself failed (e.g. out of memory)
                 log(f"{name} {workload}: error {harness._short_error(exc)}")
-                result.rows.append({"suite": SUITE, "group": name, "case": f"{name} {workload}", "model": name,
-                                    "workload": workload, "impl": "stock", "dtype": harness.DTYPE_NAMES[dtype],
-                                    "status": harness.ERROR, "message": harness._short_error(exc)})
+                result.rows.append(
+                    {
+                        "suite": SUITE,
+                        "group": name,
+                        "case": f"{name} {workload}",
+                        "model": name,
+                        "workload": workload,
+                        "impl": "stock",
+                        "dtype": harness.DTYPE_NAMES[dtype],
+                        "status": harness.ERROR,
+                        "message": harness._short_error(exc),
+                    }
+                )
                 _free(device)
                 continue
             if breakdown and workload != "decode_graph":  # the captured decode runs the decode's GEMMs
@@ -783,8 +1027,14 @@ def run_models(pairs: Sequence[tuple[ModelSpec, str]], device: torch.device | st
                     log(f"{name} {workload}: GEMM capture failed: {harness._short_error(exc)}")
         if breakdown and captures:
             shapes = {s for counts, _ in captures.values() for s in counts}
-            timed = gemm_breakdown.time_shapes(shapes, device, warmup_ms=warmup_ms, rep_ms=rep_ms, rounds=rounds,
-                                               log=lambda s, n=name: log(f"{n} {s}"))
+            timed = gemm_breakdown.time_shapes(
+                shapes,
+                device,
+                warmup_ms=warmup_ms,
+                rep_ms=rep_ms,
+                rounds=rounds,
+                log=lambda s, n=name: log(f"{n} {s}"),
+            )
             for workload, (counts, ops) in captures.items():
                 result.gemm_rows += gemm_breakdown.breakdown_rows(name, workload, counts, ops, timed)
         del model32, low, batch
@@ -792,8 +1042,9 @@ def run_models(pairs: Sequence[tuple[ModelSpec, str]], device: torch.device | st
     return result
 
 
-def capture_workload(spec: ModelSpec, workload: str, stock: nn.Module, batch: Batch,
-                     amp: torch.dtype | None) -> tuple:
+def capture_workload(
+    spec: ModelSpec, workload: str, stock: nn.Module, batch: Batch, amp: torch.dtype | None
+) -> tuple:
     """The GEMMs one stock run of ``workload`` reaches (forward + backward for training)."""
     if workload == "infer":
         return gemm_breakdown.capture_gemms(lambda: forward(spec, stock, batch, amp))
@@ -802,7 +1053,8 @@ def capture_workload(spec: ModelSpec, workload: str, stock: nn.Module, batch: Ba
         return gemm_breakdown.capture_gemms(lambda: forward_backward(spec, stock, params, batch, amp))
     with torch.no_grad():
         return gemm_breakdown.capture_gemms(
-            lambda: spec.greedy(stock, batch.prompt, spec.decode_steps, False, scores=False))
+            lambda: spec.greedy(stock, batch.prompt, spec.decode_steps, False, scores=False)
+        )
 
 
 # ----------------------------------------------------------------------------------
@@ -813,18 +1065,33 @@ def summary_table(rows: Sequence[dict]) -> str:
     lines = []
     for r in rows:
         ok = r.get("status") == harness.OK
-        lines.append({
-            "model": r.get("model"), "workload": r.get("workload"), "dtype": r.get("dtype"), "variant": r.get("impl"),
-            "ms": r.get("ms") if ok else None,
-            "speedup": r.get("speedup_vs_baseline") if ok else None,
-            "baseline": r.get("baseline") or "",
-            "gate": _gate_text(r),
-            "status": r.get("status"),
-        })
-    return harness.format_table(lines, [
-        ("model", "model"), ("workload", "workload"), ("dtype", "dtype"), ("variant", "variant"), ("ms", "ms"),
-        ("speedup", "baseline ÷ variant"), ("baseline", "baseline"), ("gate", "gate err / bound"),
-        ("status", "status")])
+        lines.append(
+            {
+                "model": r.get("model"),
+                "workload": r.get("workload"),
+                "dtype": r.get("dtype"),
+                "variant": r.get("impl"),
+                "ms": r.get("ms") if ok else None,
+                "speedup": r.get("speedup_vs_baseline") if ok else None,
+                "baseline": r.get("baseline") or "",
+                "gate": _gate_text(r),
+                "status": r.get("status"),
+            }
+        )
+    return harness.format_table(
+        lines,
+        [
+            ("model", "model"),
+            ("workload", "workload"),
+            ("dtype", "dtype"),
+            ("variant", "variant"),
+            ("ms", "ms"),
+            ("speedup", "baseline ÷ variant"),
+            ("baseline", "baseline"),
+            ("gate", "gate err / bound"),
+            ("status", "status"),
+        ],
+    )
 
 
 def _gate_text(row: dict) -> str:
@@ -859,8 +1126,13 @@ def fig_models(df):
             for j, variant in enumerate(variants):
                 v = w[w["impl"] == variant]
                 if not v.empty:
-                    ax.bar(x + j * width, float(v["speedup_vs_baseline"].iloc[0]), width,
-                           color=colors.get(variant, "#9467bd"), label=variant if variant not in labels else None)
+                    ax.bar(
+                        x + j * width,
+                        float(v["speedup_vs_baseline"].iloc[0]),
+                        width,
+                        color=colors.get(variant, "#9467bd"),
+                        label=variant if variant not in labels else None,
+                    )
                     labels.append(variant)
             ticks.append((x + 0.4 - width / 2, f"{model}\n{workload}"))
             x += 1.0
@@ -901,9 +1173,18 @@ def write(result: ModelsResult, out_dir: str | Path, env: dict, extra: dict | No
     return paths
 
 
-def run_models_suite(out: str | Path | None = None, dtype: str | None = None, *, compile: bool = True,
-                     case_filter: str | None = None, include_sabotaged: bool = False, warmup_ms: float = 25,
-                     rep_ms: float = 100, rounds: int = 3, plots: bool = True) -> tuple[harness.RunSummary, str]:
+def run_models_suite(
+    out: str | Path | None = None,
+    dtype: str | None = None,
+    *,
+    compile: bool = True,
+    case_filter: str | None = None,
+    include_sabotaged: bool = False,
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    rounds: int = 3,
+    plots: bool = True,
+) -> tuple[harness.RunSummary, str]:
     """The GPU suite: every default model's workloads.
 
     Returns the run summary (``figures`` lists every file written after the
@@ -926,15 +1207,31 @@ def run_models_suite(out: str | Path | None = None, dtype: str | None = None, *,
         print(f"[models {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
     log(f"{len(pairs)} (model, workload) cases: {', '.join(f'{s.name} {w}' for s, w in pairs)}")
-    result = run_models(pairs, device, harness.DTYPES[dtypes[0]], compile=compile and hasattr(torch, "compile"),
-                        sabotaged=include_sabotaged, warmup_ms=warmup_ms, rep_ms=rep_ms, rounds=rounds, log=log)
-    extra = {"suite": SUITE, "gate_factor": GATE_FACTOR, "dtype": dtypes[0],
-             "models": {s.name: {"size": s.size, "compiled_workloads": s.compiled} for s, _ in pairs},
-             "wall_s": round(time.perf_counter() - start, 1)}
+    result = run_models(
+        pairs,
+        device,
+        harness.DTYPES[dtypes[0]],
+        compile=compile and hasattr(torch, "compile"),
+        sabotaged=include_sabotaged,
+        warmup_ms=warmup_ms,
+        rep_ms=rep_ms,
+        rounds=rounds,
+        log=log,
+    )
+    extra = {
+        "suite": SUITE,
+        "gate_factor": GATE_FACTOR,
+        "dtype": dtypes[0],
+        "models": {s.name: {"size": s.size, "compiled_workloads": s.compiled} for s, _ in pairs},
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
     csvs = write(result, out_dir, env, extra)
     summary = harness.RunSummary(csv=csvs[0], figures=csvs[1:])
-    summary.failed = [f"{r['case']} {r.get('impl')}: {r['status']} {r.get('message', '')}" for r in result.rows
-                      if r.get("status") != harness.OK and r.get("impl") != "sabotaged"]
+    summary.failed = [
+        f"{r['case']} {r.get('impl')}: {r['status']} {r.get('message', '')}"
+        for r in result.rows
+        if r.get("status") != harness.OK and r.get("impl") != "sabotaged"
+    ]
     if plots:
         try:
             summary.figures += plot_models(csvs, out_dir)
@@ -946,9 +1243,17 @@ def run_models_suite(out: str | Path | None = None, dtype: str | None = None, *,
 
 def run_cli(args) -> int:
     """``python -m benchmarks run --suite models`` (the parsed ``run`` arguments); the exit status."""
-    summary, table = run_models_suite(args.out, args.dtype, compile=not args.no_compile, case_filter=args.filter,
-                                      include_sabotaged=args.sabotaged, warmup_ms=args.warmup, rep_ms=args.rep,
-                                      rounds=args.rounds, plots=not args.no_plots)
+    summary, table = run_models_suite(
+        args.out,
+        args.dtype,
+        compile=not args.no_compile,
+        case_filter=args.filter,
+        include_sabotaged=args.sabotaged,
+        warmup_ms=args.warmup,
+        rep_ms=args.rep,
+        rounds=args.rounds,
+        plots=not args.no_plots,
+    )
     print("\n== models ==")
     print(table)
     print(f"wrote {summary.csv}" + "".join(f"\nwrote {f}" for f in summary.figures))
@@ -960,8 +1265,33 @@ def run_cli(args) -> int:
 
 
 __all__ = [
-    "MODELS", "ModelSpec", "WORKLOADS", "GATE_FACTOR", "build_model", "low_precision_copy", "shared_copy",
-    "build_variants", "make_batch", "forward", "forward_backward", "train_step", "error_bound", "gate_tensor",
-    "gate_grads", "gate_tokens", "tie_margin", "run_workload", "run_models", "select_cases", "capture_workload",
-    "summary_table", "fig_models", "plot_models", "write", "run_models_suite", "run_cli", "SabotagedLinear", "sabotage",
+    "MODELS",
+    "ModelSpec",
+    "WORKLOADS",
+    "GATE_FACTOR",
+    "build_model",
+    "low_precision_copy",
+    "shared_copy",
+    "build_variants",
+    "make_batch",
+    "forward",
+    "forward_backward",
+    "train_step",
+    "error_bound",
+    "gate_tensor",
+    "gate_grads",
+    "gate_tokens",
+    "tie_margin",
+    "run_workload",
+    "run_models",
+    "select_cases",
+    "capture_workload",
+    "summary_table",
+    "fig_models",
+    "plot_models",
+    "write",
+    "run_models_suite",
+    "run_cli",
+    "SabotagedLinear",
+    "sabotage",
 ]

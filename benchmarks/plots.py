@@ -145,8 +145,9 @@ def _is_size_sweep(cases) -> bool:
     return all(cases[d].nunique() == 1 or bool((cases[d] == cases["x"]).all()) for d in ("m", "n", "k"))
 
 
-def _grid(n: int, ncols: int, panel_w: float, panel_h: float, extra_h: float = 0.9,
-          sharey: bool = False) -> tuple[Figure, np.ndarray]:
+def _grid(
+    n: int, ncols: int, panel_w: float, panel_h: float, extra_h: float = 0.9, sharey: bool = False
+) -> tuple[Figure, np.ndarray]:
     ncols = max(1, min(ncols, n))
     nrows = math.ceil(n / ncols)
     width = min(MAX_WIDTH_IN, panel_w * ncols)
@@ -159,8 +160,16 @@ def _grid(n: int, ncols: int, panel_w: float, panel_h: float, extra_h: float = 0
 
 def _figure_legend(fig: Figure, handles: dict, title: str | None = None) -> None:
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(len(handles), 6),
-                   fontsize=8, title=title, title_fontsize=8, frameon=False)
+        fig.legend(
+            list(handles.values()),
+            list(handles),
+            loc="outside lower center",
+            ncols=min(len(handles), 6),
+            fontsize=8,
+            title=title,
+            title_fontsize=8,
+            frameon=False,
+        )
 
 
 def _pipeline_name(stages: float) -> str:
@@ -198,7 +207,9 @@ def fig_tflops(df, suite: str, metric: str = "tflops") -> Figure | None:
     if not bar_panel:
         left_out = list(dict.fromkeys(other_cases["case"]))
     dtypes = list(dict.fromkeys(d["dtype"]))
-    panels = [("sweep", g, dt) for g in sweeps for dt in dtypes if ((d["group"] == g) & (d["dtype"] == dt)).any()]
+    panels = [
+        ("sweep", g, dt) for g in sweeps for dt in dtypes if ((d["group"] == g) & (d["dtype"] == dt)).any()
+    ]
     if bar_panel and len(other_cases):
         panels += [("bars", None, dt) for dt in dtypes if (other_cases["dtype"] == dt).any()]
     ncols = len(dtypes) if len(panels) <= 2 * len(dtypes) and len(dtypes) > 1 else 4 if len(panels) > 6 else 2
@@ -216,8 +227,14 @@ def fig_tflops(df, suite: str, metric: str = "tflops") -> Figure | None:
             p = d[(d["group"] == group) & (d["dtype"] == dtype)]
             for impl in _impl_order(p["impl"]):
                 s = p[p["impl"] == impl].sort_values("x")
-                (line,) = ax.plot(s["x"], s[metric], marker="o", ms=4, linewidth=1.6,
-                                  color=_color(impl, colors, s["family"].iloc[0]))
+                (line,) = ax.plot(
+                    s["x"],
+                    s[metric],
+                    marker="o",
+                    ms=4,
+                    linewidth=1.6,
+                    color=_color(impl, colors, s["family"].iloc[0]),
+                )
                 handles.setdefault(impl, line)
             _log2_ticks(ax, p["x"].unique())
             ax.set_xlabel(str(p["x_label"].dropna().iloc[0]) if p["x_label"].notna().any() else "size")
@@ -230,18 +247,33 @@ def fig_tflops(df, suite: str, metric: str = "tflops") -> Figure | None:
             x = np.arange(len(cases))
             for i, impl in enumerate(impls):
                 s = p[p["impl"] == impl].set_index("case")[metric]
-                bars = ax.bar(x + (i - (len(impls) - 1) / 2) * width, [float(s.get(c, np.nan)) for c in cases],
-                              width, color=_color(impl, colors, p.loc[p["impl"] == impl, "family"].iloc[0]))
+                bars = ax.bar(
+                    x + (i - (len(impls) - 1) / 2) * width,
+                    [float(s.get(c, np.nan)) for c in cases],
+                    width,
+                    color=_color(impl, colors, p.loc[p["impl"] == impl, "family"].iloc[0]),
+                )
                 handles.setdefault(impl, bars)
             ax.set_xticks(x)
-            ax.set_xticklabels(cases, rotation=20 if len(cases) > 3 else 0, ha="right" if len(cases) > 3 else "center",
-                               fontsize=8)
+            ax.set_xticklabels(
+                cases,
+                rotation=20 if len(cases) > 3 else 0,
+                ha="right" if len(cases) > 3 else "center",
+                fontsize=8,
+            )
             ax.set_xlabel("problem")
             ax.set_title(f"{', '.join(others)}, {dtype}" if len(others) <= 2 else dtype, fontsize=10)
         if metric == "gbps" and bw:
             ax.axhline(bw, color="black", linestyle="--", linewidth=1)
-            ax.text(0.98, bw, f"copy bandwidth {bw:,.0f} GB/s ", va="top", ha="right", fontsize=7,
-                    transform=ax.get_yaxis_transform())
+            ax.text(
+                0.98,
+                bw,
+                f"copy bandwidth {bw:,.0f} GB/s ",
+                va="top",
+                ha="right",
+                fontsize=7,
+                transform=ax.get_yaxis_transform(),
+            )
         if ax in axes[:, 0]:
             ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
@@ -249,7 +281,9 @@ def fig_tflops(df, suite: str, metric: str = "tflops") -> Figure | None:
     axes.flat[0].set_ylim(0, top * 1.1)
     _figure_legend(fig, handles)
     what = "TFLOP/s" if metric == "tflops" else "GB/s of compulsory traffic (A, B read, C written once)"
-    note = ("\nnot drawn (a single problem; see the speedup figure): " + ", ".join(left_out)) if left_out else ""
+    note = (
+        ("\nnot drawn (a single problem; see the speedup figure): " + ", ".join(left_out)) if left_out else ""
+    )
     by = "by problem size" if sweeps else "by problem"
     fig.suptitle(f"{suite}: {what} {by} on {_gpu(df)} (median of do_bench){note}", fontsize=11)
     return fig
@@ -263,8 +297,13 @@ def _dot_rows(ax, p, cases: list[str], impls: list[str], colors: dict, handles: 
         s = p[p["impl"] == impl].set_index("case")["speedup_vs_cublas"]
         vals = [float(s.get(c, np.nan)) for c in cases]
         fam = p.loc[p["impl"] == impl, "family"]
-        mark = ax.scatter(vals, y + (i - (len(impls) - 1) / 2) * step, s=22, zorder=3,
-                          color=_color(impl, colors, fam.iloc[0] if len(fam) else ""))
+        mark = ax.scatter(
+            vals,
+            y + (i - (len(impls) - 1) / 2) * step,
+            s=22,
+            zorder=3,
+            color=_color(impl, colors, fam.iloc[0] if len(fam) else ""),
+        )
         handles.setdefault(impl, mark)
     ax.set_yticks(y)
     ax.set_yticklabels(cases, fontsize=7)
@@ -316,18 +355,31 @@ def fig_ladder(df) -> Figure | None:
         p = d[d["dtype"] == dtype]
         stages = sorted(int(s) for s in p["num_stages"].dropna().unique())
         for name, lo, hi in _PIPELINE_SPANS:
-            ax.axvspan(lo, min(hi, max(stages, default=1) + 0.5), alpha=0.06,
-                       color={"single_stage": "C1", "double_buffer": "C2", "multi_stage": "C3"}[name])
+            ax.axvspan(
+                lo,
+                min(hi, max(stages, default=1) + 0.5),
+                alpha=0.06,
+                color={"single_stage": "C1", "double_buffer": "C2", "multi_stage": "C3"}[name],
+            )
         for i, m in enumerate(sorted(p["m"].unique())):
             color = f"C{i}"
-            s = p[(p["m"] == m) & (p["status"] == OK)].groupby("num_stages", as_index=False)["tflops"].median()
+            s = (
+                p[(p["m"] == m) & (p["status"] == OK)]
+                .groupby("num_stages", as_index=False)["tflops"]
+                .median()
+            )
             ax.plot(s["num_stages"], s["tflops"], marker="o", color=color, label=f"{int(m)}³ tritongemm")
             ref = cublas[(cublas["m"] == m) & (cublas["dtype"] == dtype)]["tflops"]
             if len(ref):
-                ax.axhline(float(ref.median()), color=color, linestyle=":", linewidth=1.2,
-                           label=f"{int(m)}³ cuBLAS")
+                ax.axhline(
+                    float(ref.median()), color=color, linestyle=":", linewidth=1.2, label=f"{int(m)}³ cuBLAS"
+                )
         for st, g in p[p["status"] != OK].groupby("num_stages"):
-            why = "does not fit" if (g["status"] == "invalid_config").all() else "/".join(sorted(set(g["status"])))
+            why = (
+                "does not fit"
+                if (g["status"] == "invalid_config").all()
+                else "/".join(sorted(set(g["status"])))
+            )
             ax.plot([st], [0], marker="x", color="black", ms=9, clip_on=False)
             ax.annotate(why, (st, 0), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
         ax.set_xticks(stages)
@@ -339,8 +391,9 @@ def fig_ladder(df) -> Figure | None:
         cfg = p["config"].dropna()
         tiles = str(cfg.iloc[0]).split()[0] if len(cfg) else ""
         warps = p["num_warps"].dropna()
-        ax.set_title(f"{dtype}, {tiles} tiles" + (f", {int(warps.iloc[0])} warps" if len(warps) else ""),
-                     fontsize=10)
+        ax.set_title(
+            f"{dtype}, {tiles} tiles" + (f", {int(warps.iloc[0])} warps" if len(warps) else ""), fontsize=10
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"pipeline ladder: single_stage -> double_buffer -> multi_stage on {_gpu(d)}", fontsize=11)
@@ -381,12 +434,16 @@ def fig_heatmap(df) -> Figure | None:
         ax.set_xlabel("block_n (CTA tile columns)")
         ax.set_ylabel("block_m (CTA tile rows)")
         stages = p["num_stages"].dropna()
-        ax.set_title(f"{int(m)}³ {dtype}, {int(warps)} warps"
-                     + (f", {int(stages.iloc[0])} stages" if len(stages) else ""), fontsize=10)
+        ax.set_title(
+            f"{int(m)}³ {dtype}, {int(warps)} warps"
+            + (f", {int(stages.iloc[0])} stages" if len(stages) else ""),
+            fontsize=10,
+        )
     if image is not None:
         fig.colorbar(image, ax=list(axes.flat), label="TFLOP/s", shrink=0.8)
-    fig.suptitle(f"tiling hierarchy sweep on {_gpu(d)} (n/a: exceeds a register or shared-memory budget)",
-                 fontsize=11)
+    fig.suptitle(
+        f"tiling hierarchy sweep on {_gpu(d)} (n/a: exceeds a register or shared-memory budget)", fontsize=11
+    )
     return fig
 
 
@@ -400,22 +457,33 @@ def fig_sweep(df) -> Figure | None:
     for (group, case, dtype), g in d.groupby(["group", "case", "dtype"], sort=False):
         best = g.loc[g["speedup_vs_cublas"].idxmax()]
         heur = g.loc[g["variant"] == "heuristic", "speedup_vs_cublas"]
-        rows.append((f"{case} {dtype}", group, float(best["speedup_vs_cublas"]), str(best["config"]),
-                     float(heur.iloc[0]) if len(heur) else np.nan))
+        rows.append(
+            (
+                f"{case} {dtype}",
+                group,
+                float(best["speedup_vs_cublas"]),
+                str(best["config"]),
+                float(heur.iloc[0]) if len(heur) else np.nan,
+            )
+        )
     groups = list(dict.fromkeys(r[1] for r in rows))
     n_rows = len(rows) + 1.5 * len(groups)
     fig = Figure(figsize=(11, min(30.0, 1.4 + 0.26 * n_rows)), layout="constrained")
-    axes = fig.subplots(len(groups), 1, squeeze=False,
-                        height_ratios=[sum(r[1] == g for r in rows) + 1.5 for g in groups])[:, 0]
+    axes = fig.subplots(
+        len(groups), 1, squeeze=False, height_ratios=[sum(r[1] == g for r in rows) + 1.5 for g in groups]
+    )[:, 0]
     top = max(max(r[2] for r in rows), np.nanmax([r[4] for r in rows] + [0]))
     for ax, group in zip(axes, groups):
         part = [r for r in rows if r[1] == group]
         y = np.arange(len(part))[::-1]
         ax.scatter([r[2] for r in part], y, color="#2ca02c", s=24, zorder=3, label="best swept config")
-        ax.scatter([r[4] for r in part], y, color=COLORS["tritongemm"], marker="D", s=18, zorder=3,
-                   label="heuristic")
+        ax.scatter(
+            [r[4] for r in part], y, color=COLORS["tritongemm"], marker="D", s=18, zorder=3, label="heuristic"
+        )
         for yy, r in zip(y, part):
-            ax.annotate(r[3], (r[2], yy), textcoords="offset points", xytext=(6, -3), fontsize=6, color="#2ca02c")
+            ax.annotate(
+                r[3], (r[2], yy), textcoords="offset points", xytext=(6, -3), fontsize=6, color="#2ca02c"
+            )
         ax.set_yticks(y)
         ax.set_yticklabels([r[0] for r in part], fontsize=7)
         ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
@@ -451,8 +519,11 @@ def fig_roofline(df) -> Figure | None:
         return None
     bw, cublas_peak = ceilings(df)
     sheet = datasheet_peak(_gpu(df))
-    peak, peak_label = (sheet[0], f"{sheet[1]} datasheet,\ndense fp16/bf16 tensor cores") if sheet else (
-        cublas_peak, "measured cuBLAS 8192³ bf16:\nno datasheet entry for this GPU")
+    peak, peak_label = (
+        (sheet[0], f"{sheet[1]} datasheet,\ndense fp16/bf16 tensor cores")
+        if sheet
+        else (cublas_peak, "measured cuBLAS 8192³ bf16:\nno datasheet entry for this GPU")
+    )
     fig = Figure(figsize=(11, 5.8), layout="constrained")
     ax = fig.subplots()
     colors: dict[str, str] = {}
@@ -464,9 +535,12 @@ def fig_roofline(df) -> Figure | None:
         s = d[d["label"] == label]
         color = _color(label, colors, s["family"].iloc[0])
         for dtype, g in s.groupby("dtype"):
-            ax.scatter(g["intensity"], g["tflops"], s=18, alpha=0.75, color=color, marker=markers.get(dtype, "o"))
-            dtype_handles.setdefault(dtype, Line2D([], [], color="0.3", marker=markers.get(dtype, "o"),
-                                                   linestyle="", label=dtype))
+            ax.scatter(
+                g["intensity"], g["tflops"], s=18, alpha=0.75, color=color, marker=markers.get(dtype, "o")
+            )
+            dtype_handles.setdefault(
+                dtype, Line2D([], [], color="0.3", marker=markers.get(dtype, "o"), linestyle="", label=dtype)
+            )
         impl_handles[label] = Line2D([], [], color=color, marker="o", linestyle="", label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -476,12 +550,24 @@ def fig_roofline(df) -> Figure | None:
         ridge = peak * 1e3 / bw
         lo, hi = min(lo, ridge / 4), max(hi, ridge * 4)  # always show both roofs and the ridge
         x = np.logspace(math.log10(lo), math.log10(hi), 256)
-        (roof,) = ax.plot(x, np.minimum(peak, x * bw / 1e3), color="black", linewidth=1.6,
-                          label=f"roof: {peak:.1f} TFLOP/s ({peak_label})\nand {bw:,.0f} GB/s (device copy, measured)")
+        (roof,) = ax.plot(
+            x,
+            np.minimum(peak, x * bw / 1e3),
+            color="black",
+            linewidth=1.6,
+            label=f"roof: {peak:.1f} TFLOP/s ({peak_label})\nand {bw:,.0f} GB/s (device copy, measured)",
+        )
         roof_handles.append(roof)
         if sheet and cublas_peak:
-            roof_handles.append(ax.axhline(cublas_peak, color="black", linestyle="--", linewidth=0.9,
-                                           label=f"cuBLAS 8192³ bf16: {cublas_peak:.0f} TFLOP/s (measured)"))
+            roof_handles.append(
+                ax.axhline(
+                    cublas_peak,
+                    color="black",
+                    linestyle="--",
+                    linewidth=0.9,
+                    label=f"cuBLAS 8192³ bf16: {cublas_peak:.0f} TFLOP/s (measured)",
+                )
+            )
         ax.axvline(ridge, color="black", linestyle=":", linewidth=0.8)
         ax.set_xlim(lo, hi)
         ymin = min(float(d["tflops"].min()), lo * bw / 1e3)
@@ -493,10 +579,20 @@ def fig_roofline(df) -> Figure | None:
     ax.set_ylabel("TFLOP/s")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    fig.legend(handles=roof_handles + list(impl_handles.values()), fontsize=7, loc="outside right upper",
-               title="roofs and implementations", title_fontsize=7)
-    fig.legend(handles=list(dtype_handles.values()), fontsize=7, loc="outside right lower", title="dtype",
-               title_fontsize=7)
+    fig.legend(
+        handles=roof_handles + list(impl_handles.values()),
+        fontsize=7,
+        loc="outside right upper",
+        title="roofs and implementations",
+        title_fontsize=7,
+    )
+    fig.legend(
+        handles=list(dtype_handles.values()),
+        fontsize=7,
+        loc="outside right lower",
+        title="dtype",
+        title_fontsize=7,
+    )
     return fig
 
 
@@ -522,11 +618,13 @@ def fig_compile(df) -> Figure | None:
     counts = [p[(p["suite"] == s) & (p["dtype"] == dt)]["case"].nunique() for s, dt in panels]
     ncols = 2 if len(panels) > 1 else 1
     nrows = math.ceil(len(panels) / ncols)
-    row_cases = [max(counts[r * ncols:(r + 1) * ncols]) for r in range(nrows)]
-    fig = Figure(figsize=(min(MAX_WIDTH_IN, 7.2 * ncols), 1.2 + 0.26 * sum(row_cases) + 0.9 * nrows),
-                 layout="constrained")
+    row_cases = [max(counts[r * ncols : (r + 1) * ncols]) for r in range(nrows)]
+    fig = Figure(
+        figsize=(min(MAX_WIDTH_IN, 7.2 * ncols), 1.2 + 0.26 * sum(row_cases) + 0.9 * nrows),
+        layout="constrained",
+    )
     axes = fig.subplots(nrows, ncols, squeeze=False, height_ratios=[c + 2 for c in row_cases])
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     colors: dict[str, str] = {}
     handles: dict = {}
@@ -540,8 +638,11 @@ def fig_compile(df) -> Figure | None:
         ax.set_ylabel("problem")
         ax.set_title(f"{suite}, {dtype}", fontsize=10)
     _figure_legend(fig, handles)
-    fig.suptitle(f"tritongemm vs torch.compile(mode='max-autotune-no-cudagraphs') on {_gpu(df)}\n"
-                 "each as a ratio to the cuBLAS timed beside it, on the same inputs", fontsize=11)
+    fig.suptitle(
+        f"tritongemm vs torch.compile(mode='max-autotune-no-cudagraphs') on {_gpu(df)}\n"
+        "each as a ratio to the cuBLAS timed beside it, on the same inputs",
+        fontsize=11,
+    )
     return fig
 
 
@@ -559,8 +660,13 @@ def fig_quick(df) -> Figure | None:
     for i, impl in enumerate(["cublas", "tritongemm"]):
         s = main[main["impl"] == impl]
         vals = dict(zip((f"{int(m)}\n{dt}" for m, dt in zip(s["m"], s["dtype"])), s["tflops"]))
-        left.bar(x + (i - 0.5) * 0.4, [vals.get(lbl, np.nan) for lbl in labels], 0.4, label=impl,
-                 color=_color(impl, others))
+        left.bar(
+            x + (i - 0.5) * 0.4,
+            [vals.get(lbl, np.nan) for lbl in labels],
+            0.4,
+            label=impl,
+            color=_color(impl, others),
+        )
     left.set_xticks(x)
     left.set_xticklabels(labels, fontsize=8)
     left.set_xlabel("M = N = K, dtype")
@@ -580,8 +686,14 @@ def fig_quick(df) -> Figure | None:
         for bar, impl in zip(bars, order):
             sp = p.loc[p["impl"] == impl, "speedup_vs_cublas"]
             if len(sp) and not np.isnan(sp.iloc[0]):
-                right.annotate(f"{sp.iloc[0]:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                               textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+                right.annotate(
+                    f"{sp.iloc[0]:.2f}x",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    textcoords="offset points",
+                    xytext=(0, 3),
+                    ha="center",
+                    fontsize=8,
+                )
         right.set_xticks(range(len(order)))
         right.set_xticklabels([o.replace("tritongemm:", "") for o in order], fontsize=8, rotation=15)
         right.set_title(f"pipeline variants at {int(m)}³ {dtype} (x cuBLAS)", fontsize=10)

@@ -19,8 +19,11 @@ from pathlib import Path
 #: (column, meaning with unit).  Empty cells are allowed wherever a value does not apply.
 COLUMN_DOCS: tuple[tuple[str, str], ...] = (
     # what was computed
-    ("suite", "what produced the row: a `python -m benchmarks run` suite (`square`, `llm`, ...), `quick`, "
-              "`sweep` (a config sweep), `tuning` (the autotuner), `epilogue`, or `ceiling`"),
+    (
+        "suite",
+        "what produced the row: a `python -m benchmarks run` suite (`square`, `llm`, ...), `quick`, "
+        "`sweep` (a config sweep), `tuning` (the autotuner), `epilogue`, or `ceiling`",
+    ),
     ("group", "a set of cases drawn together (one figure panel), e.g. `square`, `llama3-8b qkv`"),
     ("case", "the problem's label, unique within (suite, group)"),
     ("x", "the swept size a figure puts on its x axis (a number)"),
@@ -33,10 +36,15 @@ COLUMN_DOCS: tuple[tuple[str, str], ...] = (
     ("backward", "True: the row times forward + backward (autograd), and `flops` counts both"),
     # how
     ("impl", "the implementation: `cublas`, `tritongemm`, `tritongemm:<variant>`, `torch.compile`, ..."),
-    ("family", "`cublas` (the baseline of `speedup_vs_cublas`), `tritongemm`, `torch.compile`, `ceiling`, "
-               "`test`"),
-    ("variant", "what distinguishes the impl: `heuristic`, `tuned`, a pipeline or decomposition name, "
-                "`stages`, `hierarchy`, `sweep`, `torch.matmul`, ..."),
+    (
+        "family",
+        "`cublas` (the baseline of `speedup_vs_cublas`), `tritongemm`, `torch.compile`, `ceiling`, `test`",
+    ),
+    (
+        "variant",
+        "what distinguishes the impl: `heuristic`, `tuned`, a pipeline or decomposition name, "
+        "`stages`, `hierarchy`, `sweep`, `torch.matmul`, ...",
+    ),
     ("config", "the tritongemm config that ran, as `TileConfig.short()`, or a sweep's config label"),
     ("block_m", "CTA tile rows"),
     ("block_n", "CTA tile columns"),
@@ -53,10 +61,16 @@ COLUMN_DOCS: tuple[tuple[str, str], ...] = (
     ("epilogue_subtile", "True: the epilogue stores C in halves"),
     ("gemv", "True: the GEMV kernel (no tensor cores)"),
     # outcome
-    ("status", "`ok`, `failed_gate` (wrong output: never timed), `invalid_config` (does not fit the device), "
-               "`error`"),
+    (
+        "status",
+        "`ok`, `failed_gate` (wrong output: never timed), `invalid_config` (does not fit the device), "
+        "`error`",
+    ),
     ("message", "why a row is not `ok`, or a note on how it was measured"),
-    ("rel_err", "relative Frobenius error ‖out − ref‖ / ‖ref‖ against the reference (cuBLAS, or float64 where noted)"),
+    (
+        "rel_err",
+        "relative Frobenius error ‖out − ref‖ / ‖ref‖ against the reference (cuBLAS, or float64 where noted)",
+    ),
     ("tol", "the tolerance `rel_err` was held to"),
     ("n_copies", "input sets rotated through while timing (together > 2x the L2 cache)"),
     # time
@@ -77,13 +91,44 @@ COLUMNS: list[str] = [name for name, _ in COLUMN_DOCS]
 #: What a file must have to be read (and plotted) as a results CSV; ``read`` adds any other
 #: column of ``COLUMNS`` a file lacks as empty (older files predate some config fields).
 REQUIRED: tuple[str, ...] = (
-    "suite", "group", "case", "x", "x_label", "m", "n", "k", "layout", "dtype", "impl", "family", "variant",
-    "status", "ms", "tflops", "speedup_vs_cublas", "flops", "bytes", "intensity",
+    "suite",
+    "group",
+    "case",
+    "x",
+    "x_label",
+    "m",
+    "n",
+    "k",
+    "layout",
+    "dtype",
+    "impl",
+    "family",
+    "variant",
+    "status",
+    "ms",
+    "tflops",
+    "speedup_vs_cublas",
+    "flops",
+    "bytes",
+    "intensity",
 )
 #: The environment keys ``harness.environment()`` records, written as ``env_<key>`` columns.
 ENV_KEYS: tuple[str, ...] = (
-    "gpu", "sm_count", "capability", "l2_mb", "gpu_memory_gb", "driver", "cuda", "torch", "triton", "python",
-    "tritongemm", "git", "tf32", "triton_interpret", "date",
+    "gpu",
+    "sm_count",
+    "capability",
+    "l2_mb",
+    "gpu_memory_gb",
+    "driver",
+    "cuda",
+    "torch",
+    "triton",
+    "python",
+    "tritongemm",
+    "git",
+    "tf32",
+    "triton_interpret",
+    "date",
 )
 ENV_PREFIX = "env_"
 
@@ -127,8 +172,10 @@ def read(path: str | Path):
     missing = missing_columns(df.columns)
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
-        raise SchemaError(f"{path}: not a benchmarks results CSV (missing columns {shown}; "
-                          "the schema is in benchmarks/schema.py)")
+        raise SchemaError(
+            f"{path}: not a benchmarks results CSV (missing columns {shown}; "
+            "the schema is in benchmarks/schema.py)"
+        )
     return conform(df)
 
 

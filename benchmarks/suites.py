@@ -102,8 +102,19 @@ def _llama_cases(suite: str, tokens: Sequence[int]) -> list[Case]:
     for model, dims in LLAMA3.items():
         for proj, n, k in dims.projections():
             for m in tokens:
-                cases.append(Case(suite, f"{model} {proj}", f"{model} {proj} M={m} N={n} K={k}",
-                                  m, n, k, "NT", m, "M (tokens)"))
+                cases.append(
+                    Case(
+                        suite,
+                        f"{model} {proj}",
+                        f"{model} {proj} M={m} N={n} K={k}",
+                        m,
+                        n,
+                        k,
+                        "NT",
+                        m,
+                        "M (tokens)",
+                    )
+                )
     return cases
 
 
@@ -117,8 +128,12 @@ def decode_cases() -> list[Case]:
 
 def decomposition_cases() -> list[Case]:
     """Issue 4's shapes: long K over few tiles, and one wave of 128x128 tiles plus a sliver (132 SMs)."""
-    shapes = [("long K", 512, 512, 65536), ("long K", 1024, 1024, 32768),
-              ("wave + sliver", 896, 2432, 4096), ("wave + sliver", 1536, 1536, 8192)]
+    shapes = [
+        ("long K", 512, 512, 65536),
+        ("long K", 1024, 1024, 32768),
+        ("wave + sliver", 896, 2432, 4096),
+        ("wave + sliver", 1536, 1536, 8192),
+    ]
     return [Case("decomposition", group, f"{m}x{n}x{k}", m, n, k, "NN", k, "K") for group, m, n, k in shapes]
 
 
@@ -127,36 +142,72 @@ def stages_cases() -> list[Case]:
 
 
 def hierarchy_cases() -> list[Case]:
-    return [Case("hierarchy", "hierarchy", f"{s}x{s}x{s}", s, s, s, "NN", s, "M = N = K")
-            for s in HIERARCHY_SIZES]
+    return [
+        Case("hierarchy", "hierarchy", f"{s}x{s}x{s}", s, s, s, "NN", s, "M = N = K") for s in HIERARCHY_SIZES
+    ]
 
 
 def backward_cases() -> list[Case]:
-    cases = [Case("backward", "square", f"{s}x{s}x{s} fwd+bwd", s, s, s, "NN", s, "M = N = K", True)
-             for s in (1024, 2048, 4096, 8192)]
+    cases = [
+        Case("backward", "square", f"{s}x{s}x{s} fwd+bwd", s, s, s, "NN", s, "M = N = K", True)
+        for s in (1024, 2048, 4096, 8192)
+    ]
     dims = LLAMA3["llama3-8b"]
     for proj, n, k in dims.projections():
-        cases.append(Case("backward", "llama3-8b M=4096", f"llama3-8b {proj} M=4096 fwd+bwd",
-                          4096, n, k, "NT", n, "N", True))
+        cases.append(
+            Case(
+                "backward",
+                "llama3-8b M=4096",
+                f"llama3-8b {proj} M=4096 fwd+bwd",
+                4096,
+                n,
+                k,
+                "NT",
+                n,
+                "N",
+                True,
+            )
+        )
     return cases
 
 
 def unaligned_cases() -> list[Case]:
     """Issue 16's shapes and their neighbours; ``x`` is the smallest odd dimension (or M)."""
-    shapes = [("issue 16", 4097, 4097, 4097, "NN"), ("issue 16", 3001, 5003, 1009, "NN"),
-              ("issue 16", 4096, 4096, 4097, "NT")]
+    shapes = [
+        ("issue 16", 4097, 4097, 4097, "NN"),
+        ("issue 16", 3001, 5003, 1009, "NN"),
+        ("issue 16", 4096, 4096, 4097, "NT"),
+    ]
     shapes += [("powers of two +- 1", s, s, s, "NN") for s in (1023, 1025, 2047, 2049, 4095, 8191, 8193)]
-    shapes += [("primes", 1009, 1009, 1009, "NN"), ("primes", 5003, 3001, 7919, "NN"), ("primes", 7919, 7919, 7919, "NN")]
-    shapes += [("layouts", m, n, k, layout) for m, n, k in ((4097, 4097, 4097), (3001, 5003, 1009))
-               for layout in ("NT", "TN", "TT")]
+    shapes += [
+        ("primes", 1009, 1009, 1009, "NN"),
+        ("primes", 5003, 3001, 7919, "NN"),
+        ("primes", 7919, 7919, 7919, "NN"),
+    ]
+    shapes += [
+        ("layouts", m, n, k, layout)
+        for m, n, k in ((4097, 4097, 4097), (3001, 5003, 1009))
+        for layout in ("NT", "TN", "TT")
+    ]
     shapes += [("odd N (linear)", 4096, n, 4096, "NT") for n in (4097, 32001, 50257)]
     shapes += [("odd K (linear)", 4096, 4096, k, "NT") for k in (4095, 11007)]
     shapes += [("small", s, s, s, "NN") for s in (255, 257, 511, 513)]
     shapes += [("stride factor 2 / 4 / 8", s, s, s, "NN") for s in (4098, 4100, 4104)]
     shapes += [("aligned control", 4096, 4096, 4096, layout) for layout in ("NN", "NT")]
-    return [Case("unaligned", group, f"{m}x{n}x{k} {layout}", m, n, k, layout,
-                 min([d for d in (m, n, k) if d % 8] or [m]), "smallest unaligned dim")
-            for group, m, n, k, layout in shapes]
+    return [
+        Case(
+            "unaligned",
+            group,
+            f"{m}x{n}x{k} {layout}",
+            m,
+            n,
+            k,
+            layout,
+            min([d for d in (m, n, k) if d % 8] or [m]),
+            "smallest unaligned dim",
+        )
+        for group, m, n, k, layout in shapes
+    ]
 
 
 # ----------------------------------------------------------------------------------
@@ -181,31 +232,50 @@ def _heuristic(a: torch.Tensor, b: torch.Tensor) -> TileConfig:
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device)
     cfg = _HEURISTIC_MEMO.get(key)
     if cfg is None:
-        cfg = _HEURISTIC_MEMO[key] = tritongemm.heuristic_config(problem_of(a, b), tritongemm.device_info(a.device))
+        cfg = _HEURISTIC_MEMO[key] = tritongemm.heuristic_config(
+            problem_of(a, b), tritongemm.device_info(a.device)
+        )
     return cfg
 
 
 def tritongemm_heuristic() -> Impl:
     """The untuned dispatch: the heuristic's config even when the tuning cache has an entry."""
-    return Impl("tritongemm", "tritongemm", lambda a, b: tritongemm.matmul(a, b, config=_heuristic(a, b)),
-                variant="heuristic", config_of=_heuristic)
+    return Impl(
+        "tritongemm",
+        "tritongemm",
+        lambda a, b: tritongemm.matmul(a, b, config=_heuristic(a, b)),
+        variant="heuristic",
+        config_of=_heuristic,
+    )
 
 
 def tritongemm_tuned() -> Impl:
     """Plain ``tritongemm.matmul``: the tuning cache's config where it has one."""
-    return Impl("tritongemm:tuned", "tritongemm", tritongemm.matmul, variant="tuned",
-                config_of=_config_of(None, None))
+    return Impl(
+        "tritongemm:tuned", "tritongemm", tritongemm.matmul, variant="tuned", config_of=_config_of(None, None)
+    )
 
 
 def tritongemm_pipeline(pipeline: str) -> Impl:
     """The heuristic's tiles under one of the three mainloop schemes."""
-    return Impl(f"tritongemm:{pipeline}", "tritongemm", functools.partial(tritongemm.matmul, pipeline=pipeline),
-                variant=pipeline, config_of=_config_of(None, pipeline))
+    return Impl(
+        f"tritongemm:{pipeline}",
+        "tritongemm",
+        functools.partial(tritongemm.matmul, pipeline=pipeline),
+        variant=pipeline,
+        config_of=_config_of(None, pipeline),
+    )
 
 
 def tritongemm_config(name: str, variant: str, config: TileConfig) -> Impl:
-    return Impl(name, "tritongemm", functools.partial(tritongemm.matmul, config=config),
-                variant=variant, config=config, config_of=_config_of(config, None))
+    return Impl(
+        name,
+        "tritongemm",
+        functools.partial(tritongemm.matmul, config=config),
+        variant=variant,
+        config=config,
+        config_of=_config_of(config, None),
+    )
 
 
 def tuning_cache_has_entries() -> bool:
@@ -236,6 +306,7 @@ def torch_compile() -> Impl:
 
 def sabotaged() -> Impl:
     """A deliberately wrong GEMM (drops the last eighth of K): the gate must reject it."""
+
     def wrong(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         keep = a.shape[-1] - max(a.shape[-1] // 8, 1)
         return torch.matmul(a[..., :keep], b[..., :keep, :])
@@ -245,18 +316,25 @@ def sabotaged() -> Impl:
 
 def tritongemm_decomposition(decomposition: str) -> Impl:
     """The heuristic's tiles with one way of sharing the K loop forced."""
-    def config_of(a: torch.Tensor, b: torch.Tensor) -> TileConfig:
-        return tritongemm.select_config(problem_of(a, b), tritongemm.device_info(a.device),
-                                        decomposition=decomposition)
 
-    return Impl(f"tritongemm:{decomposition}", "tritongemm",
-                functools.partial(tritongemm.matmul, decomposition=decomposition), variant=decomposition,
-                config_of=config_of)
+    def config_of(a: torch.Tensor, b: torch.Tensor) -> TileConfig:
+        return tritongemm.select_config(
+            problem_of(a, b), tritongemm.device_info(a.device), decomposition=decomposition
+        )
+
+    return Impl(
+        f"tritongemm:{decomposition}",
+        "tritongemm",
+        functools.partial(tritongemm.matmul, decomposition=decomposition),
+        variant=decomposition,
+        config_of=config_of,
+    )
 
 
 def tritongemm_padding(policy: str) -> Impl:
     """The heuristic's config with unaligned operands always / never copied to aligned workspaces
     (each policy has its own launch cache: switching per call re-plans nothing)."""
+
     def run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         old = set_padding(policy)
         try:
@@ -264,7 +342,9 @@ def tritongemm_padding(policy: str) -> Impl:
         finally:
             set_padding(old)
 
-    return Impl(f"tritongemm:pad-{policy}", "tritongemm", run, variant=f"padding={policy}", config_of=_heuristic)
+    return Impl(
+        f"tritongemm:pad-{policy}", "tritongemm", run, variant=f"padding={policy}", config_of=_heuristic
+    )
 
 
 def padding_impls() -> list[Impl]:
@@ -282,8 +362,10 @@ def pipeline_impls() -> list[Impl]:
 def stage_configs(dtype: torch.dtype) -> list[tuple[int, TileConfig]]:
     """128x256 CTA tiles, 8 warps, K step 64 (128 bytes of fp16), 1..5 stages."""
     block_k = 128 // torch.empty((), dtype=dtype).element_size()
-    return [(s, TileConfig(block_m=128, block_n=256, block_k=block_k, group_m=8, num_warps=8, num_stages=s))
-            for s in STAGES_RANGE]
+    return [
+        (s, TileConfig(block_m=128, block_n=256, block_k=block_k, group_m=8, num_warps=8, num_stages=s))
+        for s in STAGES_RANGE
+    ]
 
 
 def stages_impls(dtype: torch.dtype) -> list[Impl]:
@@ -295,9 +377,14 @@ def stages_impls(dtype: torch.dtype) -> list[Impl]:
 
 def hierarchy_configs(dtype: torch.dtype) -> list[TileConfig]:
     block_k = 128 // torch.empty((), dtype=dtype).element_size()
-    return [TileConfig(block_m=bm, block_n=bn, block_k=block_k, group_m=8, num_warps=w,
-                       num_stages=HIERARCHY_STAGES)
-            for w in HIERARCHY_WARPS for bm in HIERARCHY_BLOCKS for bn in HIERARCHY_BLOCKS]
+    return [
+        TileConfig(
+            block_m=bm, block_n=bn, block_k=block_k, group_m=8, num_warps=w, num_stages=HIERARCHY_STAGES
+        )
+        for w in HIERARCHY_WARPS
+        for bm in HIERARCHY_BLOCKS
+        for bn in HIERARCHY_BLOCKS
+    ]
 
 
 def hierarchy_impls(dtype: torch.dtype) -> list[Impl]:
@@ -324,24 +411,44 @@ class Suite:
 SUITES: dict[str, Suite] = {
     s.name: s
     for s in (
-        Suite("square", "M = N = K, 256..8192, plus 5120x5120x4096 NT", square_cases, lambda d: pipeline_impls()),
+        Suite(
+            "square", "M = N = K, 256..8192, plus 5120x5120x4096 NT", square_cases, lambda d: pipeline_impls()
+        ),
         Suite("llm", "Llama-3 8B/70B prefill linear layers", llm_cases, lambda d: pipeline_impls()),
-        Suite("decode", "Llama-3 8B/70B linear layers at decode batch sizes", decode_cases,
-              lambda d: pipeline_impls()),
+        Suite(
+            "decode",
+            "Llama-3 8B/70B linear layers at decode batch sizes",
+            decode_cases,
+            lambda d: pipeline_impls(),
+        ),
         Suite("stages", "num_stages 1..5 at 128x256x64, 8 warps", stages_cases, stages_impls, ("fp16",)),
-        Suite("hierarchy", "block_m x block_n x num_warps at 3 stages", hierarchy_cases, hierarchy_impls,
-              ("fp16",)),
+        Suite(
+            "hierarchy",
+            "block_m x block_n x num_warps at 3 stages",
+            hierarchy_cases,
+            hierarchy_impls,
+            ("fp16",),
+        ),
         Suite("backward", "autograd forward + backward", backward_cases, lambda d: []),
-        Suite("decomposition", "sliced-K, split-K and Stream-K on long-K and wave-quantized shapes",
-              decomposition_cases, lambda d: decomposition_impls()),
-        Suite("unaligned", "leading dimensions not a multiple of 16 bytes, padding forced each way",
-              unaligned_cases, lambda d: padding_impls()),
+        Suite(
+            "decomposition",
+            "sliced-K, split-K and Stream-K on long-K and wave-quantized shapes",
+            decomposition_cases,
+            lambda d: decomposition_impls(),
+        ),
+        Suite(
+            "unaligned",
+            "leading dimensions not a multiple of 16 bytes, padding forced each way",
+            unaligned_cases,
+            lambda d: padding_impls(),
+        ),
     )
 }
 
 
-def implementations(suite: Suite, dtype: torch.dtype, *, compile: bool = True,
-                    include_sabotaged: bool = False) -> list[Impl]:
+def implementations(
+    suite: Suite, dtype: torch.dtype, *, compile: bool = True, include_sabotaged: bool = False
+) -> list[Impl]:
     """cuBLAS first (the speedups' baseline), then tritongemm, its variants, torch.compile."""
     impls = [cublas(), tritongemm_heuristic(), *suite.variants(dtype)]
     if tuning_cache_has_entries():
@@ -408,15 +515,29 @@ def run_suite(
     rows: list[dict] = []
     if ceilings:
         rows += harness.measure_ceilings(device, warmup_ms=warmup_ms, rep_ms=rep_ms)
-    rows += harness.run_cases(cases, dtype_list, impls_for, cublas(), device=device,
-                              warmup_ms=warmup_ms, rep_ms=rep_ms, rounds=rounds, progress=progress)
-    extra = {"suite": name, "l2_rotation_factor": harness.L2_ROTATION_FACTOR,
-             "gate_tolerance": {harness.DTYPE_NAMES[d]: harness.gate_tolerance(d) for d in dtype_list}}
+    rows += harness.run_cases(
+        cases,
+        dtype_list,
+        impls_for,
+        cublas(),
+        device=device,
+        warmup_ms=warmup_ms,
+        rep_ms=rep_ms,
+        rounds=rounds,
+        progress=progress,
+    )
+    extra = {
+        "suite": name,
+        "l2_rotation_factor": harness.L2_ROTATION_FACTOR,
+        "gate_tolerance": {harness.DTYPE_NAMES[d]: harness.gate_tolerance(d) for d in dtype_list},
+    }
     csv = harness.write_results(rows, out_dir / f"{name}.csv", env, extra)
     summary = harness.RunSummary(csv=csv)
-    summary.failed = [f"{r['case']} {r.get('dtype')} {r['impl']}: {r['status']} {r.get('message', '')}"
-                      for r in rows if r.get("status") not in (harness.OK, harness.INVALID)
-                      and r.get("family") != "test"]  # the sabotaged impl is meant to fail
+    summary.failed = [
+        f"{r['case']} {r.get('dtype')} {r['impl']}: {r['status']} {r.get('message', '')}"
+        for r in rows
+        if r.get("status") not in (harness.OK, harness.INVALID) and r.get("family") != "test"
+    ]  # the sabotaged impl is meant to fail
     if plots:
         summary.figures = harness.plot_safely(csv, out_dir)
     return summary
@@ -431,14 +552,30 @@ def summary_table(csv: str | Path) -> str:
     metrics = [("tflops", "TFLOP/s")] + ([("gbps", "GB/s")] if (df["suite"] == "decode").any() else [])
     parts = []
     for col, name in metrics:
-        table = df.pivot_table(index=["dtype", "case"], columns="impl", values=col, aggfunc="first", sort=False)
+        table = df.pivot_table(
+            index=["dtype", "case"], columns="impl", values=col, aggfunc="first", sort=False
+        )
         parts.append(f"[{name}]\n" + table.round(1).to_string())
     return "\n\n".join(parts)
 
 
 __all__ = [
-    "LLAMA3", "SUITES", "Suite", "implementations", "run_suite", "summary_table",
-    "square_cases", "llm_cases", "decode_cases", "stages_cases", "hierarchy_cases", "backward_cases",
-    "unaligned_cases", "padding_impls",
-    "stage_configs", "hierarchy_configs", "sabotaged", "cublas",
+    "LLAMA3",
+    "SUITES",
+    "Suite",
+    "implementations",
+    "run_suite",
+    "summary_table",
+    "square_cases",
+    "llm_cases",
+    "decode_cases",
+    "stages_cases",
+    "hierarchy_cases",
+    "backward_cases",
+    "unaligned_cases",
+    "padding_impls",
+    "stage_configs",
+    "hierarchy_configs",
+    "sabotaged",
+    "cublas",
 ]

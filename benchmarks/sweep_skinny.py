@@ -27,8 +27,16 @@ import triton
 
 from .gpu_check import rotating
 
-NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
-      (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)]
+NK = [
+    (6144, 4096),
+    (4096, 4096),
+    (28672, 4096),
+    (4096, 14336),
+    (10240, 8192),
+    (8192, 8192),
+    (57344, 8192),
+    (8192, 28672),
+]
 
 
 def decode_shapes():
@@ -45,34 +53,67 @@ def longk_shapes():
 
 
 def small_shapes():
-    return [(1024, 1024, 1024, "NN"), (896, 2432, 4096, "NN"), (2048, 2048, 2048, "NN"), (3072, 3072, 3072, "NN"),
-            (1024, 1024, 1024, "NT"), (512, 512, 512, "NN")]
+    return [
+        (1024, 1024, 1024, "NN"),
+        (896, 2432, 4096, "NN"),
+        (2048, 2048, 2048, "NN"),
+        (3072, 3072, 3072, "NN"),
+        (1024, 1024, 1024, "NT"),
+        (512, 512, 512, "NN"),
+    ]
 
 
 def wave_shapes():
     # Tile counts of 128x128 tiles on 132 SMs: 133 (one wave and a sliver), 64,
     # 576 (4.4 waves), 256, 1024 (7.8), 1600 (12.1), and the long-K pair.
-    return [(896, 2432, 4096, "NN"), (1024, 1024, 1024, "NN"), (3072, 3072, 3072, "NN"), (2048, 2048, 2048, "NN"),
-            (4096, 4096, 4096, "NN"), (5120, 5120, 4096, "NT"), (512, 512, 65536, "NN"), (1024, 1024, 32768, "NN")]
+    return [
+        (896, 2432, 4096, "NN"),
+        (1024, 1024, 1024, "NN"),
+        (3072, 3072, 3072, "NN"),
+        (2048, 2048, 2048, "NN"),
+        (4096, 4096, 4096, "NN"),
+        (5120, 5120, 4096, "NT"),
+        (512, 512, 65536, "NN"),
+        (1024, 1024, 32768, "NN"),
+    ]
 
 
 def tail_shapes():
     # The weakest LLM/square rows of the last H100 runs (0.83-0.92 of cuBLAS).
-    return [(8192, 8192, 28672, "NT"), (1024, 6144, 4096, "NT"), (5120, 5120, 4096, "NT"), (3072, 3072, 3072, "NN")]
+    return [
+        (8192, 8192, 28672, "NT"),
+        (1024, 6144, 4096, "NT"),
+        (5120, 5120, 4096, "NT"),
+        (3072, 3072, 3072, "NN"),
+    ]
 
 
 def backward_shapes():
     # The GEMMs of Llama-3-8B's backward at M = 4096 tokens: dA = dY @ W (long K for gate_up, NN)
     # and dW^T = X^T @ dY (A transposed, TN), plus 70B down's forward at M = 8192.
-    return [(4096, 4096, 28672, "NN"), (4096, 28672, 4096, "TN"), (4096, 4096, 14336, "NN"),
-            (4096, 14336, 4096, "TN"), (4096, 4096, 6144, "NN"), (4096, 6144, 4096, "TN")]
+    return [
+        (4096, 4096, 28672, "NN"),
+        (4096, 28672, 4096, "TN"),
+        (4096, 4096, 14336, "NN"),
+        (4096, 14336, 4096, "TN"),
+        (4096, 4096, 6144, "NN"),
+        (4096, 6144, 4096, "TN"),
+    ]
 
 
 def tma_streamk_shapes():
     # Partial last waves of 128x256 / 128x128 tiles on 132 SMs: 70, 144, 288, 800, 192, 320 tiles ...
-    return [(896, 2432, 4096, "NN"), (1536, 1536, 8192, "NN"), (3072, 3072, 3072, "NN"), (5120, 5120, 4096, "NT"),
-            (1024, 6144, 4096, "NT"), (1024, 10240, 8192, "NT"), (4096, 4096, 4096, "NN"), (2048, 2048, 2048, "NN"),
-            (1024, 1024, 1024, "NN")]
+    return [
+        (896, 2432, 4096, "NN"),
+        (1536, 1536, 8192, "NN"),
+        (3072, 3072, 3072, "NN"),
+        (5120, 5120, 4096, "NT"),
+        (1024, 6144, 4096, "NT"),
+        (1024, 10240, 8192, "NT"),
+        (4096, 4096, 4096, "NN"),
+        (2048, 2048, 2048, "NN"),
+        (1024, 1024, 1024, "NN"),
+    ]
 
 
 def _splits_for(tiles: int, k_tiles: int, sm: int) -> list[int]:
@@ -89,8 +130,11 @@ def configs_for(m, n, k, group, sm=132):
 
     out = []
     if group in ("gemv", "gemv_narrow"):
-        bns, bks, ws = ((16, 32, 64, 128), (64, 128, 256, 512), (2, 4, 8)) if group == "gemv" else (
-            (4, 8, 16), (512, 1024, 2048), (4, 8, 16))
+        bns, bks, ws = (
+            ((16, 32, 64, 128), (64, 128, 256, 512), (2, 4, 8))
+            if group == "gemv"
+            else ((4, 8, 16), (512, 1024, 2048), (4, 8, 16))
+        )
         for bn in bns:
             for bk in bks:
                 for warps in ws:
@@ -98,34 +142,49 @@ def configs_for(m, n, k, group, sm=132):
                         continue
                     tiles = -(-n // bn)
                     for s in sorted({1, *(x for x in (2, 4, 8) if tiles * x <= 8 * sm and k // bk >= 2 * x)}):
-                        out.append(TileConfig(16, bn, bk, 8, warps, 1, split_k=s, split_k_inline=s > 1, gemv=True))
+                        out.append(
+                            TileConfig(16, bn, bk, 8, warps, 1, split_k=s, split_k_inline=s > 1, gemv=True)
+                        )
         out.append(TileConfig(16, 64, 256, 8, 4, 3, split_k=2 if n <= 4096 else 1, split_k_inline=n <= 4096))
         return out
     if group == "tma_streamk":
         T = TileConfig
-        return [T(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
-                T(128, 256, 64, 8, 8, 3, tma=True, persistent=True, stream_k=True),
-                T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True, stream_k=True),
-                T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
-                T(128, 128, 64, 8, 8, 4, tma=True, persistent=True, stream_k=True),
-                T(128, 128, 64, 8, 8, 4, stream_k=True)]
+        return [
+            T(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
+            T(128, 256, 64, 8, 8, 3, tma=True, persistent=True, stream_k=True),
+            T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True, stream_k=True),
+            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
+            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True, stream_k=True),
+            T(128, 128, 64, 8, 8, 4, stream_k=True),
+        ]
     if group in ("tail", "backward"):
         T = TileConfig
-        return [T(128, 256, 64, g, 8, 3, tma=True, persistent=p) for g in (4, 8, 16) for p in (True, False)] + [
+        return [
+            T(128, 256, 64, g, 8, 3, tma=True, persistent=p) for g in (4, 8, 16) for p in (True, False)
+        ] + [
             T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True),
             T(256, 128, 64, 8, 8, 3, tma=True, persistent=True, epilogue_subtile=True),
-            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True), T(128, 128, 64, 8, 8, 4, tma=True),
+            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
+            T(128, 128, 64, 8, 8, 4, tma=True),
             T(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True),
-            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True)]
+            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True),
+        ]
     if group == "wave":
         from dataclasses import replace
 
-        for bm, bn, bk, warps, stages in [(128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3),
-                                          (64, 128, 64, 4, 4), (128, 128, 128, 8, 3)]:
+        for bm, bn, bk, warps, stages in [
+            (128, 128, 64, 8, 4),
+            (128, 128, 64, 4, 4),
+            (128, 256, 64, 8, 3),
+            (64, 128, 64, 4, 4),
+            (128, 128, 128, 8, 3),
+        ]:
             base = TileConfig(bm, bn, bk, 8, warps, stages)
             out += [base, replace(base, stream_k=True)]
-        out += [TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
-                TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True)]
+        out += [
+            TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
+            TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
+        ]
         return out
     if group == "decode":
         bms = [max(16, 1 << (m - 1).bit_length())] if m <= 64 else [64, 128]
@@ -137,7 +196,7 @@ def configs_for(m, n, k, group, sm=132):
                     for warps in (4, 8):
                         if bm * bn // (32 * warps) < 8 or (warps == 8) != (bm * bn >= 64 * 256):
                             continue
-                        for stages in ((4, 5) if bk == 64 else (3, 4)):
+                        for stages in (4, 5) if bk == 64 else (3, 4):
                             smem = stages * (bm + bn) * bk * 2
                             if smem > 200 * 1024:
                                 continue
@@ -147,12 +206,22 @@ def configs_for(m, n, k, group, sm=132):
                                     out.append(TileConfig(bm, bn, bk, 8, warps, stages))
                                 else:
                                     for inline in (False, True):
-                                        out.append(TileConfig(bm, bn, bk, 8, warps, stages, split_k=s,
-                                                              split_k_inline=inline))
+                                        out.append(
+                                            TileConfig(
+                                                bm, bn, bk, 8, warps, stages, split_k=s, split_k_inline=inline
+                                            )
+                                        )
     else:
-        for bm, bn, bk, warps, stages in [(64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
-                                          (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3),
-                                          (64, 256, 64, 4, 4), (128, 128, 128, 8, 3)]:
+        for bm, bn, bk, warps, stages in [
+            (64, 64, 64, 4, 4),
+            (64, 128, 64, 4, 4),
+            (128, 64, 64, 4, 4),
+            (128, 128, 64, 8, 4),
+            (128, 128, 64, 4, 4),
+            (128, 256, 64, 8, 3),
+            (64, 256, 64, 4, 4),
+            (128, 128, 128, 8, 3),
+        ]:
             tiles = -(-m // bm) * -(-n // bn)
             for s in _splits_for(tiles, -(-k // bk), sm) + [2, 3]:
                 if s == 1:
@@ -194,9 +263,25 @@ def _compile_worker(jobs):
 def _compile_key(shape, cfg):
     """What Triton specializes a launch on, roughly: the config (split count aside), M == 1, ragged K, layout."""
     m, n, k, layout = shape
-    return (cfg.gemv, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.split_k > 1,
-            cfg.split_k_inline, cfg.stream_k, cfg.tma, cfg.persistent, cfg.group_m, cfg.warp_specialize,
-            cfg.epilogue_subtile, m == 1, k % cfg.block_k == 0, layout)
+    return (
+        cfg.gemv,
+        cfg.block_m,
+        cfg.block_n,
+        cfg.block_k,
+        cfg.num_warps,
+        cfg.num_stages,
+        cfg.split_k > 1,
+        cfg.split_k_inline,
+        cfg.stream_k,
+        cfg.tma,
+        cfg.persistent,
+        cfg.group_m,
+        cfg.warp_specialize,
+        cfg.epilogue_subtile,
+        m == 1,
+        k % cfg.block_k == 0,
+        layout,
+    )
 
 
 def precompile(plan, jobs: int) -> None:
@@ -232,8 +317,13 @@ def save(rows, out_dir, sm):
     import pandas as pd
 
     props = torch.cuda.get_device_properties(0)
-    df = pd.DataFrame(rows).assign(gpu=props.name, sm_count=sm, torch=torch.__version__,
-                                   triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S"))
+    df = pd.DataFrame(rows).assign(
+        gpu=props.name,
+        sm_count=sm,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        date=time.strftime("%Y-%m-%d %H:%M:%S"),
+    )
     os.makedirs(out_dir, exist_ok=True)
     df.to_csv(os.path.join(out_dir, "sweep_skinny.csv"), index=False)
     return df
@@ -252,11 +342,17 @@ def main() -> int:
     groups = args.groups.split(",")
     plan = []
     for g in groups:
-        shapes = {"decode": decode_shapes, "longk": longk_shapes, "small": small_shapes, "gemv": gemv_shapes,
-                  "gemv_narrow": gemv_shapes, "wave": wave_shapes,
-                  "tail": tail_shapes,
-                  "backward": backward_shapes,
-                  "tma_streamk": tma_streamk_shapes}[g]()
+        shapes = {
+            "decode": decode_shapes,
+            "longk": longk_shapes,
+            "small": small_shapes,
+            "gemv": gemv_shapes,
+            "gemv_narrow": gemv_shapes,
+            "wave": wave_shapes,
+            "tail": tail_shapes,
+            "backward": backward_shapes,
+            "tma_streamk": tma_streamk_shapes,
+        }[g]()
         if args.mlist and g == "decode":
             keep = {int(x) for x in args.mlist.split(",")}
             shapes = [s for s in shapes if s[0] in keep]
@@ -270,8 +366,10 @@ def main() -> int:
     for idx, ((m, n, k, layout), group, cfgs) in enumerate(plan):
         nbytes = (m * k + k * n + m * n) * 2
         nsets = max(2, min(16, int(150e6 // nbytes) + 1))
-        sets = [(operand(m, k, layout[0], torch.float16), operand(k, n, layout[1], torch.float16))
-                for _ in range(nsets)]
+        sets = [
+            (operand(m, k, layout[0], torch.float16), operand(k, n, layout[1], torch.float16))
+            for _ in range(nsets)
+        ]
         ref = torch.matmul(*sets[0]).double()
         base = dict(group=group, m=m, n=n, k=k, layout=layout, dtype="fp16", copy_gbps=bw)
         t_cublas = bench(rotating(torch.matmul, sets))
@@ -281,8 +379,10 @@ def main() -> int:
         # full wave (the default), and the partial wave alone.
         variants = [(cfg, None) for cfg in [None] + cfgs] + [(c, 0) for c in cfgs if c.stream_k]
         for cfg, extra_waves in variants:
+
             def f(a, b, c=cfg):
                 return tritongemm.matmul(a, b, config=c)
+
             name = "heuristic" if cfg is None else cfg.short()
             default_waves = tritongemm.heuristics.STREAM_K_EXTRA_WAVES
             if extra_waves is not None:
@@ -303,22 +403,42 @@ def main() -> int:
                     tritongemm.heuristics.STREAM_K_EXTRA_WAVES = default_waves
                     tritongemm.clear_plan_cache()
             c = heur if cfg is None else cfg
-            rows.append(dict(base, impl=name, ms=ms, ratio=t_cublas / ms, gbps=nbytes / ms * 1e-6,
-                             block_m=c.block_m, block_n=c.block_n, block_k=c.block_k, warps=c.num_warps,
-                             stages=c.num_stages, split_k=c.split_k, inline=c.split_k_inline,
-                             stream_k=c.stream_k, tma=c.tma, gemv=c.gemv))
-        timed = [r for r in rows[-len(variants):] if "ratio" in r] or [dict(ratio=float("nan"), impl="-")]
+            rows.append(
+                dict(
+                    base,
+                    impl=name,
+                    ms=ms,
+                    ratio=t_cublas / ms,
+                    gbps=nbytes / ms * 1e-6,
+                    block_m=c.block_m,
+                    block_n=c.block_n,
+                    block_k=c.block_k,
+                    warps=c.num_warps,
+                    stages=c.num_stages,
+                    split_k=c.split_k,
+                    inline=c.split_k_inline,
+                    stream_k=c.stream_k,
+                    tma=c.tma,
+                    gemv=c.gemv,
+                )
+            )
+        timed = [r for r in rows[-len(variants) :] if "ratio" in r] or [dict(ratio=float("nan"), impl="-")]
         best = max(timed, key=lambda r: r["ratio"])
-        heur_row = next(r for r in rows[-len(variants):] if r["impl"] == "heuristic")
-        print(f"[{idx + 1}/{len(plan)} {time.time() - t0:.0f}s] {m}x{n}x{k} {layout}: cublas {t_cublas * 1e3:.1f}us "
-              f"heur {heur_row.get('ratio', float('nan')):.3f} best {best['ratio']:.3f} {best['impl']}", flush=True)
+        heur_row = next(r for r in rows[-len(variants) :] if r["impl"] == "heuristic")
+        print(
+            f"[{idx + 1}/{len(plan)} {time.time() - t0:.0f}s] {m}x{n}x{k} {layout}: cublas {t_cublas * 1e3:.1f}us "
+            f"heur {heur_row.get('ratio', float('nan')):.3f} best {best['ratio']:.3f} {best['impl']}",
+            flush=True,
+        )
         del sets
         if idx % 4 == 3 or idx == len(plan) - 1:  # partial results survive a time-out
             df = save(rows, args.out, sm)
     ok = df[df.impl != "cublas"].dropna(subset=["ratio"])
     best = ok.sort_values("ratio", ascending=False).groupby(["group", "m", "n", "k"]).head(1)
     heur = ok[ok.impl == "heuristic"].set_index(["group", "m", "n", "k"]).ratio
-    best = best.assign(heur=[heur.get((g, m, n, k)) for g, m, n, k in zip(best.group, best.m, best.n, best.k)])
+    best = best.assign(
+        heur=[heur.get((g, m, n, k)) for g, m, n, k in zip(best.group, best.m, best.n, best.k)]
+    )
     best = best.dropna(subset=["heur"])
     wave = ok[ok.group.isin(["wave", "tma_streamk"])]
     if len(wave):
@@ -327,14 +447,20 @@ def main() -> int:
         sliced = wave[~wave.impl.str.contains("streamk")].set_index(["m", "n", "k", "impl"]).ms
         sk = wave[wave.impl.str.contains("streamk")]
         sk = sk.assign(tile=sk.impl.str.replace(r"[ +]streamk.*", "", regex=True))
-        sk = sk.assign(speedup=[sliced.get((m, n, k, t), float("nan")) / ms
-                                for m, n, k, t, ms in zip(sk.m, sk.n, sk.k, sk.tile, sk.ms)])
+        sk = sk.assign(
+            speedup=[
+                sliced.get((m, n, k, t), float("nan")) / ms
+                for m, n, k, t, ms in zip(sk.m, sk.n, sk.k, sk.tile, sk.ms)
+            ]
+        )
         print(sk[["m", "n", "k", "impl", "ratio", "speedup"]].to_string(index=False, float_format="%.3f"))
     for g, sub in best.groupby("group"):
         gm_best = math.exp(sum(math.log(r) for r in sub.ratio) / len(sub))
         gm_heur = math.exp(sum(math.log(r) for r in sub.heur) / len(sub))
         print(f"\n{g}: geomean best {gm_best:.3f}, heuristic {gm_heur:.3f}")
-        print(sub[["m", "n", "k", "impl", "ratio", "heur", "gbps"]].to_string(index=False, float_format="%.3f"))
+        print(
+            sub[["m", "n", "k", "impl", "ratio", "heur", "gbps"]].to_string(index=False, float_format="%.3f")
+        )
     return 0
 
 

@@ -89,7 +89,9 @@ class TinyLM(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def greedy_full_recompute(model: nn.Module, prompt: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_full_recompute(
+    model: nn.Module, prompt: torch.Tensor, steps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy decoding without a KV cache: (new tokens (B, steps), their logits (steps, B, vocab) in fp32)."""
     ids = prompt
     tokens, scores = [], []

@@ -73,7 +73,9 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin):
         bsz, seq, _ = x.shape
-        q, k, v = (w(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k, v = (
+            w(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
+        )
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -123,17 +125,28 @@ def tp_plan(sequence_parallel: bool) -> dict:
 
     out = Shard(1) if sequence_parallel else Replicate()
     plan = {
-        "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=out),
-        "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w3": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=out),
     }
     if sequence_parallel:
-        gather = PrepareModuleInput(input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None))
-        plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
-                     "attention": gather,
-                     "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
-                                                        desired_input_layouts=(Replicate(),))})
+        gather = PrepareModuleInput(
+            input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
+        )
+        plan.update(
+            {
+                "attention_norm": SequenceParallel(),
+                "ffn_norm": SequenceParallel(),
+                "attention": gather,
+                "feed_forward": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+            }
+        )
     return plan
 
 
@@ -187,7 +200,9 @@ def run(args) -> list[dict]:
     from benchmarks import harness
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if args.backend == "nccl" else torch.device("cpu")
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if args.backend == "nccl" else torch.device("cpu")
+    )
     dtype = DTYPES[args.dtype]
     mesh = init_device_mesh(device.type, (world,))
 
@@ -251,11 +266,15 @@ def run(args) -> list[dict]:
         for _ in range(args.rounds):  # interleaved, so drift (clocks, heat) hits both variants alike
             for name, step in per_variant.items():
                 if checked[name] <= tol:
-                    samples.setdefault((workload, name), []).extend(_slowest_rank_ms(step, device, args.iters))
+                    samples.setdefault((workload, name), []).extend(
+                        _slowest_rank_ms(step, device, args.iters)
+                    )
 
     tokens = args.batch * args.seq
-    case = (f"h{args.hidden} ffn{args.ffn} heads{args.heads}/{args.kv_heads} b{args.batch} s{args.seq} "
-            f"tp{world}{'+sp' if args.sequence_parallel else ''}")
+    case = (
+        f"h{args.hidden} ffn{args.ffn} heads{args.heads}/{args.kv_heads} b{args.batch} s{args.seq} "
+        f"tp{world}{'+sp' if args.sequence_parallel else ''}"
+    )
     rows = []
     for workload in steps:
         for name in variants:
@@ -263,19 +282,33 @@ def run(args) -> list[dict]:
             times = samples.get((workload, name), [])
             ms = statistics.median(times) if ok else None
             flops = _block_flops(args, tokens) * (3 if workload == "train step" else 1)
-            rows.append({
-                "suite": "tp", "group": f"llama block {workload}", "case": case, "x": tokens,
-                "x_label": "tokens (batch x sequence)", "dtype": args.dtype, "backward": workload == "train step",
-                "impl": f"{name} TP", "family": "cublas" if name == "torch" else "tritongemm",
-                "variant": f"tp{world}{'+sp' if args.sequence_parallel else ''}",
-                "status": "ok" if ok else "failed_gate",
-                "message": "" if ok else f"differs from the stock block by {checked[name]:.3g} > {tol:.3g}",
-                "rel_err": checked[name], "tol": tol,
-                "ms": ms, "ms_p20": _quantile(times, 0.2) if ok else None,
-                "ms_p80": _quantile(times, 0.8) if ok else None,
-                "flops": flops, "tflops": flops / ms / 1e9 if ok else None,
-                "tokens_per_s": tokens / ms * 1000 if ok else None, "world_size": world,
-            })
+            rows.append(
+                {
+                    "suite": "tp",
+                    "group": f"llama block {workload}",
+                    "case": case,
+                    "x": tokens,
+                    "x_label": "tokens (batch x sequence)",
+                    "dtype": args.dtype,
+                    "backward": workload == "train step",
+                    "impl": f"{name} TP",
+                    "family": "cublas" if name == "torch" else "tritongemm",
+                    "variant": f"tp{world}{'+sp' if args.sequence_parallel else ''}",
+                    "status": "ok" if ok else "failed_gate",
+                    "message": ""
+                    if ok
+                    else f"differs from the stock block by {checked[name]:.3g} > {tol:.3g}",
+                    "rel_err": checked[name],
+                    "tol": tol,
+                    "ms": ms,
+                    "ms_p20": _quantile(times, 0.2) if ok else None,
+                    "ms_p80": _quantile(times, 0.8) if ok else None,
+                    "flops": flops,
+                    "tflops": flops / ms / 1e9 if ok else None,
+                    "tokens_per_s": tokens / ms * 1000 if ok else None,
+                    "world_size": world,
+                }
+            )
     for row in rows:
         base = next(r for r in rows if r["group"] == row["group"] and r["family"] == "cublas")
         if row["ms"] and base["ms"]:
@@ -296,8 +329,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=5, help="timed steps per variant per round")
-    parser.add_argument("--smoke", action="store_true",
-                        help="CPU, gloo, Triton's interpreter, tiny sizes: checks the script runs")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU, gloo, Triton's interpreter, tiny sizes: checks the script runs",
+    )
     parser.add_argument("--out", default=None, help="results folder (default benchmarks/results/<gpu>/tp)")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -331,8 +367,15 @@ def _report(rows: list[dict], args) -> None:
     env = harness.environment("cuda" if args.backend == "nccl" else "cpu")
     out_dir = Path(args.out) if args.out else harness.default_results_dir(env) / "tp"
     csv = harness.write_results(rows, out_dir / ("tp_sp.csv" if args.sequence_parallel else "tp.csv"), env)
-    columns = [("group", "workload"), ("impl", "impl"), ("status", "status"), ("ms", "ms"),
-               ("tokens_per_s", "tokens/s"), ("speedup_vs_cublas", "vs torch TP"), ("rel_err", "rel err")]
+    columns = [
+        ("group", "workload"),
+        ("impl", "impl"),
+        ("status", "status"),
+        ("ms", "ms"),
+        ("tokens_per_s", "tokens/s"),
+        ("speedup_vs_cublas", "vs torch TP"),
+        ("rel_err", "rel err"),
+    ]
     shown = [{k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
     print(harness.format_table(shown, columns))
     print(f"wrote {csv}")

@@ -58,8 +58,10 @@ def pytest_collection_modifyitems(config, items):
     # A skip with its reason rather than a deselection: xdist's summary does not count
     # deselected tests, and a user should see what the default run leaves out.
     if "slow" not in (config.option.markexpr or ""):
-        slow = pytest.mark.skip(reason="slow: a full-size variant of a case checked more cheaply; "
-                                       "run with `make test-slow` or `pytest -m slow`")
+        slow = pytest.mark.skip(
+            reason="slow: a full-size variant of a case checked more cheaply; "
+            "run with `make test-slow` or `pytest -m slow`"
+        )
         for item in items:
             if "slow" in item.keywords:
                 item.add_marker(slow)
@@ -76,7 +78,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def device() -> torch.device:
-    """"cuda" when Triton compiles for the GPU, else "cpu" (Triton's interpreter)."""
+    """ "cuda" when Triton compiles for the GPU, else "cpu" (Triton's interpreter)."""
     return default_device()
 
 
@@ -100,8 +102,16 @@ def plans(monkeypatch):
     def spy(call, a, b, out, *rest):
         if out.numel() > 0:
             chosen = launch.plan_for(call, a, b, out)
-            records.append(dict(config=chosen.config, kernel=chosen.kernel, M=a.shape[-2], N=b.shape[-1],
-                                K=a.shape[-1], dtype=a.dtype))
+            records.append(
+                dict(
+                    config=chosen.config,
+                    kernel=chosen.kernel,
+                    M=a.shape[-2],
+                    N=b.shape[-1],
+                    K=a.shape[-1],
+                    dtype=a.dtype,
+                )
+            )
         return real_gemm(call, a, b, out, *rest)
 
     monkeypatch.setattr(launch, "gemm", spy)

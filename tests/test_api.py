@@ -205,7 +205,11 @@ def test_config_and_pipeline_keywords(fn, device, plans):
         "addmm": lambda **kw: tritongemm.addmm(bias, a, b, **kw),
         "linear": lambda **kw: tritongemm.linear(a, b.t(), bias, **kw),
     }[fn]
-    ref = torch.addmm(bias.double(), a.double(), b.double()) if fn in ("addmm", "linear") else a.double() @ b.double()
+    ref = (
+        torch.addmm(bias.double(), a.double(), b.double())
+        if fn in ("addmm", "linear")
+        else a.double() @ b.double()
+    )
     assert_close(call(config=cfg.to_dict(), pipeline="double_buffer"), ref)
     assert plans[-1]["config"] == cfg.with_pipeline("double_buffer")
 
@@ -302,8 +306,11 @@ def test_out_folded_batch_non_contiguous(device):
     assert_close(out, a.double() @ b.double())
 
 
-@pytest.mark.parametrize("a_shape, b_shape", [((17,), (17, 9)), ((9, 17), (17,)), ((3, 9, 17), (17,))],
-                         ids=["vec.mat", "mat.vec", "batch.vec"])
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [((17,), (17, 9)), ((9, 17), (17,)), ((3, 9, 17), (17,))],
+    ids=["vec.mat", "mat.vec", "batch.vec"],
+)
 def test_out_matmul_1d_operand(a_shape, b_shape, device):
     dtype = torch.float32
     a, b = random_tensor(a_shape, dtype, device), random_tensor(b_shape, dtype, device)
@@ -337,9 +344,16 @@ def test_out_empty_is_resized(device):
 # ----------------------------------------------------------------------------------
 # out_dtype: fp32 results from 16-bit operands
 # ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("in_dtype, out_dtype", [(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
-                                                 (torch.float32, torch.float16), (torch.float64, torch.float32)],
-                         ids=["fp16-fp32", "bf16-fp32", "fp32-fp16", "fp64-fp32"])
+@pytest.mark.parametrize(
+    "in_dtype, out_dtype",
+    [
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.float16),
+        (torch.float64, torch.float32),
+    ],
+    ids=["fp16-fp32", "bf16-fp32", "fp32-fp16", "fp64-fp32"],
+)
 def test_out_dtype(in_dtype, out_dtype, device):
     a, b = _grad(*make_operands(17, 19, 40, "NT", in_dtype, device))
     out = tritongemm.matmul(a, b, out_dtype=out_dtype)

@@ -35,7 +35,11 @@ GRADCHECK_CASES = {
     "mm": (tritongemm.mm, [(3, 4), (4, 5)], "TT"),
     "bmm": (tritongemm.bmm, [(2, 3, 4), (2, 4, 2)], "NT"),
     "addmm": (lambda i, a, b: tritongemm.addmm(i, a, b, beta=0.5, alpha=-1.5), [(5,), (3, 4), (4, 5)], "NNT"),
-    "baddbmm": (lambda i, a, b: tritongemm.baddbmm(i, a, b, beta=2, alpha=0.5), [(2, 3, 2), (2, 3, 4), (2, 4, 2)], "NTN"),
+    "baddbmm": (
+        lambda i, a, b: tritongemm.baddbmm(i, a, b, beta=2, alpha=0.5),
+        [(2, 3, 2), (2, 3, 4), (2, 4, 2)],
+        "NTN",
+    ),
     "linear": (tritongemm.linear, [(2, 3, 4), (5, 4), (5,)], "NNN"),
     "linear-nobias": (tritongemm.linear, [(3, 4), (5, 4)], "NN"),
 }
@@ -126,9 +130,7 @@ def test_backward_under_each_pipeline(variant, device):
     bias = random_tensor((13,), torch.bfloat16, device)
     for t in (a, b, bias):
         t.requires_grad_(True)
-    assert_matches_reference(
-        tritongemm.linear, F.linear, a, b.t(), bias, ours_kwargs=dict(pipeline=variant)
-    )
+    assert_matches_reference(tritongemm.linear, F.linear, a, b.t(), bias, ours_kwargs=dict(pipeline=variant))
 
 
 def test_double_backward_values(device):
@@ -161,12 +163,19 @@ def test_gradient_of_a_transposed_operand_keeps_its_layout(which, device):
     a = random_tensor((24, 40), torch.float32, device)
     b = random_tensor((17, 40), torch.float32, device).mT  # (40, 17), column-major
     if which == "input":
-        a, b = random_tensor((40, 24), torch.float32, device).mT, random_tensor((40, 17), torch.float32, device)
+        a, b = (
+            random_tensor((40, 24), torch.float32, device).mT,
+            random_tensor((40, 17), torch.float32, device),
+        )
     grad_out = random_tensor((24, 17), torch.float32, device)
     from tritongemm.call import GemmCall
 
-    ctx = SimpleNamespace(call=GemmCall(), needs_input_grad=(True, True, False, False),
-                          a_transposed=which == "input", b_transposed=which == "weight")
+    ctx = SimpleNamespace(
+        call=GemmCall(),
+        needs_input_grad=(True, True, False, False),
+        a_transposed=which == "input",
+        b_transposed=which == "weight",
+    )
     with torch.no_grad():
         grad_a, grad_b, _, _ = _backward_gemms(ctx, grad_out, a, b, None)
     assert_close(grad_a, grad_out.double() @ b.double().mT)
@@ -180,7 +189,9 @@ def test_forward_records_transposed_operands(device):
 
     w = random_tensor((17, 40), torch.float32, device)
     assert _is_transposed_view(w.mT) and not _is_transposed_view(w)
-    assert not _is_transposed_view(random_tensor((1, 40), torch.float32, device).mT)  # a vector: either layout
+    assert not _is_transposed_view(
+        random_tensor((1, 40), torch.float32, device).mT
+    )  # a vector: either layout
     lin = torch.nn.Linear(40, 17).to(device)
     x = random_tensor((5, 40), torch.float32, device)  # no grad: only weight's gradient is computed
     tritongemm.linear(x, lin.weight, lin.bias).sum().backward()

@@ -29,9 +29,20 @@ from tritongemm.testing import MAX_ROTATION_COPIES
 REPO = Path(__file__).resolve().parent.parent
 
 ENV = {
-    "gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132, "capability": "9.0", "l2_mb": 50.0,
-    "gpu_memory_gb": 85.0, "driver": "580.159.04", "cuda": "13.0", "torch": "2.11.0", "triton": "3.6.0",
-    "python": "3.12.3", "tritongemm": "0.1.0", "git": "abc1234", "tf32": False, "triton_interpret": "0",
+    "gpu": "NVIDIA H100 80GB HBM3",
+    "sm_count": 132,
+    "capability": "9.0",
+    "l2_mb": 50.0,
+    "gpu_memory_gb": 85.0,
+    "driver": "580.159.04",
+    "cuda": "13.0",
+    "torch": "2.11.0",
+    "triton": "3.6.0",
+    "python": "3.12.3",
+    "tritongemm": "0.1.0",
+    "git": "abc1234",
+    "tf32": False,
+    "triton_interpret": "0",
     "date": "2026-11-23T00:00:00+00:00",
 }
 
@@ -41,8 +52,14 @@ ENV = {
 # ----------------------------------------------------------------------------------
 def _fake_tflops(impl: str, case: Case) -> float:
     """A plausible, deterministic rate: grows with size, differs per implementation."""
-    base = {"cublas": 600.0, "torch.compile": 580.0, "tritongemm": 540.0, "tritongemm:single_stage": 250.0,
-            "tritongemm:double_buffer": 420.0, "tritongemm:multi_stage": 550.0}.get(impl, 400.0)
+    base = {
+        "cublas": 600.0,
+        "torch.compile": 580.0,
+        "tritongemm": 540.0,
+        "tritongemm:single_stage": 250.0,
+        "tritongemm:double_buffer": 420.0,
+        "tritongemm:multi_stage": 550.0,
+    }.get(impl, 400.0)
     scale = min(1.0, math.log2(max(case.m * case.n * case.k, 2)) / 39)
     return base * scale + (len(impl) % 7)
 
@@ -50,8 +67,15 @@ def _fake_tflops(impl: str, case: Case) -> float:
 def _rows_for(case: Case, dtype: torch.dtype, impls: list[tuple[str, str, str, object]]) -> list[dict]:
     rows = []
     for name, family, variant, cfg in impls:
-        row = {**harness._base_row(case, dtype), "impl": name, "family": family, "variant": variant,
-               "n_copies": 4, "rel_err": 1e-4, "tol": 1e-2}
+        row = {
+            **harness._base_row(case, dtype),
+            "impl": name,
+            "family": family,
+            "variant": variant,
+            "n_copies": 4,
+            "rel_err": 1e-4,
+            "tol": 1e-2,
+        }
         row.update(harness._config_columns(cfg))
         if cfg is not None and not _fits(cfg, dtype):
             row.update(status=harness.INVALID, message="exceeds the shared-memory budget")
@@ -70,17 +94,38 @@ def _fits(cfg: tritongemm.TileConfig, dtype: torch.dtype) -> bool:
         return False
 
 
-BASELINES = [("cublas", "cublas", "torch.matmul", None), ("tritongemm", "tritongemm", "heuristic", None),
-             ("torch.compile", "torch.compile", "max-autotune-no-cudagraphs", None)]
+BASELINES = [
+    ("cublas", "cublas", "torch.matmul", None),
+    ("tritongemm", "tritongemm", "heuristic", None),
+    ("torch.compile", "torch.compile", "max-autotune-no-cudagraphs", None),
+]
 PIPES = [(f"tritongemm:{p}", "tritongemm", p, None) for p in tritongemm.PIPELINES]
 
 
 def synthetic_rows() -> list[dict]:
     rows = [
-        {"suite": "ceiling", "group": "ceiling", "case": "d2d copy 1024 MiB", "impl": "torch.Tensor.copy_",
-         "family": "ceiling", "variant": "copy_bandwidth", "status": "ok", "gbps": 3000.0, "ms": 0.7},
-        {"suite": "ceiling", "group": "ceiling", "case": "cublas 8192^3 bf16", "impl": "cublas",
-         "family": "ceiling", "variant": "matmul_peak", "status": "ok", "tflops": 790.0, "ms": 1.4},
+        {
+            "suite": "ceiling",
+            "group": "ceiling",
+            "case": "d2d copy 1024 MiB",
+            "impl": "torch.Tensor.copy_",
+            "family": "ceiling",
+            "variant": "copy_bandwidth",
+            "status": "ok",
+            "gbps": 3000.0,
+            "ms": 0.7,
+        },
+        {
+            "suite": "ceiling",
+            "group": "ceiling",
+            "case": "cublas 8192^3 bf16",
+            "impl": "cublas",
+            "family": "ceiling",
+            "variant": "matmul_peak",
+            "status": "ok",
+            "tflops": 790.0,
+            "ms": 1.4,
+        },
     ]
     for dtype in (torch.float16, torch.bfloat16):
         for case in suites.square_cases():
@@ -88,12 +133,16 @@ def synthetic_rows() -> list[dict]:
     for case in suites.llm_cases()[:6] + suites.decode_cases()[:6]:
         rows += _rows_for(case, torch.float16, BASELINES + PIPES)
     for case in suites.stages_cases():
-        stage_impls = [(f"tritongemm:stages={s}", "tritongemm", "stages", cfg)
-                       for s, cfg in suites.stage_configs(torch.float16)]
+        stage_impls = [
+            (f"tritongemm:stages={s}", "tritongemm", "stages", cfg)
+            for s, cfg in suites.stage_configs(torch.float16)
+        ]
         rows += _rows_for(case, torch.float16, BASELINES[:1] + stage_impls)
     for case in suites.hierarchy_cases():
-        grid = [(f"tritongemm:{c.block_m}x{c.block_n}w{c.num_warps}", "tritongemm", "hierarchy", c)
-                for c in suites.hierarchy_configs(torch.float16)]
+        grid = [
+            (f"tritongemm:{c.block_m}x{c.block_n}w{c.num_warps}", "tritongemm", "hierarchy", c)
+            for c in suites.hierarchy_configs(torch.float16)
+        ]
         rows += _rows_for(case, torch.float16, BASELINES[:1] + grid)
     for case in suites.backward_cases()[:3]:
         rows += _rows_for(case, torch.bfloat16, BASELINES)
@@ -102,12 +151,16 @@ def synthetic_rows() -> list[dict]:
         rows += _rows_for(case, torch.float16, BASELINES[:2] + decomps)
     for case in suites.square_cases()[2:4]:  # a config sweep: the heuristic and two fixed configs
         sweep = [("cublas", "cublas", "torch.matmul", None), ("tritongemm", "tritongemm", "heuristic", None)]
-        sweep += [(f"tritongemm:{c.short()}", "tritongemm", "sweep", c)
-                  for c in (tritongemm.TileConfig(64, 64, 32), tritongemm.TileConfig(128, 128, 64, num_warps=8))]
+        sweep += [
+            (f"tritongemm:{c.short()}", "tritongemm", "sweep", c)
+            for c in (tritongemm.TileConfig(64, 64, 32), tritongemm.TileConfig(128, 128, 64, num_warps=8))
+        ]
         rows += [{**r, "suite": "sweep", "group": "small"} for r in _rows_for(case, torch.float16, sweep)]
     for case in quick.quick_cases():
         for dtype in quick.QUICK_DTYPES:
-            impls = BASELINES[:2] + (PIPES if case.m == quick.PIPELINE_SIZE and dtype == torch.float16 else [])
+            impls = BASELINES[:2] + (
+                PIPES if case.m == quick.PIPELINE_SIZE and dtype == torch.float16 else []
+            )
             rows += [{**r, "suite": "quick"} for r in _rows_for(case, dtype, impls)]
     harness._finish_rows(rows)
     return rows
@@ -125,10 +178,24 @@ def synthetic_csv(tmp_path_factory) -> Path:
 def test_plot_all_writes_every_figure_from_csv_alone(synthetic_csv, tmp_path):
     files = plots.plot_all([synthetic_csv], tmp_path / "figs")
     names = {f.name for f in files}
-    expected = {"square_tflops.png", "square_speedup.png", "llm_tflops.png", "llm_speedup.png",
-                "decode_gbps.png", "decode_speedup.png", "backward_tflops.png", "backward_speedup.png",
-                "decomposition_tflops.png", "decomposition_speedup.png", "stages_ladder.png",
-                "hierarchy_heatmap.png", "sweep_best.png", "roofline.png", "vs_torch_compile.png", "quick.png"}
+    expected = {
+        "square_tflops.png",
+        "square_speedup.png",
+        "llm_tflops.png",
+        "llm_speedup.png",
+        "decode_gbps.png",
+        "decode_speedup.png",
+        "backward_tflops.png",
+        "backward_speedup.png",
+        "decomposition_tflops.png",
+        "decomposition_speedup.png",
+        "stages_ladder.png",
+        "hierarchy_heatmap.png",
+        "sweep_best.png",
+        "roofline.png",
+        "vs_torch_compile.png",
+        "quick.png",
+    }
     assert expected <= names, expected - names
     for f in files:
         assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 5000, f
@@ -199,8 +266,11 @@ def test_roofline_roof_is_the_datasheet_peak_and_the_measured_copy(synthetic_csv
     assert any(list(line.get_ydata()) == [790.0, 790.0] for line in ax.get_lines())  # cuBLAS, measured
     assert plots.datasheet_peak("NVIDIA H100 PCIe") == (756.0, "H100 PCIe")
     unknown = df.assign(env_gpu="Some Future GPU")
-    roof = next(line for line in plots.fig_roofline(unknown).axes[0].get_lines()
-                if line.get_label().startswith("roof"))
+    roof = next(
+        line
+        for line in plots.fig_roofline(unknown).axes[0].get_lines()
+        if line.get_label().startswith("roof")
+    )
     assert max(roof.get_ydata()) == pytest.approx(790.0) and "no datasheet entry" in roof.get_label()
     no_ceilings = df[df["suite"] != "ceiling"]
     assert "not drawn" in plots.fig_roofline(no_ceilings).axes[0].get_title()
@@ -239,7 +309,9 @@ def test_cli_plot_regenerates_figures(synthetic_csv, tmp_path, capsys):
     assert cli_main(["plot", str(small), "--out", str(tmp_path / "figs")]) == 0
     assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["roofline.png", "stages_ladder.png"]
     assert "wrote" in capsys.readouterr().out
-    assert cli_main(["plot", str(synthetic_csv), "--out", str(tmp_path / "only"), "--figures", "speedup"]) == 0
+    assert (
+        cli_main(["plot", str(synthetic_csv), "--out", str(tmp_path / "only"), "--figures", "speedup"]) == 0
+    )
     assert {p.name.rsplit("_", 1)[-1] for p in (tmp_path / "only").iterdir()} == {"speedup.png"}
 
 
@@ -254,8 +326,12 @@ def test_cli_plot_names_a_file_it_cannot_plot_in_one_line(synthetic_csv, tmp_pat
     assert str(other) in err[0] and "not a benchmarks results CSV" in err[0] and "suite" in err[0]
     assert str(missing) in err[1] and "no such file" in err[1]
     # a good file beside a bad one: its figures are written, and the status still says something was skipped
-    assert cli_main(["plot", str(synthetic_csv), str(other), "--out", str(tmp_path / "some"),
-                     "--figures", "ladder"]) == 1
+    assert (
+        cli_main(
+            ["plot", str(synthetic_csv), str(other), "--out", str(tmp_path / "some"), "--figures", "ladder"]
+        )
+        == 1
+    )
     out = capsys.readouterr()
     assert "stages_ladder.png" in out.out and out.err.count("\n") == 1
 
@@ -335,6 +411,7 @@ def _counting(fn, seen: list):
     def impl(a, b):
         seen.append(a.data_ptr())
         return fn(a, b)
+
     return impl
 
 
@@ -357,12 +434,22 @@ def test_run_cases_interleaves_timing_rounds(monkeypatch):
 
     monkeypatch.setattr(harness, "time_samples", fake_samples)
     impls = [suites.cublas(), Impl("other", "test", torch.matmul)]
-    rows = harness.run_cases([case], [torch.float32], lambda c, d: impls, suites.cublas(), device="cpu",
-                             rep_ms=3, progress=False, rounds=3)
+    rows = harness.run_cases(
+        [case],
+        [torch.float32],
+        lambda c, d: impls,
+        suites.cublas(),
+        device="cpu",
+        rep_ms=3,
+        progress=False,
+        rounds=3,
+    )
     first_seen = list(dict.fromkeys(timed))
     assert [first_seen.index(s) for s in timed] == [0, 1, 1, 0, 0, 1]
     by_impl = {r["impl"]: r for r in rows}
-    assert by_impl["cublas"]["ms"] == 4.0 and by_impl["other"]["ms"] == 3.0  # medians of (1, 4, 5) and (2, 3, 6)
+    assert (
+        by_impl["cublas"]["ms"] == 4.0 and by_impl["other"]["ms"] == 3.0
+    )  # medians of (1, 4, 5) and (2, 3, 6)
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
@@ -370,8 +457,16 @@ def test_run_cases_gates_before_timing_and_rotates_inputs(backward):
     case = Case("test", "tiny", "48x40x64", 48, 40, 64, "NT", backward=backward)
     seen: list = []
     set_bytes = harness.input_set_bytes(case, torch.float32)
-    rows = harness.run_cases([case], [torch.float32], lambda c, d: _cpu_impls(c, d, seen), suites.cublas(),
-                             device="cpu", rep_ms=30, l2_bytes=4 * set_bytes, progress=False)
+    rows = harness.run_cases(
+        [case],
+        [torch.float32],
+        lambda c, d: _cpu_impls(c, d, seen),
+        suites.cublas(),
+        device="cpu",
+        rep_ms=30,
+        l2_bytes=4 * set_bytes,
+        progress=False,
+    )
     by_impl = {r["impl"]: r for r in rows}
     assert by_impl["cublas"]["status"] == "ok" and by_impl["cublas"]["ms"] > 0
     assert by_impl["cublas"]["n_copies"] == 8 and by_impl["cublas"]["backward"] == backward
@@ -397,10 +492,14 @@ def test_run_cases_records_invalid_configs_and_errors():
     def boom(a, b):
         raise RuntimeError("kernel exploded")
 
-    impls = [suites.cublas(), Impl("boom", "test", boom),
-             suites.tritongemm_config("tritongemm:too_big", "stages", too_big)]
-    rows = harness.run_cases([case], [torch.float32], lambda c, d: impls, suites.cublas(), device="cpu",
-                             rep_ms=2, progress=False)
+    impls = [
+        suites.cublas(),
+        Impl("boom", "test", boom),
+        suites.tritongemm_config("tritongemm:too_big", "stages", too_big),
+    ]
+    rows = harness.run_cases(
+        [case], [torch.float32], lambda c, d: impls, suites.cublas(), device="cpu", rep_ms=2, progress=False
+    )
     by_impl = {r["impl"]: r for r in rows}
     assert by_impl["boom"]["status"] == "error" and "kernel exploded" in by_impl["boom"]["message"]
     big = by_impl["tritongemm:too_big"]
@@ -425,9 +524,17 @@ def test_run_cases_reports_progress(monkeypatch):
 def test_llama_presets_give_the_published_layer_shapes():
     l8, l70 = suites.LLAMA3["llama3-8b"], suites.LLAMA3["llama3-70b"]
     assert dict((p, (n, k)) for p, n, k in l8.projections()) == {
-        "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+        "qkv": (6144, 4096),
+        "o": (4096, 4096),
+        "gate_up": (28672, 4096),
+        "down": (4096, 14336),
+    }
     assert dict((p, (n, k)) for p, n, k in l70.projections()) == {
-        "qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)}
+        "qkv": (10240, 8192),
+        "o": (8192, 8192),
+        "gate_up": (57344, 8192),
+        "down": (8192, 28672),
+    }
 
 
 def test_llm_and_decode_cases():
@@ -456,10 +563,16 @@ def test_square_stages_hierarchy_backward_cases():
     assert {c.num_stages for c in grid} == {3} and len(grid) == 3 * 3 * 2
     assert all(c.backward for c in suites.backward_cases())
     dec = suites.decomposition_cases()
-    assert [(c.m, c.n, c.k) for c in dec] == [(512, 512, 65536), (1024, 1024, 32768), (896, 2432, 4096),
-                                              (1536, 1536, 8192)]
-    variants = [i.variant for i in suites.implementations(suites.SUITES["decomposition"], torch.float16,
-                                                          compile=False)]
+    assert [(c.m, c.n, c.k) for c in dec] == [
+        (512, 512, 65536),
+        (1024, 1024, 32768),
+        (896, 2432, 4096),
+        (1536, 1536, 8192),
+    ]
+    variants = [
+        i.variant
+        for i in suites.implementations(suites.SUITES["decomposition"], torch.float16, compile=False)
+    ]
     assert {"sliced_k", "split_k", "stream_k"} <= set(variants)
     for suite in suites.SUITES.values():
         labels = [c.label for c in suite.cases()]
@@ -470,8 +583,12 @@ def test_implementations_compare_baselines_and_variants():
     impls = suites.implementations(suites.SUITES["square"], torch.float16, compile=False)
     names = [i.name for i in impls]
     assert names[0] == "cublas"
-    assert {"tritongemm", "tritongemm:single_stage", "tritongemm:double_buffer",
-            "tritongemm:multi_stage"} <= set(names)
+    assert {
+        "tritongemm",
+        "tritongemm:single_stage",
+        "tritongemm:double_buffer",
+        "tritongemm:multi_stage",
+    } <= set(names)
     assert "torch.compile" not in names
     stages = suites.implementations(suites.SUITES["stages"], torch.float16, compile=False)
     assert [i.config.num_stages for i in stages if i.variant == "stages"] == [1, 2, 3, 4, 5]
@@ -514,13 +631,24 @@ def test_quick_reexecs_with_the_interpreter(tmp_path):
     """`python -m benchmarks quick` from a shell without TRITON_INTERPRET: it sets it itself."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITONGEMM_POISON_OUTPUTS")}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    probe = subprocess.run([sys.executable, "-c", _LOOP_PROBE], env={**env, "TRITON_INTERPRET": "1"},
-                           capture_output=True, text=True, timeout=120)
+    probe = subprocess.run(
+        [sys.executable, "-c", _LOOP_PROBE],
+        env={**env, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if "only 0-dimensional arrays can be converted" in probe.stderr:
         # Triton 3.6's interpreter with numpy >= 2.4 (the GPU image): tritongemm raises a clear error there.
         pytest.skip("this Triton's interpreter cannot loop over a runtime bound with this numpy")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "quick", "--out", str(tmp_path)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "NO GPU" in out and "54/54 checks passed" in out and "No timings" in out

@@ -45,8 +45,10 @@ def test_rejects_bad_fields(field, value, words):
     assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize("stages, name", [(1, "single_stage"), (2, "double_buffer"), (3, "multi_stage"),
-                                          (MAX_STAGES, "multi_stage")])
+@pytest.mark.parametrize(
+    "stages, name",
+    [(1, "single_stage"), (2, "double_buffer"), (3, "multi_stage"), (MAX_STAGES, "multi_stage")],
+)
 def test_pipeline_names(stages, name):
     assert TileConfig(num_stages=stages).pipeline == name
 
@@ -57,8 +59,12 @@ def test_pipelines_table_and_resolution():
     assert resolve_pipeline("double_buffer") == 2
     assert resolve_pipeline("multi_stage", default_multi=5) == 5
     assert resolve_pipeline(4) == 4
-    for bad, words in [("triple", "unknown pipeline"), (0, "stage count"), (MAX_STAGES + 1, "stage count"),
-                       (True, "name or a stage count")]:
+    for bad, words in [
+        ("triple", "unknown pipeline"),
+        (0, "stage count"),
+        (MAX_STAGES + 1, "stage count"),
+        (True, "name or a stage count"),
+    ]:
         with pytest.raises(ConfigError, match=words):
             resolve_pipeline(bad)
 
@@ -131,7 +137,11 @@ def test_describe_shows_every_level():
     lines = {line.split(":")[0].strip(): line for line in text.splitlines()[1:]}
     assert "128 x 256" in lines["CTA tile"] and "K step 64" in lines["CTA tile"]
     assert "GROUP_M=8" in lines["CTA tile"]
-    assert "8 warps" in lines["warp level"] and "2 x 4" in lines["warp level"] and "64 x 64" in lines["warp level"]
+    assert (
+        "8 warps" in lines["warp level"]
+        and "2 x 4" in lines["warp level"]
+        and "64 x 64" in lines["warp level"]
+    )
     assert "128 fp32 accumulators per thread" in lines["thread level"]
     smem_kib = 3 * (128 * 64 + 64 * 256) * 2 // 1024  # 144
     assert "multi_stage" in lines["pipeline"] and "num_stages=3" in lines["pipeline"]
@@ -231,8 +241,11 @@ def test_candidate_configs_float64_space_is_not_degenerate():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
-@pytest.mark.parametrize("shape", [(1, 1, 1), (17, 31, 65), (4096, 4096, 4096), (1, 11008, 4096)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 1, 1), (17, 31, 65), (4096, 4096, 4096), (1, 11008, 4096)],
+    ids=lambda s: "x".join(map(str, s)),
+)
 def test_heuristic_config_is_valid(shape, dtype):
     problem = GemmProblem(*shape, dtype=dtype)
     cfg = tritongemm.heuristic_config(problem, INTERPRETER_DEVICE)
@@ -246,8 +259,21 @@ GPUS = {
     "a100": DeviceInfo(name="A100", capability=(8, 0), sm_count=108, smem_per_block=166912),
     "small": SMALL_GPU,
 }
-GPU_SHAPES = [(1, 1, 1), (1, 7, 3), (1, 1, 4096), (1, 4096, 1), (2, 3, 5), (17, 31, 65), (64, 64, 16), (1, 11008, 4096),
-              (16, 4096, 4096), (128, 8192, 8192), (896, 2432, 4096), (512, 512, 65536), (4096, 4096, 4096)]
+GPU_SHAPES = [
+    (1, 1, 1),
+    (1, 7, 3),
+    (1, 1, 4096),
+    (1, 4096, 1),
+    (2, 3, 5),
+    (17, 31, 65),
+    (64, 64, 16),
+    (1, 11008, 4096),
+    (16, 4096, 4096),
+    (128, 8192, 8192),
+    (896, 2432, 4096),
+    (512, 512, 65536),
+    (4096, 4096, 4096),
+]
 
 
 @pytest.mark.parametrize("gpu", GPUS)

@@ -40,12 +40,17 @@ def test_split_k_matches_reference(device, shape, split_k, reduce):
 
 
 @pytest.mark.parametrize("reduce", REDUCE)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
-                         ids=["fp16", "bf16", "fp32", "fp64"])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float16, torch.bfloat16, torch.float32, torch.float64],
+    ids=["fp16", "bf16", "fp32", "fp64"],
+)
 @pytest.mark.parametrize("layout", ["NN", "TT", "SN"])
 def test_split_k_dtypes_and_layouts(device, dtype, layout, reduce):
     a, b = make_operands(19, 45, 150, layout, dtype, device)
-    out = tritongemm.matmul(a, b, config=TileConfig(16, 16, 16, 8, 4, 2, split_k=4, split_k_inline=REDUCE[reduce]))
+    out = tritongemm.matmul(
+        a, b, config=TileConfig(16, 16, 16, 8, 4, 2, split_k=4, split_k_inline=REDUCE[reduce])
+    )
     assert_close(out, reference(a, b))
 
 
@@ -78,8 +83,11 @@ def test_stream_k_matches_reference(device, shape):
     assert_close(out, reference(a, b))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
-                         ids=["fp16", "bf16", "fp32", "fp64"])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float16, torch.bfloat16, torch.float32, torch.float64],
+    ids=["fp16", "bf16", "fp32", "fp64"],
+)
 def test_stream_k_dtypes(device, dtype):
     a, b = make_operands(40, 70, 96, "NT", dtype, device)
     out = tritongemm.matmul(a, b, config=SMALL, decomposition="stream_k")
@@ -119,7 +127,9 @@ def test_stream_k_hybrid_schedule(device, sm_count, extra_waves, monkeypatch):
     for m, n, k in [(70, 50, 203), (33, 64, 48), (16, 32, 16)]:
         a, b = make_operands(m, n, k, "NN", torch.float32, device)
         assert_close(tritongemm.matmul(a, b, config=SMALL, decomposition="stream_k"), reference(a, b))
-        assert all(int(buf.count_nonzero()) == 0 for buf in _COUNTERS.values())  # re-armed for the next launch
+        assert all(
+            int(buf.count_nonzero()) == 0 for buf in _COUNTERS.values()
+        )  # re-armed for the next launch
     launch.clear_plan_cache()
 
 
@@ -143,12 +153,17 @@ def test_split_k_batched_and_broadcast(device):
     a = random_tensor((3, 1, 20, 70), torch.float16, device)
     b = random_tensor((1, 2, 70, 9), torch.float16, device)
     for inline in (False, True):
-        out = tritongemm.matmul(a, b, config=TileConfig(16, 16, 16, 8, 4, 2, split_k=3, split_k_inline=inline))
+        out = tritongemm.matmul(
+            a, b, config=TileConfig(16, 16, 16, 8, 4, 2, split_k=3, split_k_inline=inline)
+        )
         assert_close(out, reference(a, b))
 
 
 def test_stream_k_batched_falls_back_to_sliced_k(device):
-    a, b = (random_tensor((3, 20, 70), torch.float16, device), random_tensor((3, 70, 9), torch.float16, device))
+    a, b = (
+        random_tensor((3, 20, 70), torch.float16, device),
+        random_tensor((3, 70, 9), torch.float16, device),
+    )
     plan = explain(a, b, decomposition="stream_k")
     assert plan.kernel == "pointer" and "Stream-K" in plan.fallback
     assert_close(tritongemm.bmm(a, b, decomposition="stream_k"), reference(a, b))
@@ -158,21 +173,25 @@ def test_stream_k_batched_falls_back_to_sliced_k(device):
 def test_backward_through_decomposition(device, decomposition):
     a = random_tensor((24, 150), torch.float32, device).requires_grad_()
     b = random_tensor((150, 20), torch.float32, device).requires_grad_()
-    assert_matches_reference(tritongemm.matmul, torch.matmul, a, b,
-                             ours_kwargs=dict(config=SMALL, decomposition=decomposition))
+    assert_matches_reference(
+        tritongemm.matmul, torch.matmul, a, b, ours_kwargs=dict(config=SMALL, decomposition=decomposition)
+    )
 
 
 # K = 40 in 16-wide K-tiles over 3 slices: a ragged last slice, and M, N not tile multiples.
 # The full Jacobian costs two split-K launches per input element (~640 here, about a minute
 # on the interpreter), so the default run checks a random projection of it (gradcheck's fast
 # mode: a wrong entry still fails) and `make test-slow` the whole Jacobian.
-@pytest.mark.parametrize("fast_mode", [True, pytest.param(False, marks=pytest.mark.slow)],
-                         ids=["projected", "full"])
+@pytest.mark.parametrize(
+    "fast_mode", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["projected", "full"]
+)
 def test_gradcheck_split_k(device, fast_mode):
     a = torch.randn(9, 40, dtype=torch.float64, device=device, requires_grad=True)
     b = torch.randn(40, 7, dtype=torch.float64, device=device, requires_grad=True)
     cfg = TileConfig(16, 16, 16, 8, 4, 2, split_k=3)
-    assert torch.autograd.gradcheck(lambda x, y: tritongemm.matmul(x, y, config=cfg), (a, b), fast_mode=fast_mode)
+    assert torch.autograd.gradcheck(
+        lambda x, y: tritongemm.matmul(x, y, config=cfg), (a, b), fast_mode=fast_mode
+    )
 
 
 def test_k_zero_gives_zeros_with_every_decomposition(device):
@@ -265,8 +284,11 @@ def test_inline_reduction_counters_are_per_stream():
 def test_decompositions_under_cuda_graph_replay(decomposition):
     # The arrival counters of a captured launch are the graph's own, zeroed by
     # the graph at every replay; replaying twice must give the right answer twice.
-    cfg = TileConfig(64, 64, 64, 8, 4, 3, split_k=4, split_k_inline=True) if decomposition == "split_k_inline" \
+    cfg = (
+        TileConfig(64, 64, 64, 8, 4, 3, split_k=4, split_k_inline=True)
+        if decomposition == "split_k_inline"
         else TileConfig(64, 64, 64, 8, 4, 3, stream_k=True)
+    )
     a, b = make_operands(200, 300, 2048, "NT", torch.float16, "cuda")
     static_a = a.clone()
     tritongemm.matmul(static_a, b, config=cfg)  # plan and compile before capture

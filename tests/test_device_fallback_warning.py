@@ -49,14 +49,20 @@ print(json.dumps(dict(
 def test_cpu_without_interpreter_warns_once_per_entry_point():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(result["same"]), "the fallback must compute exactly what torch computes"
-    assert result["layer_fallbacks"] == [3, 3] and result["patch_fallbacks"] == 2 and result["patch_served"] == 0
+    assert (
+        result["layer_fallbacks"] == [3, 3] and result["patch_fallbacks"] == 2 and result["patch_served"] == 0
+    )
     caught = result["warnings"]
-    assert [w["message"].split(" runs ")[0] for w in caught] == ["tritongemm.nn.Linear", "tritongemm.patch()"], caught
+    assert [w["message"].split(" runs ")[0] for w in caught] == [
+        "tritongemm.nn.Linear",
+        "tritongemm.patch()",
+    ], caught
     for w in caught:
         assert w["category"] == "UserWarning"
         assert "TRITON_INTERPRET=1" in w["message"]

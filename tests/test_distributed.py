@@ -36,7 +36,9 @@ def _missing_feature() -> str | None:
         from torch.distributed.tensor.experimental import register_sharding  # noqa: F401
         from torch.distributed.tensor.parallel import parallelize_module  # noqa: F401
     except ImportError as e:
-        return f"this torch ({torch.__version__}) lacks DTensor's register_sharding or parallelize_module: {e}"
+        return (
+            f"this torch ({torch.__version__}) lacks DTensor's register_sharding or parallelize_module: {e}"
+        )
     return None
 
 
@@ -145,21 +147,28 @@ class _Cases:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         def stock():
-            return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16),
-                                       torch.nn.ReLU())
+            return torch.nn.Sequential(
+                torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16), torch.nn.ReLU()
+            )
 
         def fused():
             up = self.tg.nn.Linear(16, 32, activation="gelu")
             down = self.tg.nn.Linear(32, 16, activation="relu")
             return torch.nn.Sequential(up, down)
 
-        ref = parallelize_module(self.seeded(stock), self.mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        tg = parallelize_module(self.seeded(fused), self.mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        ref = parallelize_module(
+            self.seeded(stock), self.mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        )
+        tg = parallelize_module(
+            self.seeded(fused), self.mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()}
+        )
         self.train_step(case, ref, tg, self.input(2, 3, 16), compare_params=False)
         for name_ref, name_tg in (("0", "0"), ("2", "1")):
             for p in ("weight", "bias"):
                 grad_ref = getattr(ref.get_submodule(name_ref), p).grad
-                self.compare(case, f"{name_tg}.{p}.grad", getattr(tg.get_submodule(name_tg), p).grad, grad_ref)
+                self.compare(
+                    case, f"{name_tg}.{p}.grad", getattr(tg.get_submodule(name_tg), p).grad, grad_ref
+                )
 
     def attention_patch(self, case):
         """patch() on a stock attention block: projections and both attention matmuls on DTensors."""
@@ -190,7 +199,12 @@ class _Cases:
         """nn.convert on the attention block with the default plans (local outputs between layers)."""
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-        plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel()}
+        plan = {
+            "q": ColwiseParallel(),
+            "k": ColwiseParallel(),
+            "v": ColwiseParallel(),
+            "o": RowwiseParallel(),
+        }
         ref = parallelize_module(self.seeded(self.attention), self.mesh, plan)
         tg = parallelize_module(self.tg.nn.convert(self.seeded(self.attention)), self.mesh, plan)
         self.train_step(case, ref, tg, self.input(2, 5, 32))
@@ -206,12 +220,16 @@ class _Cases:
         )
 
         def block():
-            return torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.GELU(),
-                                       torch.nn.Linear(32, 16))
+            return torch.nn.Sequential(
+                torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16)
+            )
 
         def plan():
-            return {"0": SequenceParallel(), "1": ColwiseParallel(input_layouts=Shard(1)),
-                    "3": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)}
+            return {
+                "0": SequenceParallel(),
+                "1": ColwiseParallel(input_layouts=Shard(1)),
+                "3": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+            }
 
         ref = parallelize_module(self.seeded(block), self.mesh, plan())
         tg = parallelize_module(self.tg.nn.convert(self.seeded(block)), self.mesh, plan())
@@ -239,8 +257,13 @@ class _Cases:
         placements = {}
 
         # Column-wise: activation and residual fused on each rank's columns.
-        y = self.tg.linear(dt(x, Replicate()), dt(w, Shard(0)), dt(bias, Shard(0)), activation="gelu",
-                           residual=dt(h, Shard(1)))
+        y = self.tg.linear(
+            dt(x, Replicate()),
+            dt(w, Shard(0)),
+            dt(bias, Shard(0)),
+            activation="gelu",
+            residual=dt(h, Shard(1)),
+        )
         placements["colwise"] = _describe(y.placements)
         self.compare(case, "colwise linear+gelu+residual", y, F.gelu(F.linear(x, w, bias)) + h)
 
@@ -291,7 +314,9 @@ class _Cases:
                 F.linear(x, w)
             except Exception as e:  # torch's own error for mixed operands
                 errors["patch"] = f"{type(e).__name__}: {e}"
-        self.note(case, "patch_fallbacks", {f"{op}: {reason}": n for (op, reason), n in stats.fallbacks.items()})
+        self.note(
+            case, "patch_fallbacks", {f"{op}: {reason}": n for (op, reason), n in stats.fallbacks.items()}
+        )
         layer = self.tg.nn.Linear(16, 8, bias=False, device=self.device)
         layer.weight = torch.nn.Parameter(w)
         try:
@@ -312,8 +337,13 @@ class _Cases:
         plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
         ref = parallelize_module(self.seeded(self.mlp), self.mesh, plan)
         tg = parallelize_module(self.tg.nn.convert(self.seeded(self.mlp)), self.mesh, plan)
-        self.train_step(case, ref, torch.compile(tg, backend="aot_eager", fullgraph=False), self.input(2, 3, 16),
-                        compare_params=False)
+        self.train_step(
+            case,
+            ref,
+            torch.compile(tg, backend="aot_eager", fullgraph=False),
+            self.input(2, 3, 16),
+            compare_params=False,
+        )
         for (name, p_ref), (_, p_tg) in zip(ref.named_parameters(), tg.named_parameters()):
             self.compare(case, f"{name}.grad", p_tg.grad, p_ref.grad)
 
@@ -322,9 +352,30 @@ class _Cases:
         from benchmarks import tp
 
         if self.device.type == "cuda":
-            args = tp.parse_args(["--dtype", "bf16", "--hidden", "256", "--ffn", "512", "--heads", "4",
-                                  "--kv-heads", "2", "--batch", "2", "--seq", "64", "--warmup", "1",
-                                  "--rounds", "1", "--iters", "1"])
+            args = tp.parse_args(
+                [
+                    "--dtype",
+                    "bf16",
+                    "--hidden",
+                    "256",
+                    "--ffn",
+                    "512",
+                    "--heads",
+                    "4",
+                    "--kv-heads",
+                    "2",
+                    "--batch",
+                    "2",
+                    "--seq",
+                    "64",
+                    "--warmup",
+                    "1",
+                    "--rounds",
+                    "1",
+                    "--iters",
+                    "1",
+                ]
+            )
         else:
             args = tp.parse_args(["--smoke"])
         rows = tp.run(args)
@@ -367,8 +418,17 @@ class _Attention(torch.nn.Module):
         return self.o(y.transpose(1, 2).reshape(bsz, seq, -1))
 
 
-CASES = ["mlp_convert", "mlp_fused_epilogue", "attention_patch", "attention_convert", "sequence_parallel",
-         "functional", "fallbacks", "compiled", "tp_benchmark"]
+CASES = [
+    "mlp_convert",
+    "mlp_fused_epilogue",
+    "attention_patch",
+    "attention_convert",
+    "sequence_parallel",
+    "functional",
+    "fallbacks",
+    "compiled",
+    "tp_benchmark",
+]
 
 
 def _worker(rank: int, port: int, out_dir: str, backend: str) -> None:
@@ -403,8 +463,13 @@ def _launch(tmp_dir: str, backend: str) -> list[dict]:
         env["TRITON_INTERPRET"] = "1"  # read when tritongemm's kernels are decorated, in the child
     port = _free_port()
     procs = [
-        subprocess.Popen([sys.executable, os.path.abspath(__file__), str(rank), str(port), tmp_dir, backend],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), str(rank), str(port), tmp_dir, backend],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rank in range(WORLD)
     ]
     outputs = []
@@ -416,7 +481,9 @@ def _launch(tmp_dir: str, backend: str) -> list[dict]:
         for p in procs:
             p.kill()
         logs = [p.communicate()[0] for p in procs]
-        pytest.fail(f"a worker hung past {TIMEOUT_S} s; its output:\n" + "\n".join(log[-3000:] for log in logs))
+        pytest.fail(
+            f"a worker hung past {TIMEOUT_S} s; its output:\n" + "\n".join(log[-3000:] for log in logs)
+        )
     for rank, (p, out) in enumerate(zip(procs, outputs)):
         if p.returncode != 0:
             pytest.fail(f"worker {rank} exited with {p.returncode}:\n{out[-5000:]}")
@@ -452,7 +519,9 @@ def _case(results: list[dict], name: str) -> list[dict]:
         assert r["error"] is None, f"rank {rank}:\n{r['error']}"
         assert r["checks"] or name in ("fallbacks", "tp_benchmark"), f"rank {rank}: nothing compared"
         for c in r["checks"]:
-            assert c["shape"] == c["ref_shape"], f"rank {rank}, {c['what']}: shape {c['shape']} != {c['ref_shape']}"
+            assert c["shape"] == c["ref_shape"], (
+                f"rank {rank}, {c['what']}: shape {c['shape']} != {c['ref_shape']}"
+            )
             assert c["error"] <= c["tol"], (
                 f"rank {rank}, {name}, {c['what']}: relative error {c['error']:.3g} > {c['tol']:.3g}"
             )
@@ -470,7 +539,9 @@ def _check(results, name: str) -> None:
     elif name == "attention_patch":
         assert r["served"] == {"linear": 4, "matmul": 2}, r["served"]
         assert r["patch_fallbacks"] == 0
-        assert r["forward_launches"] == 6 and r["backward_launches"] == 12, r  # 6 GEMMs, then dA and dB of each
+        assert r["forward_launches"] == 6 and r["backward_launches"] == 12, (
+            r
+        )  # 6 GEMMs, then dA and dB of each
     elif name == "attention_convert":
         assert r["forward_launches"] == 4 and r["backward_launches"] == 8, r
     elif name == "sequence_parallel":
@@ -494,7 +565,11 @@ def _check(results, name: str) -> None:
     elif name == "compiled":
         assert r["forward_launches"] >= 2 and r["backward_launches"] >= 4, r
     elif name == "tp_benchmark":
-        expected = {(g, i) for g in ("llama block prefill", "llama block train step") for i in ("torch TP", "tritongemm TP")}
+        expected = {
+            (g, i)
+            for g in ("llama block prefill", "llama block train step")
+            for i in ("torch TP", "tritongemm TP")
+        }
         assert {(g, i) for g, i, *_ in r["rows"]} == expected, r["rows"]
         assert all(status == "ok" and err <= tol for _, _, status, err, tol in r["rows"]), r["rows"]
         assert r["timed"] and r["launches"] > 0, r
@@ -530,7 +605,10 @@ def test_rule_offers_partial_sums_only_to_a_linear_epilogue(activation):
         assert partial == []
         # The pre-activation is saved for backward: placed as the output is.
         assert all(outs[0] == outs[1] for outs, _ in rules)
-    assert ([Shard(0), Shard(0) if activation != "none" else Replicate()], [Shard(0)] * 4) in rules  # batch split
+    assert (
+        [Shard(0), Shard(0) if activation != "none" else Replicate()],
+        [Shard(0)] * 4,
+    ) in rules  # batch split
 
 
 def test_import_does_not_need_torch_distributed():
@@ -541,7 +619,9 @@ def test_import_does_not_need_torch_distributed():
         "assert 'torch.distributed.tensor' not in sys.modules, 'imported by tritongemm'\n"
         "assert not distributed.is_dtensor(torch.ones(1)) and distributed.dtensor_reason(torch.ones(1)) is None\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), TRITON_INTERPRET="1")
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), TRITON_INTERPRET="1"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -46,8 +46,13 @@ def test_linear_activation_forward_backward(device, activation, path):
     b = random_tensor((40,), dtype, device).requires_grad_()
     r = random_tensor((3, 10, 40), dtype, device).requires_grad_()
     assert_matches_reference(
-        lambda *t, **kw: tritongemm.linear(*t, **kw, **PATHS[path]), torch_linear, x, w, b,
-        activation=activation, residual=r,
+        lambda *t, **kw: tritongemm.linear(*t, **kw, **PATHS[path]),
+        torch_linear,
+        x,
+        w,
+        b,
+        activation=activation,
+        residual=r,
     )
 
 
@@ -221,7 +226,9 @@ def test_epilogue_on_host_looped_batches(device):
     assert_matches_reference(
         lambda x, y, res: tritongemm.matmul(x, y, bias=bias, activation="silu", residual=res),
         lambda x, y, res: F.silu(x @ y + bias.to(x.dtype)) + res,
-        a, b, r,
+        a,
+        b,
+        r,
     )
 
 

@@ -25,18 +25,36 @@ def t(device):
 SHAPE_ERRORS = {
     "matmul-inner": (lambda t: tritongemm.matmul(t(3, 4), t(5, 6)), ["matmul", "(3, 4)", "(5, 6)", "4 != 5"]),
     "matmul-vec": (lambda t: tritongemm.matmul(t(3), t(4)), ["matmul", "(3,)", "(4,)"]),
-    "matmul-batched": (lambda t: tritongemm.matmul(t(2, 3, 4), t(2, 5, 6)), ["(2, 3, 4)", "(2, 5, 6)", "4 != 5"]),
-    "matmul-broadcast": (lambda t: tritongemm.matmul(t(2, 3, 4), t(3, 4, 5)), ["broadcast", "(2, 3, 4)", "(3, 4, 5)"]),
+    "matmul-batched": (
+        lambda t: tritongemm.matmul(t(2, 3, 4), t(2, 5, 6)),
+        ["(2, 3, 4)", "(2, 5, 6)", "4 != 5"],
+    ),
+    "matmul-broadcast": (
+        lambda t: tritongemm.matmul(t(2, 3, 4), t(3, 4, 5)),
+        ["broadcast", "(2, 3, 4)", "(3, 4, 5)"],
+    ),
     "mm-inner": (lambda t: tritongemm.mm(t(3, 4), t(5, 6)), ["mm", "(3, 4)", "(5, 6)", "4 != 5"]),
     "mm-3d": (lambda t: tritongemm.mm(t(2, 3, 4), t(4, 5)), ["mm", "(2, 3, 4)", "2-D"]),
     "bmm-inner": (lambda t: tritongemm.bmm(t(2, 3, 4), t(2, 5, 6)), ["bmm", "(2, 3, 4)", "(2, 5, 6)"]),
-    "bmm-batch": (lambda t: tritongemm.bmm(t(2, 3, 4), t(3, 4, 5)), ["bmm", "2 and 3", "(2, 3, 4)", "(3, 4, 5)"]),
+    "bmm-batch": (
+        lambda t: tritongemm.bmm(t(2, 3, 4), t(3, 4, 5)),
+        ["bmm", "2 and 3", "(2, 3, 4)", "(3, 4, 5)"],
+    ),
     "bmm-2d": (lambda t: tritongemm.bmm(t(3, 4), t(4, 5)), ["bmm", "3-D", "(3, 4)"]),
     "addmm-inner": (lambda t: tritongemm.addmm(t(3, 6), t(3, 4), t(5, 6)), ["addmm", "(3, 4)", "(5, 6)"]),
     "addmm-input": (lambda t: tritongemm.addmm(t(4, 6), t(3, 4), t(4, 6)), ["addmm", "(4, 6)", "(3, 6)"]),
-    "baddbmm-batch": (lambda t: tritongemm.baddbmm(t(2, 3, 5), t(2, 3, 4), t(3, 4, 5)), ["baddbmm", "2 and 3"]),
-    "baddbmm-input": (lambda t: tritongemm.baddbmm(t(2, 4, 5), t(2, 3, 4), t(2, 4, 5)), ["baddbmm", "(2, 4, 5)"]),
-    "linear-features": (lambda t: tritongemm.linear(t(3, 4), t(6, 5)), ["linear", "(3, 4)", "(6, 5)", "4", "5"]),
+    "baddbmm-batch": (
+        lambda t: tritongemm.baddbmm(t(2, 3, 5), t(2, 3, 4), t(3, 4, 5)),
+        ["baddbmm", "2 and 3"],
+    ),
+    "baddbmm-input": (
+        lambda t: tritongemm.baddbmm(t(2, 4, 5), t(2, 3, 4), t(2, 4, 5)),
+        ["baddbmm", "(2, 4, 5)"],
+    ),
+    "linear-features": (
+        lambda t: tritongemm.linear(t(3, 4), t(6, 5)),
+        ["linear", "(3, 4)", "(6, 5)", "4", "5"],
+    ),
     "linear-bias": (lambda t: tritongemm.linear(t(3, 4), t(6, 4), t(5)), ["linear", "(5,)"]),
 }
 
@@ -91,8 +109,11 @@ def test_dtype_mismatch(fn, t):
     assert all(d in message for d in dtypes), message
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool, torch.complex64],
-                         ids=["int32", "int64", "bool", "complex64"])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.int32, torch.int64, torch.bool, torch.complex64],
+    ids=["int32", "int64", "bool", "complex64"],
+)
 def test_unsupported_dtypes(dtype, device):
     a = torch.ones(3, 4, dtype=dtype, device=device)
     b = torch.ones(4, 5, dtype=dtype, device=device)

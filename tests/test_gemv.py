@@ -47,7 +47,9 @@ def test_gemv_epilogue_bias_activation_residual(device, split):
     w = random_tensor((40, 70), torch.float32, device)
     bias = random_tensor((40,), torch.float32, device)
     res = random_tensor((1, 40), torch.float32, device)
-    out = tritongemm.linear(x, w, bias, activation="silu", residual=res, config=gemv_config(split=SPLITS[split]))
+    out = tritongemm.linear(
+        x, w, bias, activation="silu", residual=res, config=gemv_config(split=SPLITS[split])
+    )
     assert_close(out, F.silu(x.double() @ w.double().T + bias.double()) + res.double())
     out = tritongemm.addmm(bias, x, w.T, beta=0.5, alpha=-2.0, config=gemv_config(split=SPLITS[split]))
     assert_close(out, 0.5 * bias.double() - 2.0 * (x.double() @ w.double().T))
@@ -72,7 +74,10 @@ def test_gemv_falls_back_for_several_rows_or_a_batch(device):
     plan = explain(a, b, config=gemv_config())
     assert plan.kernel == "pointer" and "GEMV" in plan.fallback
     assert_close(tritongemm.matmul(a, b, config=gemv_config()), a.double() @ b.double())
-    a3, b3 = random_tensor((2, 1, 40), torch.float16, device), random_tensor((2, 40, 20), torch.float16, device)
+    a3, b3 = (
+        random_tensor((2, 1, 40), torch.float16, device),
+        random_tensor((2, 40, 20), torch.float16, device),
+    )
     assert explain(a3, b3, config=gemv_config()).kernel == "pointer"
     assert_close(tritongemm.bmm(a3, b3, config=gemv_config()), a3.double() @ b3.double())
 

@@ -30,7 +30,13 @@ from benchmarks.gemm_breakdown import GemmShape
 from benchmarks.tiny_models import TinyBlock, TinyConfig
 
 REPO = Path(__file__).resolve().parent.parent
-ENV = {"gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132, "torch": "2.11.0", "triton": "3.6.0", "git": "abc1234"}
+ENV = {
+    "gpu": "NVIDIA H100 80GB HBM3",
+    "sm_count": 132,
+    "torch": "2.11.0",
+    "triton": "3.6.0",
+    "git": "abc1234",
+}
 CFG = TinyConfig()
 B, S = 2, 8
 
@@ -141,14 +147,23 @@ def test_tie_margin_scales_with_stock_error():
 def tiny_run():
     """infer, decode and train of TinyLM in fp32 with the sabotaged variant, breakdown included."""
     pairs = [p for p in models.select_cases(models=["tiny"]) if p[1] != "train_amp"]
-    return models.run_models(pairs, "cpu" if not torch.cuda.is_available() else "cuda", torch.float32,
-                             sabotaged=True, breakdown=True, warmup_ms=0, rep_ms=0, rounds=2)
+    return models.run_models(
+        pairs,
+        "cpu" if not torch.cuda.is_available() else "cuda",
+        torch.float32,
+        sabotaged=True,
+        breakdown=True,
+        warmup_ms=0,
+        rep_ms=0,
+        rounds=2,
+    )
 
 
 def test_suite_gate_rejects_the_sabotaged_variant_and_times_the_rest(tiny_run):
     rows = {(r["workload"], r["impl"]): r for r in tiny_run.rows}
-    assert set(rows) == {(w, v) for w in ("infer", "decode", "train")
-                         for v in ("stock", "convert", "patch", "sabotaged")}
+    assert set(rows) == {
+        (w, v) for w in ("infer", "decode", "train") for v in ("stock", "convert", "patch", "sabotaged")
+    }
     for workload in ("infer", "decode", "train"):
         bad = rows[(workload, "sabotaged")]
         assert bad["status"] == harness.FAILED_GATE and "exceeds" in bad["message"]
@@ -206,20 +221,27 @@ def test_breakdown_of_the_tiny_run(tiny_run, tmp_path):
     # TinyLM decodes without a KV cache: each of the 3 steps reruns the whole sequence (4, 5, 6 tokens)
     assert {r["m"] for r in decode if r["batch"] == 1} == {4, 5, 6}
     table = gemm_breakdown.breakdown_table(rows)
-    assert "[tiny train]" in table and "tg ÷ cuBLAS" in table and f"{B * S}x{3 * CFG.hidden}x{CFG.hidden} NT" in table
+    assert (
+        "[tiny train]" in table
+        and "tg ÷ cuBLAS" in table
+        and f"{B * S}x{3 * CFG.hidden}x{CFG.hidden} NT" in table
+    )
 
 
 def _timed(shape: GemmShape, cublas_ms: float, tg_ms: float) -> dict:
     base = {**gemm_breakdown._shape_row(shape), "status": harness.OK}
-    return {"cublas": {**base, "impl": "cublas", "ms": cublas_ms},
-            "tritongemm": {**base, "impl": "tritongemm", "ms": tg_ms, "speedup_vs_cublas": cublas_ms / tg_ms}}
+    return {
+        "cublas": {**base, "impl": "cublas", "ms": cublas_ms},
+        "tritongemm": {**base, "impl": "tritongemm", "ms": tg_ms, "speedup_vs_cublas": cublas_ms / tg_ms},
+    }
 
 
 def test_breakdown_rows_share_and_weighted_ratio():
     big, small = GemmShape(1, 512, 512, 512, "NT", "bf16"), GemmShape(1, 16, 512, 512, "NN", "bf16")
     timed = {big: _timed(big, 3.0, 2.0), small: _timed(small, 1.0, 2.0)}
-    rows = gemm_breakdown.breakdown_rows("m", "train", Counter({big: 1, small: 3}), {big: {"mm"}, small: {"mm"}},
-                                         timed)
+    rows = gemm_breakdown.breakdown_rows(
+        "m", "train", Counter({big: 1, small: 3}), {big: {"mm"}, small: {"mm"}}, timed
+    )
     shares = {r["shape"]: r["share"] for r in rows if r["impl"] == "tritongemm"}
     assert shares == {big.label: pytest.approx(0.5), small.label: pytest.approx(0.5)}  # 1 x 3 ms vs 3 x 1 ms
     assert rows[0]["count"] == 1 and rows[2]["count"] == 3
@@ -243,7 +265,7 @@ def test_csvs_and_figures_from_them(tiny_run, tmp_path):
     paths = models.write(tiny_run, tmp_path, ENV, {"suite": "models"})
     assert [p.name for p in paths] == ["models.csv", "models_gemms.csv"]
     df = pd.read_csv(paths[0])
-    assert (df["env_gpu"] == ENV["gpu"]).all() and list(df.columns[:len(harness.COLUMNS)]) == harness.COLUMNS
+    assert (df["env_gpu"] == ENV["gpu"]).all() and list(df.columns[: len(harness.COLUMNS)]) == harness.COLUMNS
     assert set(df[df["impl"] == "sabotaged"]["status"]) == {harness.FAILED_GATE}
     assert df[df["impl"] == "sabotaged"]["ms"].isna().all()
     gemms = pd.read_csv(paths[1])
@@ -264,7 +286,9 @@ def _autocast_supported(device) -> bool:
 
 def test_mixed_precision_training_gate(device):
     pairs = [(models.MODELS["tiny"], "train_amp")]
-    rows = models.run_models(pairs, device, torch.bfloat16, breakdown=False, warmup_ms=0, rep_ms=0, rounds=1).rows
+    rows = models.run_models(
+        pairs, device, torch.bfloat16, breakdown=False, warmup_ms=0, rep_ms=0, rounds=1
+    ).rows
     by = {r["impl"]: r for r in rows}
     assert by["stock"]["status"] == harness.OK
     if _autocast_supported(device):
@@ -281,14 +305,21 @@ def test_case_selection():
     assert names == {"llama-s", "gpt2", "bert-base", "llama-l"}
     assert ("bert-base", "decode") not in {(s.name, w) for s, w in default}  # an encoder has no decode
     assert {w for s, w in models.select_cases("vit")} == {"infer", "train", "train_amp"}
-    assert [(s.name, w) for s, w in models.select_cases("llama-l train")] == [("llama-l", "train"),
-                                                                            ("llama-l", "train_amp")]
+    assert [(s.name, w) for s, w in models.select_cases("llama-l train")] == [
+        ("llama-l", "train"),
+        ("llama-l", "train_amp"),
+    ]
     assert all(w in models.WORKLOADS for _, w in default)
 
 
 def test_models_module_imports_without_the_model_libraries():
     code = "import sys, benchmarks.models, benchmarks.host; sys.exit('transformers' in sys.modules or 'timm' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], cwd=REPO, env={"TRITON_INTERPRET": "1", "PATH": ""}).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env={"TRITON_INTERPRET": "1", "PATH": ""}
+        ).returncode
+        == 0
+    )
 
 
 def test_cli_lists_and_refuses_without_gpu(capsys):
@@ -333,30 +364,61 @@ def test_host_gate_rejects_a_wrong_result(device, monkeypatch):
 # ----------------------------------------------------------------------------------
 # Real model families at tiny sizes (only where transformers is installed)
 # ----------------------------------------------------------------------------------
-needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                        reason="transformers is not installed (pip install transformers)")
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed (pip install transformers)",
+)
 
 
 def _tiny_spec(name: str) -> models.ModelSpec:
     small = dict(batch=B, seq=S, n_labels=64, decode_prompt=4, decode_steps=3)
     if name == "llama":
-        return dataclasses.replace(models.MODELS["llama-s"], name="llama-tiny",
-                                   build=models._llama(32, 64, 1, 2, 1, 64), **small)
+        return dataclasses.replace(
+            models.MODELS["llama-s"], name="llama-tiny", build=models._llama(32, 64, 1, 2, 1, 64), **small
+        )
     if name == "gpt2":
-        return dataclasses.replace(models.MODELS["gpt2"], name="gpt2-tiny", **small,
-                                   build=models._gpt2(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=64))
-    return dataclasses.replace(models.MODELS["bert-base"], name="bert-tiny", **small, build=models._bert(
-        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=64,
-        max_position_embeddings=64))
+        return dataclasses.replace(
+            models.MODELS["gpt2"],
+            name="gpt2-tiny",
+            **small,
+            build=models._gpt2(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=64),
+        )
+    return dataclasses.replace(
+        models.MODELS["bert-base"],
+        name="bert-tiny",
+        **small,
+        build=models._bert(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=64,
+        ),
+    )
 
 
 @needs_transformers
-@pytest.mark.parametrize("family,workloads", [("llama", ("infer", "decode", "decode_graph", "train")),
-                                              ("gpt2", ("infer", "decode")), ("bert", ("infer", "train"))])
+@pytest.mark.parametrize(
+    "family,workloads",
+    [
+        ("llama", ("infer", "decode", "decode_graph", "train")),
+        ("gpt2", ("infer", "decode")),
+        ("bert", ("infer", "train")),
+    ],
+)
 def test_real_model_families_pass_the_gate(family, workloads, device):
     spec = _tiny_spec(family)
-    result = models.run_models([(spec, w) for w in workloads], device, torch.bfloat16, sabotaged=True,
-                               breakdown=False, warmup_ms=0, rep_ms=0, rounds=1)
+    result = models.run_models(
+        [(spec, w) for w in workloads],
+        device,
+        torch.bfloat16,
+        sabotaged=True,
+        breakdown=False,
+        warmup_ms=0,
+        rep_ms=0,
+        rounds=1,
+    )
     for r in result.rows:
         if r["impl"] == "sabotaged":
             assert r["status"] == harness.FAILED_GATE, r
@@ -364,4 +426,8 @@ def test_real_model_families_pass_the_gate(family, workloads, device):
             assert r["status"] == harness.OK, r
     converted = {r["note"] for r in result.rows if r["impl"] == "convert"}
     # GPT-2's projections are transformers' Conv1D (torch.addmm), which convert leaves alone: only the LM head
-    assert converted == {"converted 1 nn.Linear"} if family == "gpt2" else all("converted" in n for n in converted)
+    assert (
+        converted == {"converted 1 nn.Linear"}
+        if family == "gpt2"
+        else all("converted" in n for n in converted)
+    )

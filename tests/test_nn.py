@@ -17,7 +17,9 @@ class Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.proj_in = torch.nn.Linear(12, 24)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(24, 20), torch.nn.GELU(), torch.nn.Linear(20, 24, bias=False))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(24, 20), torch.nn.GELU(), torch.nn.Linear(20, 24, bias=False)
+        )
         self.norm = torch.nn.LayerNorm(24)
         self.head = torch.nn.Linear(24, 5)
 
@@ -91,7 +93,10 @@ def test_a_converted_model_prints_which_layers_are_tritongemm():
     assert lines[1].strip() == "(0): Linear(in_features=3, out_features=4, bias=True, backend=tritongemm)"
     assert lines[2].strip() == "(1): MyLinear(in_features=4, out_features=4, bias=True)"
     fused = tritongemm.nn.Linear(4, 4, bias=False, activation="gelu")
-    assert repr(fused) == "Linear(in_features=4, out_features=4, bias=False, activation='gelu', backend=tritongemm)"
+    assert (
+        repr(fused)
+        == "Linear(in_features=4, out_features=4, bias=False, activation='gelu', backend=tritongemm)"
+    )
 
 
 def test_convert_leaves_subclasses_and_converted_layers_alone():
@@ -250,8 +255,9 @@ def test_convert_drops_a_stale_module_compile(device, plans):
 
 def test_fallbacks_are_counted_per_module_and_summarized(monkeypatch, device, plans):
     monkeypatch.setattr(tritongemm.nn.Linear, "fallbacks", Counter())
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3, device="meta"), torch.nn.ReLU(),
-                                torch.nn.Linear(3, 2, device="meta"))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 3, device="meta"), torch.nn.ReLU(), torch.nn.Linear(3, 2, device="meta")
+    )
     model.add_module("served", torch.nn.Linear(4, 3, device=device))
     tritongemm.nn.convert(model)
     model[:3](torch.empty(2, 4, device="meta"))

@@ -23,7 +23,10 @@ def _operands(device):
     a, b = make_operands(9, 11, 13, "NT", DT, device)
     ba, bb = make_operands(9, 11, 13, "TN", DT, device, batch=(2,))
     return dict(
-        a=a, b=b, ba=ba, bb=bb,
+        a=a,
+        b=b,
+        ba=ba,
+        bb=bb,
         inp=random_tensor((9, 11), DT, device),
         binp=random_tensor((2, 9, 11), DT, device),
         w=random_tensor((11, 13), DT, device),
@@ -100,8 +103,16 @@ FALLBACKS = {
     "int64-mm": (lambda t, d: torch.mm(t["ia"].long(), t["ib"].long()), "mm", "int64"),
     "int32-@": (lambda t, d: t["ia"] @ t["ib"], "matmul", "int32"),
     "out=-mm": (lambda t, d: torch.mm(t["a"], t["b"], out=torch.empty(9, 11, device=d)), "mm", "out="),
-    "out=-matmul": (lambda t, d: torch.matmul(t["a"], t["b"], out=torch.empty(9, 11, device=d)), "matmul", "out="),
-    "out=-addmm": (lambda t, d: torch.addmm(t["inp"], t["a"], t["b"], out=torch.empty(9, 11, device=d)), "addmm", "out="),
+    "out=-matmul": (
+        lambda t, d: torch.matmul(t["a"], t["b"], out=torch.empty(9, 11, device=d)),
+        "matmul",
+        "out=",
+    ),
+    "out=-addmm": (
+        lambda t, d: torch.addmm(t["inp"], t["a"], t["b"], out=torch.empty(9, 11, device=d)),
+        "addmm",
+        "out=",
+    ),
     "complex-mm": (lambda t, d: torch.mm(t["a"].cfloat(), t["b"].cfloat()), "mm", "complex"),
     "mixed-dtypes": (lambda t, d: torch.addmm(t["inp"].double(), t["a"], t["b"]), "addmm", "dtype"),
 }
@@ -260,7 +271,9 @@ TORCH_ERRORS = {
     "bmm-batch-mismatch": lambda t: torch.bmm(t["ba"], t["bb"][:1]),
     "vmap-mismatch": lambda t: torch.func.vmap(lambda a: torch.mm(a, t["a"]))(t["ba"]),
     "mixed-dtypes": lambda t: torch.mm(t["a"].double(), t["b"]),
-    "mixed-dtypes-fp64-under-autocast": lambda t: _autocast(t["a"].device, lambda: torch.mm(t["a"].double(), t["b"])),
+    "mixed-dtypes-fp64-under-autocast": lambda t: _autocast(
+        t["a"].device, lambda: torch.mm(t["a"].double(), t["b"])
+    ),
 }
 
 
@@ -314,9 +327,11 @@ def test_autocast_calls_are_served_in_the_autocast_dtype(call, device, plans):
     # The reference: the same call in float64 on the operands as autocast rounds them (to bf16).
     as_cast = {k: v.to(torch.bfloat16).double() for k, v in t.items()}
     with torch.autocast(device.type, enabled=False):
-        ref = {"F.linear-bf16-input-fp32-weight": lambda c: F.linear(c["a"], c["w"], c["bias"]),
-               "matmul-fp32": lambda c: torch.matmul(c["a"], c["b"]),
-               "addmm-mixed": lambda c: torch.addmm(c["inp"], c["a"], c["b"])}[call](as_cast)
+        ref = {
+            "F.linear-bf16-input-fp32-weight": lambda c: F.linear(c["a"], c["w"], c["bias"]),
+            "matmul-fp32": lambda c: torch.matmul(c["a"], c["b"]),
+            "addmm-mixed": lambda c: torch.addmm(c["inp"], c["a"], c["b"]),
+        }[call](as_cast)
     assert_close(out, ref, dtype=torch.bfloat16)
 
 
@@ -328,14 +343,18 @@ def test_threads_each_in_their_own_context(device):
 
     def work(i):
         gen = torch.Generator().manual_seed(i)
-        a, b, w, bias = (torch.randn(shape, generator=gen).to(device) for shape in ((16, 24), (24, 8), (8, 24), (8,)))
+        a, b, w, bias = (
+            torch.randn(shape, generator=gen).to(device) for shape in ((16, 24), (24, 8), (8, 24), (8,))
+        )
         layer = torch.nn.Linear(24, 8, device=device)
         start.wait()
         with shared if i % 2 else tritongemm.patch() as stats:
             outs = [torch.mm(a, b), a @ b, F.linear(a, w, bias), layer(a), torch.mm(a, b)]
-        refs = [a.double() @ b.double()] * 2 + [F.linear(a.double(), w.double(), bias.double()),
-                                                F.linear(a.double(), layer.weight.double(), layer.bias.double()),
-                                                a.double() @ b.double()]
+        refs = [a.double() @ b.double()] * 2 + [
+            F.linear(a.double(), w.double(), bias.double()),
+            F.linear(a.double(), layer.weight.double(), layer.bias.double()),
+            a.double() @ b.double(),
+        ]
         return stats, outs, refs
 
     with ThreadPoolExecutor(n_threads) as pool:

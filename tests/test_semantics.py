@@ -57,14 +57,19 @@ def test_out_that_requires_grad_raises_like_torch(device):
         torch.mm(a, b, out=out)
     with pytest.raises(RuntimeError, match="automatic differentiation"):
         tritongemm.mm(a, b, out=out)
-    assert torch.equal(out.detach(), torch.zeros(3, 5, device=device)), "a rejected out must be left untouched"
+    assert torch.equal(out.detach(), torch.zeros(3, 5, device=device)), (
+        "a rejected out must be left untouched"
+    )
 
 
 # ----------------------------------------------------------------------------------
 # Scalars and exception types
 # ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("alpha", ["2", None, [2.0], 2j, True, 2, torch.tensor(2.0)],
-                         ids=["str", "None", "list", "complex", "bool", "int", "tensor"])
+@pytest.mark.parametrize(
+    "alpha",
+    ["2", None, [2.0], 2j, True, 2, torch.tensor(2.0)],
+    ids=["str", "None", "list", "complex", "bool", "int", "tensor"],
+)
 def test_addmm_scalar_arguments_like_torch(alpha, device):
     i, a, b = (random_tensor(s, torch.float32, device) for s in ((3, 5), (3, 4), (4, 5)))
     assert_same_behaviour(tritongemm.addmm, torch.addmm, i, a, b, alpha=alpha)
@@ -72,7 +77,10 @@ def test_addmm_scalar_arguments_like_torch(alpha, device):
 
 
 def test_bool_operands_raise_torchs_type(device):
-    a, b = torch.ones(3, 4, dtype=torch.bool, device=device), torch.ones(4, 5, dtype=torch.bool, device=device)
+    a, b = (
+        torch.ones(3, 4, dtype=torch.bool, device=device),
+        torch.ones(4, 5, dtype=torch.bool, device=device),
+    )
     with pytest.raises(NotImplementedError):
         torch.mm(a, b)
     with pytest.raises(NotImplementedError):
@@ -136,9 +144,19 @@ def test_baddbmm_with_k_zero_keeps_signed_zeros(device):
 # torch.autocast
 # ----------------------------------------------------------------------------------
 def _autocast_cases(device):
-    t = {name: random_tensor(shape, torch.float32, device) for name, shape in
-         (("x", (6, 8)), ("w", (5, 8)), ("bias", (5,)), ("b", (8, 5)), ("inp", (6, 5)),
-          ("x3", (2, 6, 8)), ("b3", (2, 8, 5)), ("inp3", (2, 6, 5)))}
+    t = {
+        name: random_tensor(shape, torch.float32, device)
+        for name, shape in (
+            ("x", (6, 8)),
+            ("w", (5, 8)),
+            ("bias", (5,)),
+            ("b", (8, 5)),
+            ("inp", (6, 5)),
+            ("x3", (2, 6, 8)),
+            ("b3", (2, 8, 5)),
+            ("inp3", (2, 6, 5)),
+        )
+    }
     return t, {
         "matmul": lambda m, t: m.matmul(t["x"], t["b"]),
         "mm": lambda m, t: m.mm(t["x"], t["b"]),
@@ -146,7 +164,9 @@ def _autocast_cases(device):
         "addmm": lambda m, t: m.addmm(t["inp"], t["x"], t["b"]),
         "baddbmm": lambda m, t: m.baddbmm(t["inp3"], t["x3"], t["b3"]),
         "linear": lambda m, t: (F if m is torch else m).linear(t["x"], t["w"], t["bias"]),
-        "linear-bf16-input": lambda m, t: (F if m is torch else m).linear(t["x"].bfloat16(), t["w"], t["bias"]),
+        "linear-bf16-input": lambda m, t: (F if m is torch else m).linear(
+            t["x"].bfloat16(), t["w"], t["bias"]
+        ),
     }
 
 
@@ -205,7 +225,9 @@ def test_vmap_of_linear_with_bias_and_activation(device):
 def test_grad_and_jacrev_like_torch(device):
     a, b = random_tensor((4, 6), torch.float32, device), random_tensor((6, 3), torch.float32, device)
     g = torch.func.grad(lambda a: tritongemm.matmul(a, b).square().sum())(a)
-    assert_close(g, torch.func.grad(lambda a: (a @ b.double()).square().sum())(a.double()), dtype=torch.float32)
+    assert_close(
+        g, torch.func.grad(lambda a: (a @ b.double()).square().sum())(a.double()), dtype=torch.float32
+    )
     j = torch.func.jacrev(lambda a: tritongemm.mm(a, b))(a)
     assert_close(j, torch.func.jacrev(lambda a: a @ b.double())(a.double()), dtype=torch.float32)
 
@@ -253,11 +275,16 @@ def test_gemm_problem_accepts_the_dtype_spellings(spelling):
     assert GemmProblem(8, 8, 8, dtype=spelling).dtype == "float16"
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(m=-1, n=8, k=8), "m must be"), (dict(m=8, n=8, k=8, batch=-2), "batch"),
-    (dict(m=8, n=8, k=8, dtype="int8"), "unsupported dtype"), (dict(m=8, n=8, k=8, layout="XN"), "layout"),
-    (dict(m=8.5, n=8, k=8), "m must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(m=-1, n=8, k=8), "m must be"),
+        (dict(m=8, n=8, k=8, batch=-2), "batch"),
+        (dict(m=8, n=8, k=8, dtype="int8"), "unsupported dtype"),
+        (dict(m=8, n=8, k=8, layout="XN"), "layout"),
+        (dict(m=8.5, n=8, k=8), "m must be"),
+    ],
+)
 def test_gemm_problem_rejects_bad_values_at_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GemmProblem(**kwargs)
@@ -321,8 +348,11 @@ def test_no_import_cycles_between_modules():
 
 
 def test_no_module_is_over_600_lines():
-    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 600}
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 600
+    }
     assert not long, f"modules over 600 lines: {long}"
 
 

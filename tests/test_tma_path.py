@@ -46,13 +46,28 @@ def test_tma_epilogue_addmm(device):
     "make, reason",
     [
         (lambda d: make_operands(20, 24, 13, "NN", torch.float16, d), "not a multiple of 16 bytes"),
-        (lambda d: (random_tensor((20, 64), torch.float16, d)[:, ::2], random_tensor((32, 24), torch.float16, d)),
-         "unit stride"),
+        (
+            lambda d: (
+                random_tensor((20, 64), torch.float16, d)[:, ::2],
+                random_tensor((32, 24), torch.float16, d),
+            ),
+            "unit stride",
+        ),
         (lambda d: make_operands(20, 24, 32, "NN", torch.float32, d), "float16/bfloat16"),
-        (lambda d: (random_tensor((2, 20, 32), torch.float16, d), random_tensor((2, 32, 24), torch.float16, d)),
-         "batched"),
-        (lambda d: (random_tensor((20, 33), torch.float16, d)[:, 1:], random_tensor((32, 24), torch.float16, d)),
-         "16-byte aligned"),
+        (
+            lambda d: (
+                random_tensor((2, 20, 32), torch.float16, d),
+                random_tensor((2, 32, 24), torch.float16, d),
+            ),
+            "batched",
+        ),
+        (
+            lambda d: (
+                random_tensor((20, 33), torch.float16, d)[:, 1:],
+                random_tensor((32, 24), torch.float16, d),
+            ),
+            "16-byte aligned",
+        ),
     ],
     ids=["odd-K-stride", "no-unit-stride", "fp32", "batched", "misaligned-pointer"],
 )

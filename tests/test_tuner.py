@@ -288,7 +288,9 @@ def test_cli_shapes_dtypes_and_layouts_multiply():
 
 
 def test_cli_defaults_to_fp16_nn():
-    assert cli.problems_from_args(parse("--shape", "64x32x16")) == [GemmProblem(64, 32, 16, 1, "float16", "NN")]
+    assert cli.problems_from_args(parse("--shape", "64x32x16")) == [
+        GemmProblem(64, 32, 16, 1, "float16", "NN")
+    ]
 
 
 @pytest.mark.parametrize("bad", ["4096x4096", "axbxc", "0x4x4", "4x4x4x4"])
@@ -353,8 +355,12 @@ def test_cli_reads_a_shapes_file_without_header_or_optional_columns(tmp_path):
 
 @pytest.mark.parametrize(
     "content, message",
-    [("m,n\n1,2\n", "missing ['k']"), ("m,n,k,flavour\n1,2,3,x\n", "unknown ['flavour']"),
-     ("m,n,k\n1,2,x\n", ":2:"), ("1,2,3,1,fp8\n", "unknown dtype")],
+    [
+        ("m,n\n1,2\n", "missing ['k']"),
+        ("m,n,k,flavour\n1,2,3,x\n", "unknown ['flavour']"),
+        ("m,n,k\n1,2,x\n", ":2:"),
+        ("1,2,3,1,fp8\n", "unknown dtype"),
+    ],
 )
 def test_cli_shapes_file_errors_name_the_line(tmp_path, content, message):
     f = tmp_path / "shapes.csv"
@@ -365,10 +371,22 @@ def test_cli_shapes_file_errors_name_the_line(tmp_path, content, message):
 
 def test_cli_tune_end_to_end(cache_dir, tmp_path, capsys):
     csv_path = tmp_path / "results.csv"
-    status = cli.main([
-        "tune", "--shape", "32x32x32", "--dtype", "fp32", "--max-candidates", "1", "--bench-ms", "1",
-        "--no-progress", "--csv", str(csv_path),
-    ])
+    status = cli.main(
+        [
+            "tune",
+            "--shape",
+            "32x32x32",
+            "--dtype",
+            "fp32",
+            "--max-candidates",
+            "1",
+            "--bench-ms",
+            "1",
+            "--no-progress",
+            "--csv",
+            str(csv_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert status == 0
     assert "torch TFLOP/s" in out and "32x32x32 float32 NN" in out
@@ -393,8 +411,10 @@ def test_cli_cache_shows_why_an_entry_is_ignored(cache_dir, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "2 entries" in lines[0]
     assert any("m=16" in line and SMALL.short() in line for line in lines)
-    assert any("m=64" in line and "(ignored: config field group_m=2147483648 is out of bounds" in line
-               for line in lines)
+    assert any(
+        "m=64" in line and "(ignored: config field group_m=2147483648 is out of bounds" in line
+        for line in lines
+    )
 
 
 def test_cli_tune_without_shapes_is_a_usage_error(capsys):
@@ -410,7 +430,9 @@ def test_cli_explain_without_cache_uses_the_heuristic(capsys):
 
 def test_cli_explain_for_a_named_gpu_shows_the_fallback(capsys):
     """The CLI is the Python explain: an H100's TMA kernel, and why an unaligned K cannot have it."""
-    assert cli.main(["explain", "4096x4096x4096", "--dtype", "bf16", "--layout", "NT", "--device", "h100"]) == 0
+    assert (
+        cli.main(["explain", "4096x4096x4096", "--dtype", "bf16", "--layout", "NT", "--device", "h100"]) == 0
+    )
     assert "kernel : tma_persistent" in capsys.readouterr().out
     assert cli.main(["explain", "4096x4096x4097", "--dtype", "bf16", "--device", "h100"]) == 0
     out = capsys.readouterr().out
@@ -508,7 +530,9 @@ def test_tune_into_an_unwritable_cache_returns_the_results_and_why(tmp_path, how
     other = GemmProblem(m=64, n=32, k=32, dtype="float32")
     with pytest.warns(cache.TuningCacheWarning, match="could not write the tuning cache") as caught:
         results = tune_quietly([TINY, other], candidates=[SMALL, LARGE], cache_file=target)
-    assert len([w for w in caught if "could not write" in str(w.message)]) == 1  # one warning, not one a shape
+    assert (
+        len([w for w in caught if "could not write" in str(w.message)]) == 1
+    )  # one warning, not one a shape
     assert [r.problem.m for r in results] == [32, 64]
     for result in results:
         assert result.best in (SMALL, LARGE) and result.tflops > 0  # tuned all the same
@@ -520,8 +544,22 @@ def test_tune_into_an_unwritable_cache_returns_the_results_and_why(tmp_path, how
 @pytest.mark.parametrize("how", ["read_only_dir", "parent_is_a_file"])
 def test_cli_tune_into_an_unwritable_cache_prints_the_results_and_why(tmp_path, capsys, how):
     target = unwritable_cache(tmp_path, how)
-    status = cli.main(["tune", "--shape", "32x32x32", "--dtype", "fp32", "--max-candidates", "1",
-                       "--bench-ms", "1", "--no-progress", "--cache-file", str(target)])
+    status = cli.main(
+        [
+            "tune",
+            "--shape",
+            "32x32x32",
+            "--dtype",
+            "fp32",
+            "--max-candidates",
+            "1",
+            "--bench-ms",
+            "1",
+            "--no-progress",
+            "--cache-file",
+            str(target),
+        ]
+    )
     captured = capsys.readouterr()
     assert status == 1
     assert "32x32x32 float32 NN" in captured.out and heuristic_config(TINY, DEVICE).short() in captured.out
@@ -533,8 +571,9 @@ def test_cli_tune_into_an_unwritable_cache_prints_the_results_and_why(tmp_path, 
 # Where timings mean nothing (Triton's CPU interpreter) or nothing can run
 # ----------------------------------------------------------------------------------
 @on_the_interpreter
-def test_tune_on_the_interpreter_checks_candidates_but_times_and_saves_nothing(honest_timings, monkeypatch,
-                                                                                cache_dir):
+def test_tune_on_the_interpreter_checks_candidates_but_times_and_saves_nothing(
+    honest_timings, monkeypatch, cache_dir
+):
     monkeypatch.setitem(tuner.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, "off_by_one"))
     with pytest.warns(tuner.TimingsMeaninglessWarning, match="timings are meaningless"):
         (result,) = tune_quietly([TINY], candidates=[SMALL, LARGE])
@@ -548,10 +587,26 @@ def test_tune_on_the_interpreter_checks_candidates_but_times_and_saves_nothing(h
 
 
 @on_the_interpreter
-def test_cli_tune_on_the_interpreter_says_timings_are_meaningless(honest_timings, cache_dir, tmp_path, capsys):
+def test_cli_tune_on_the_interpreter_says_timings_are_meaningless(
+    honest_timings, cache_dir, tmp_path, capsys
+):
     csv_path = tmp_path / "results.csv"
-    status = cli.main(["tune", "--shape", "32x32x32", "--dtype", "fp32", "--max-candidates", "2",
-                       "--bench-ms", "1", "--no-progress", "--csv", str(csv_path)])
+    status = cli.main(
+        [
+            "tune",
+            "--shape",
+            "32x32x32",
+            "--dtype",
+            "fp32",
+            "--max-candidates",
+            "2",
+            "--bench-ms",
+            "1",
+            "--no-progress",
+            "--csv",
+            str(csv_path),
+        ]
+    )
     captured = capsys.readouterr()
     assert status == 0
     assert "timings are meaningless" in captured.err and "nothing written to the cache" in captured.err
@@ -573,7 +628,9 @@ def test_autotune_on_the_interpreter_warns_and_uses_the_heuristic(honest_timings
 
 def test_tune_without_gpu_or_interpreter_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(tuner, "interpreter_enabled", lambda: False)
-    with pytest.raises(RuntimeError, match="no CUDA GPU to tune on, and Triton's CPU interpreter is off") as exc:
+    with pytest.raises(
+        RuntimeError, match="no CUDA GPU to tune on, and Triton's CPU interpreter is off"
+    ) as exc:
         tuner.tune([TINY], device=INTERPRETER_DEVICE, candidates=[SMALL], progress=False)
     assert "\n" not in str(exc.value)
 
@@ -592,10 +649,18 @@ def test_cli_tune_without_gpu_or_interpreter_is_one_line_and_fails(monkeypatch, 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: tune would run")
 def test_python_m_tritongemm_tune_without_gpu_or_interpreter(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITONGEMM_CACHE_FILE=str(tmp_path / "c.json"),
-               PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "tritongemm", "tune", "--shape", "32x32x32"], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    env.update(
+        TRITONGEMM_CACHE_FILE=str(tmp_path / "c.json"),
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "tritongemm", "tune", "--shape", "32x32x32"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     (line,) = proc.stderr.splitlines()

@@ -212,8 +212,11 @@ def test_a_bad_entry_does_not_spoil_the_good_ones(cache_dir):
         assert cache.lookup(problem(m=32), DEVICE) is None
 
 
-@pytest.mark.parametrize("config", [BAD_CONFIGS["group_m_2_31"][0], BAD_CONFIGS["num_warps_64"][0],
-                                    BAD_CONFIGS["block_m_huge_gemv"][0]], ids=["group_m", "num_warps", "gemv"])
+@pytest.mark.parametrize(
+    "config",
+    [BAD_CONFIGS["group_m_2_31"][0], BAD_CONFIGS["num_warps_64"][0], BAD_CONFIGS["block_m_huge_gemv"][0]],
+    ids=["group_m", "num_warps", "gemv"],
+)
 def test_matmul_with_a_bad_entry_uses_the_heuristic(cache_dir, config):
     """A group_m of 2**31 passed validation once and broke every matmul of its shape."""
     device = default_device()
@@ -229,7 +232,9 @@ def test_matmul_with_a_bad_entry_uses_the_heuristic(cache_dir, config):
         out = tritongemm.matmul(a, b)
     assert_close(out, a.double() @ b.double(), dtype=torch.float32)
     plan = explain(a, b)
-    assert plan.source.startswith("heuristic") and plan.config == heuristics.heuristic_config(p, device_info(device))
+    assert plan.source.startswith("heuristic") and plan.config == heuristics.heuristic_config(
+        p, device_info(device)
+    )
 
 
 def test_config_bounds_cover_every_integer_field():
@@ -340,13 +345,18 @@ def test_save_through_a_symlink_takes_the_targets_lock(linked_cache, monkeypatch
 # ----------------------------------------------------------------------------------
 BAD_FILES = {
     "garbage_bytes": (b"\x00\xff\xfe garbage \x81\x82", "corrupt"),
-    "truncated_json": (b'{"schema": "tritongemm-tuning-cache", "version": 1, "entries": {"a": {"con', "corrupt"),
+    "truncated_json": (
+        b'{"schema": "tritongemm-tuning-cache", "version": 1, "entries": {"a": {"con',
+        "corrupt",
+    ),
     "empty_file": (b"", "corrupt"),
     # json raises RecursionError, not ValueError, on deep nesting
     "deeply_nested": (b"[" * 100_000 + b"]" * 100_000, "corrupt"),
     "deeply_nested_entry": (
-        b'{"schema": "tritongemm-tuning-cache", "version": 1, "entries": {"a": ' + b"[" * 100_000
-        + b"]" * 100_000 + b"}}",
+        b'{"schema": "tritongemm-tuning-cache", "version": 1, "entries": {"a": '
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}}",
         "corrupt",
     ),
     "huge_integer": (b'{"entries": ' + b"9" * 10_000 + b"}", "corrupt"),
@@ -421,7 +431,9 @@ def test_two_processes_writing_at_once_keep_every_entry(cache_dir, locking):
     env = {**os.environ, "TRITONGEMM_CACHE_DIR": str(cache_dir), "TRITON_INTERPRET": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     writers = [
-        subprocess.Popen([sys.executable, "-c", WRITER, str(tag), str(count), str(sync_dir), locking], env=env)
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tag), str(count), str(sync_dir), locking], env=env
+        )
         for tag in (1, 2)
     ]
     deadline = time.monotonic() + 120

@@ -52,7 +52,11 @@ def _needs_tma(device):
 # ----------------------------------------------------------------------------------
 def matrix(rows, cols, letter, elem=2) -> Operand:
     """A freshly allocated operand: row-major ("N") or the transpose of a row-major one ("T")."""
-    return Operand(rows, cols, cols, 1, elem, True) if letter == "N" else Operand(rows, cols, 1, rows, elem, True)
+    return (
+        Operand(rows, cols, cols, 1, elem, True)
+        if letter == "N"
+        else Operand(rows, cols, 1, rows, elem, True)
+    )
 
 
 def plan_of(m, n, k, layout="NN", dtype=torch.float16, batch=1, padding="auto", config=None, c=None):
@@ -63,12 +67,16 @@ def plan_of(m, n, k, layout="NN", dtype=torch.float16, batch=1, padding="auto", 
     return plan(problem, H100, Request(config), a, b, c, dtype, dtype, padding)
 
 
-@pytest.mark.parametrize("m, n, k, layout, padded", [
-    (4097, 4097, 4097, "NN", ("A", "B", "C")),
-    (3001, 5003, 1009, "NN", ("A", "B", "C")),
-    (4096, 4096, 4097, "NT", ("A", "B")),  # odd K: both operands' rows, C is aligned
-    (4097, 4096, 4096, "TN", ("A",)),
-], ids=["4097^3", "3001x5003x1009", "NT-odd-K", "TN-odd-M"])
+@pytest.mark.parametrize(
+    "m, n, k, layout, padded",
+    [
+        (4097, 4097, 4097, "NN", ("A", "B", "C")),
+        (3001, 5003, 1009, "NN", ("A", "B", "C")),
+        (4096, 4096, 4097, "NT", ("A", "B")),  # odd K: both operands' rows, C is aligned
+        (4097, 4096, 4096, "TN", ("A",)),
+    ],
+    ids=["4097^3", "3001x5003x1009", "NT-odd-K", "TN-odd-M"],
+)
 def test_large_unaligned_problems_are_padded_for_tma(m, n, k, layout, padded):
     p = plan_of(m, n, k, layout)
     assert p.kernel.startswith("tma") and p.fallback is None, p.describe()
@@ -76,8 +84,16 @@ def test_large_unaligned_problems_are_padded_for_tma(m, n, k, layout, padded):
     assert "copy " + ", ".join(padded) in p.describe()
 
 
-@pytest.mark.parametrize("m, n, k, layout", [(4096, 4096, 4096, "NN"), (1024, 4096, 4096, "NT"), (64, 4096, 4096, "NT"),
-                                             (1, 4096, 4096, "NT"), (2048, 2048, 2048, "TT")])
+@pytest.mark.parametrize(
+    "m, n, k, layout",
+    [
+        (4096, 4096, 4096, "NN"),
+        (1024, 4096, 4096, "NT"),
+        (64, 4096, 4096, "NT"),
+        (1, 4096, 4096, "NT"),
+        (2048, 2048, 2048, "TT"),
+    ],
+)
 def test_aligned_problems_plan_as_before(m, n, k, layout):
     p = plan_of(m, n, k, layout)
     assert p.alignment is None
@@ -124,7 +140,10 @@ def test_only_an_unaligned_output_is_not_worth_a_copy():
 
 
 def test_policies():
-    assert plan_of(37, 29, 13, padding="always").alignment.padded == ("A", "B")  # the heuristic's pointer tiles
+    assert plan_of(37, 29, 13, padding="always").alignment.padded == (
+        "A",
+        "B",
+    )  # the heuristic's pointer tiles
     assert plan_of(37, 29, 13, padding="always", config=TMA).alignment.padded == ("A", "B", "C")
     never = plan_of(4097, 4097, 4097, padding="never")
     assert never.kernel == "stream_k" or never.kernel == "pointer"
@@ -221,10 +240,16 @@ def test_unpadded_pointer_paths(device, padding, layout, k, n):
     p = launch.plan_for(GemmCall(request=Request(TMA)), a, b, out)
     assert p.kernel == "pointer" and p.alignment.path in ("hinted", "plain"), p.describe()
     hints = stride_hints(a, b, out)
-    assert all(s % hints[name] == 0 for name, s in zip(
-        ("HINT_AM", "HINT_AK", "HINT_BK", "HINT_BN", "HINT_CM", "HINT_CN"), (*a.stride(), *b.stride(), *out.stride())))
-    assert (p.alignment.path == "hinted") == any(h > 1 for h in (hints["HINT_AM"], hints["HINT_AK"],
-                                                                  hints["HINT_BK"], hints["HINT_BN"]))
+    assert all(
+        s % hints[name] == 0
+        for name, s in zip(
+            ("HINT_AM", "HINT_AK", "HINT_BK", "HINT_BN", "HINT_CM", "HINT_CN"),
+            (*a.stride(), *b.stride(), *out.stride()),
+        )
+    )
+    assert (p.alignment.path == "hinted") == any(
+        h > 1 for h in (hints["HINT_AM"], hints["HINT_AK"], hints["HINT_BK"], hints["HINT_BN"])
+    )
     assert_close(tritongemm.matmul(a, b, config=TMA), a.double() @ b.double())
 
 
@@ -319,7 +344,11 @@ def _tensors_in(obj, depth=0, seen=None) -> list:
         items = list(obj.values())
     elif isinstance(obj, (list, tuple)):
         items = list(obj)
-    elif hasattr(obj, "__dict__") and not isinstance(obj, type) and type(obj).__module__.startswith("tritongemm"):
+    elif (
+        hasattr(obj, "__dict__")
+        and not isinstance(obj, type)
+        and type(obj).__module__.startswith("tritongemm")
+    ):
         items = list(vars(obj).values())
     elif hasattr(obj, "__dict__") and type(obj).__name__ == "TensorDescriptor":
         items = list(vars(obj).values())

@@ -67,23 +67,104 @@ def compile_one(kernel, types: dict, constexprs: dict, target, num_warps: int, n
 
 def pointer_cases():
     # NN layout: the unit strides are specialized to the constant 1, as at launch.
-    base = dict(HINT_AM=1, HINT_AK=1, HINT_BK=1, HINT_BN=1, HINT_CM=1, HINT_CN=1, stride_ak=1, stride_bn=1, stride_cn=1, stride_dn=1, GROUP_M=8, SPLIT_K=False, REDUCE_INLINE=False,
-                ACTIVATION="none", HAS_RESIDUAL=False, STORE_PREACT=False, HAS_ALPHA=False, HAS_ADDEND=False, INDEX_64=False, UPCAST_OPERANDS=False)
-    yield "ptr-fp16-128x256x64-s3", "fp16", dict(base, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, EVEN_K=True,
-                                                  ACC_FP64=False, DOT_PRECISION="ieee"), 8, 3
-    yield "ptr-fp32-tf32-s3", "fp32", dict(base, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, EVEN_K=False,
-                                           ACC_FP64=False, DOT_PRECISION="tf32"), 8, 3
-    yield "ptr-fp64-s2", "fp64", dict(base, BLOCK_M=64, BLOCK_N=64, BLOCK_K=16, EVEN_K=False,
-                                      ACC_FP64=True, DOT_PRECISION="ieee"), 4, 2
-    yield "ptr-bf16-int64-addend", "bf16", dict(base, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=False,
-                                                ACC_FP64=False, DOT_PRECISION="ieee", INDEX_64=True,
-                                                HAS_ADDEND=True, HAS_ALPHA=True, ACTIVATION="gelu",
-                                                HAS_RESIDUAL=True, STORE_PREACT=True), 4, 4
-    yield "ptr-fp16-splitk", "fp16", dict(base, BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, SPLIT_K=True,
-                                          ACC_FP64=False, DOT_PRECISION="ieee"), 4, 4
-    yield "ptr-fp16-splitk-inline", "fp16", dict(base, BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, EVEN_K=True,
-                                                 SPLIT_K=True, REDUCE_INLINE=True, HAS_ADDEND=True,
-                                                 ACC_FP64=False, DOT_PRECISION="ieee"), 4, 4
+    base = dict(
+        HINT_AM=1,
+        HINT_AK=1,
+        HINT_BK=1,
+        HINT_BN=1,
+        HINT_CM=1,
+        HINT_CN=1,
+        stride_ak=1,
+        stride_bn=1,
+        stride_cn=1,
+        stride_dn=1,
+        GROUP_M=8,
+        SPLIT_K=False,
+        REDUCE_INLINE=False,
+        ACTIVATION="none",
+        HAS_RESIDUAL=False,
+        STORE_PREACT=False,
+        HAS_ALPHA=False,
+        HAS_ADDEND=False,
+        INDEX_64=False,
+        UPCAST_OPERANDS=False,
+    )
+    yield (
+        "ptr-fp16-128x256x64-s3",
+        "fp16",
+        dict(base, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, EVEN_K=True, ACC_FP64=False, DOT_PRECISION="ieee"),
+        8,
+        3,
+    )
+    yield (
+        "ptr-fp32-tf32-s3",
+        "fp32",
+        dict(base, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, EVEN_K=False, ACC_FP64=False, DOT_PRECISION="tf32"),
+        8,
+        3,
+    )
+    yield (
+        "ptr-fp64-s2",
+        "fp64",
+        dict(base, BLOCK_M=64, BLOCK_N=64, BLOCK_K=16, EVEN_K=False, ACC_FP64=True, DOT_PRECISION="ieee"),
+        4,
+        2,
+    )
+    yield (
+        "ptr-bf16-int64-addend",
+        "bf16",
+        dict(
+            base,
+            BLOCK_M=64,
+            BLOCK_N=128,
+            BLOCK_K=64,
+            EVEN_K=False,
+            ACC_FP64=False,
+            DOT_PRECISION="ieee",
+            INDEX_64=True,
+            HAS_ADDEND=True,
+            HAS_ALPHA=True,
+            ACTIVATION="gelu",
+            HAS_RESIDUAL=True,
+            STORE_PREACT=True,
+        ),
+        4,
+        4,
+    )
+    yield (
+        "ptr-fp16-splitk",
+        "fp16",
+        dict(
+            base,
+            BLOCK_M=16,
+            BLOCK_N=128,
+            BLOCK_K=64,
+            EVEN_K=True,
+            SPLIT_K=True,
+            ACC_FP64=False,
+            DOT_PRECISION="ieee",
+        ),
+        4,
+        4,
+    )
+    yield (
+        "ptr-fp16-splitk-inline",
+        "fp16",
+        dict(
+            base,
+            BLOCK_M=16,
+            BLOCK_N=128,
+            BLOCK_K=64,
+            EVEN_K=True,
+            SPLIT_K=True,
+            REDUCE_INLINE=True,
+            HAS_ADDEND=True,
+            ACC_FP64=False,
+            DOT_PRECISION="ieee",
+        ),
+        4,
+        4,
+    )
 
 
 def tma_cases():
@@ -93,18 +174,59 @@ def tma_cases():
         (False, True, True, False, False),
         (False, False, True, True, False),
     ]:
-        yield (f"tma-fp16-A{'K' if a_k else 'M'}-B{'K' if b_k else 'N'}-{'pers' if persistent else 'dp'}"
-               f"{'-ws' if ws else ''}{'-sub' if sub else ''}"), "fp16", dict(
-            BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, A_KMAJOR=a_k, B_KMAJOR=b_k,
-            HAS_ALPHA=False, HAS_ADDEND=True, FLATTEN=False, ACTIVATION="gelu_tanh" if sub else "silu",
-            HAS_RESIDUAL=persistent, STORE_PREACT=persistent,
-            WARP_SPECIALIZE=ws, EPILOGUE_SUBTILE=sub, DOT_PRECISION="ieee", UPCAST_OPERANDS=False,
-            STREAM_K=False), 8, 3
-    yield "tma-fp16-streamk-sub", "fp16", dict(
-        BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, A_KMAJOR=True, B_KMAJOR=False, HAS_ALPHA=False,
-        HAS_ADDEND=True, FLATTEN=False, ACTIVATION="gelu", HAS_RESIDUAL=False, STORE_PREACT=False,
-        WARP_SPECIALIZE=False, EPILOGUE_SUBTILE=True, DOT_PRECISION="ieee", UPCAST_OPERANDS=False,
-        STREAM_K=True), 8, 3
+        yield (
+            (
+                f"tma-fp16-A{'K' if a_k else 'M'}-B{'K' if b_k else 'N'}-{'pers' if persistent else 'dp'}"
+                f"{'-ws' if ws else ''}{'-sub' if sub else ''}"
+            ),
+            "fp16",
+            dict(
+                BLOCK_M=128,
+                BLOCK_N=256,
+                BLOCK_K=64,
+                GROUP_M=8,
+                A_KMAJOR=a_k,
+                B_KMAJOR=b_k,
+                HAS_ALPHA=False,
+                HAS_ADDEND=True,
+                FLATTEN=False,
+                ACTIVATION="gelu_tanh" if sub else "silu",
+                HAS_RESIDUAL=persistent,
+                STORE_PREACT=persistent,
+                WARP_SPECIALIZE=ws,
+                EPILOGUE_SUBTILE=sub,
+                DOT_PRECISION="ieee",
+                UPCAST_OPERANDS=False,
+                STREAM_K=False,
+            ),
+            8,
+            3,
+        )
+    yield (
+        "tma-fp16-streamk-sub",
+        "fp16",
+        dict(
+            BLOCK_M=128,
+            BLOCK_N=256,
+            BLOCK_K=64,
+            GROUP_M=8,
+            A_KMAJOR=True,
+            B_KMAJOR=False,
+            HAS_ALPHA=False,
+            HAS_ADDEND=True,
+            FLATTEN=False,
+            ACTIVATION="gelu",
+            HAS_RESIDUAL=False,
+            STORE_PREACT=False,
+            WARP_SPECIALIZE=False,
+            EPILOGUE_SUBTILE=True,
+            DOT_PRECISION="ieee",
+            UPCAST_OPERANDS=False,
+            STREAM_K=True,
+        ),
+        8,
+        3,
+    )
 
 
 def main():
@@ -126,27 +248,82 @@ def main():
         traceback.print_exc()
     failures = 0
     cases = [(gemm, *c) for c in pointer_cases()]
-    gemv_base = dict(stride_ak=1, stride_bk=1, stride_cn=1, stride_dn=1, EVEN_K=True, HAS_ALPHA=False,
-                     HAS_ADDEND=True, ACTIVATION="silu", HAS_RESIDUAL=False, STORE_PREACT=False, INDEX_64=False,
-                     ACC_FP64=False)
-    cases += [(gemv, "gemv-fp16-32x256", "fp16", dict(gemv_base, BLOCK_N=32, BLOCK_K=256, SPLIT_K=False,
-                                                        REDUCE_INLINE=False), 4, 3),
-              (gemv, "gemv-bf16-splitk-inline", "bf16", dict(gemv_base, BLOCK_N=64, BLOCK_K=128, SPLIT_K=True,
-                                                              REDUCE_INLINE=True), 4, 3)]
-    sk_base = dict(stride_ak=1, stride_bn=1, stride_cn=1, stride_dn=1, GROUP_M=8, EVEN_K=True, HAS_ALPHA=False,
-                   HAS_ADDEND=False, ACTIVATION="none", HAS_RESIDUAL=False, STORE_PREACT=False, ACC_FP64=False,
-                   DOT_PRECISION="ieee", UPCAST_OPERANDS=False)
-    cases += [(streamk, "streamk-fp16-128x128x64-s4", "fp16", dict(sk_base, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64), 8, 4),
-              (streamk, "streamk-bf16-128x256x64-s3-gelu", "bf16",
-               dict(sk_base, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, HAS_ADDEND=True, ACTIVATION="gelu"), 8, 3)]
+    gemv_base = dict(
+        stride_ak=1,
+        stride_bk=1,
+        stride_cn=1,
+        stride_dn=1,
+        EVEN_K=True,
+        HAS_ALPHA=False,
+        HAS_ADDEND=True,
+        ACTIVATION="silu",
+        HAS_RESIDUAL=False,
+        STORE_PREACT=False,
+        INDEX_64=False,
+        ACC_FP64=False,
+    )
+    cases += [
+        (
+            gemv,
+            "gemv-fp16-32x256",
+            "fp16",
+            dict(gemv_base, BLOCK_N=32, BLOCK_K=256, SPLIT_K=False, REDUCE_INLINE=False),
+            4,
+            3,
+        ),
+        (
+            gemv,
+            "gemv-bf16-splitk-inline",
+            "bf16",
+            dict(gemv_base, BLOCK_N=64, BLOCK_K=128, SPLIT_K=True, REDUCE_INLINE=True),
+            4,
+            3,
+        ),
+    ]
+    sk_base = dict(
+        stride_ak=1,
+        stride_bn=1,
+        stride_cn=1,
+        stride_dn=1,
+        GROUP_M=8,
+        EVEN_K=True,
+        HAS_ALPHA=False,
+        HAS_ADDEND=False,
+        ACTIVATION="none",
+        HAS_RESIDUAL=False,
+        STORE_PREACT=False,
+        ACC_FP64=False,
+        DOT_PRECISION="ieee",
+        UPCAST_OPERANDS=False,
+    )
+    cases += [
+        (
+            streamk,
+            "streamk-fp16-128x128x64-s4",
+            "fp16",
+            dict(sk_base, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64),
+            8,
+            4,
+        ),
+        (
+            streamk,
+            "streamk-bf16-128x256x64-s3-gelu",
+            "bf16",
+            dict(sk_base, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, HAS_ADDEND=True, ACTIVATION="gelu"),
+            8,
+            3,
+        ),
+    ]
     if tma is not None:
         cases += [(tma, *c) for c in tma_cases()]
     for kernel, name, dt, consts, warps, stages in cases:
         if args.only and args.only not in name:
             continue
         if kernel is not tma:
-            types = {n: (f"*{dt}" if n.endswith("_ptr") else "fp32" if n in ("alpha", "beta") else "i32")
-                     for n in kernel.arg_names}
+            types = {
+                n: (f"*{dt}" if n.endswith("_ptr") else "fp32" if n in ("alpha", "beta") else "i32")
+                for n in kernel.arg_names
+            }
             types.update(ws_ptr="*fp32", count_ptr="*i32")
         else:
             bm, bn, bk = consts["BLOCK_M"], consts["BLOCK_N"], consts["BLOCK_K"]
@@ -154,14 +331,25 @@ def main():
             b_block = [bk, bn] if consts["B_KMAJOR"] else [bn, bk]
             c_block = [bm, bn // 2] if consts["EPILOGUE_SUBTILE"] else [bm, bn]
             types = {n: "i32" for n in kernel.arg_names}
-            types.update(a_desc=f"tensordesc<{dt}{a_block}>", b_desc=f"tensordesc<{dt}{b_block}>",
-                         c_desc=f"tensordesc<{dt}{c_block}>", d_ptr=f"*{dt}", r_ptr=f"*{dt}", z_ptr=f"*{dt}",
-                         ws_ptr="*fp32", count_ptr="*i32", alpha="fp32", beta="fp32")
+            types.update(
+                a_desc=f"tensordesc<{dt}{a_block}>",
+                b_desc=f"tensordesc<{dt}{b_block}>",
+                c_desc=f"tensordesc<{dt}{c_block}>",
+                d_ptr=f"*{dt}",
+                r_ptr=f"*{dt}",
+                z_ptr=f"*{dt}",
+                ws_ptr="*fp32",
+                count_ptr="*i32",
+                alpha="fp32",
+                beta="fp32",
+            )
         try:
             k = compile_one(kernel, types, consts, target, warps, stages)
             ptx = k.asm["ptx"]
-            print(f"OK   {name:40s} smem={k.metadata.shared:6d}B wgmma={'wgmma' in ptx} "
-                  f"tma={'cp.async.bulk.tensor' in ptx} cp.async={'cp.async.cg' in ptx or 'cp.async.ca' in ptx}")
+            print(
+                f"OK   {name:40s} smem={k.metadata.shared:6d}B wgmma={'wgmma' in ptx} "
+                f"tma={'cp.async.bulk.tensor' in ptx} cp.async={'cp.async.cg' in ptx or 'cp.async.ca' in ptx}"
+            )
             if args.dump:
                 os.makedirs(args.dump, exist_ok=True)
                 for ext in ("ttgir", "ptx"):

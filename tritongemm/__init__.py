@@ -29,7 +29,11 @@ Where things live (imports flow down this list, never up)::
 
 import os as _os
 
-from . import nn
+from . import (
+    _compat,  # noqa: F401  (first: an unsupported Triton/torch fails here, named, not later)
+    nn,
+)
+from ._version import __version__ as __version__
 from .api import addmm, baddbmm, bmm, linear, matmul, mm
 from .autograd import set_poison_outputs as _set_poison_outputs
 from .configs import PIPELINES, ConfigError, GemmProblem, TileConfig
@@ -42,14 +46,33 @@ from .selection import select_config
 from .semantics import UnsupportedInputError
 from .tuning import candidate_configs, set_autotune_on_first_call, tune
 
-__version__ = "0.1.0"
-
 if _os.environ.get("TRITONGEMM_POISON_OUTPUTS", "0") == "1":
     _set_poison_outputs(True)
 
 __all__ = [
-    "matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "nn", "patch", "PatchStats",
-    "TileConfig", "PIPELINES", "ConfigError", "GemmProblem", "candidate_configs",
-    "DeviceInfo", "KNOWN_DEVICES", "device_info", "interpreter_enabled", "UnsupportedInputError",
-    "heuristic_config", "select_config", "explain", "clear_plan_cache", "tune", "set_autotune_on_first_call",
+    "matmul",
+    "mm",
+    "bmm",
+    "addmm",
+    "baddbmm",
+    "linear",
+    "nn",
+    "patch",
+    "PatchStats",
+    "TileConfig",
+    "PIPELINES",
+    "ConfigError",
+    "GemmProblem",
+    "candidate_configs",
+    "DeviceInfo",
+    "KNOWN_DEVICES",
+    "device_info",
+    "interpreter_enabled",
+    "UnsupportedInputError",
+    "heuristic_config",
+    "select_config",
+    "explain",
+    "clear_plan_cache",
+    "tune",
+    "set_autotune_on_first_call",
 ]

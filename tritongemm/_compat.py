@@ -85,3 +85,7 @@ def check_versions(torch_version: str | None = None, triton_version: str | None 
             f"(tested: {TESTED}). Upgrade, e.g. pip install 'torch>={_dotted(MIN_TORCH)}' "
             f"'triton>={_dotted(MIN_TRITON)}' (each torch release pins the Triton it was built with)."
         )
+
+
+# Run on import (tritongemm/__init__.py imports this module first).
+check_versions()

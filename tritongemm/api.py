@@ -80,9 +80,14 @@ def _check_pair(fn: str, a, b, b_name: str = "other") -> None:
     Any doubt takes the full check, which raises torch's exception with the details.
     """
     if not (
-        isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-        and a.dtype in SUPPORTED_DTYPES and a.layout == torch.strided and b.layout == torch.strided
-        and a.device == b.device and a.device in _RUNNABLE_DEVICES
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.dtype == b.dtype
+        and a.dtype in SUPPORTED_DTYPES
+        and a.layout == torch.strided
+        and b.layout == torch.strided
+        and a.device == b.device
+        and a.device in _RUNNABLE_DEVICES
     ):
         _check_tensors(fn, **{"input": a, b_name: b})
 
@@ -120,8 +125,9 @@ def _check_out(fn: str, out: torch.Tensor | None, shape, dtype, *inputs) -> torc
         return None
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{fn}: argument 'out' must be a Tensor, not {type(out).__name__}")
-    if torch.is_grad_enabled() and (out.requires_grad or any(
-            t.requires_grad for t in inputs if isinstance(t, torch.Tensor))):
+    if torch.is_grad_enabled() and (
+        out.requires_grad or any(t.requires_grad for t in inputs if isinstance(t, torch.Tensor))
+    ):
         raise RuntimeError(
             f"{fn}(): functions with out=... arguments don't support automatic differentiation, "
             "but one of the arguments requires grad."
@@ -136,7 +142,8 @@ def _check_out(fn: str, out: torch.Tensor | None, shape, dtype, *inputs) -> torc
                 f"{fn}: an output with one or more elements was resized since it had shape {list(out.shape)}, "
                 f"which does not match the required output shape {list(shape)}. (torch does the same, and "
                 "deprecates it: pass an out of the right shape or an empty one.)",
-                UserWarning, stacklevel=3,
+                UserWarning,
+                stacklevel=3,
             )
         out.resize_(shape)
     if torch._debug_has_internal_overlap(out) == 1:
@@ -185,7 +192,9 @@ def _check_scalar(fn: str, name: str, value) -> float:
 
 def _check_out_dtype(fn: str, out_dtype) -> None:
     if out_dtype is not None and out_dtype not in SUPPORTED_DTYPES:
-        raise RuntimeError(f"{fn}: out_dtype {out_dtype} is not supported; use one of {list(SUPPORTED_DTYPES)}")
+        raise RuntimeError(
+            f"{fn}: out_dtype {out_dtype} is not supported; use one of {list(SUPPORTED_DTYPES)}"
+        )
 
 
 def _expand_to(fn: str, name: str, t: torch.Tensor | None, shape) -> torch.Tensor | None:
@@ -232,9 +241,21 @@ def _epilogue(activation: str, alpha: float, beta: float, addend, residual) -> E
 # ----------------------------------------------------------------------------------
 # The core: batched, broadcast C = act(alpha * A @ B + beta * D) + R
 # ----------------------------------------------------------------------------------
-def _batched(fn: str, a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | None, alpha: float, beta: float,
-             out_dtype, config: Config, pipeline: Pipeline, out: torch.Tensor | None, decomposition: str | None = None,
-             activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
+def _batched(
+    fn: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    addend: torch.Tensor | None,
+    alpha: float,
+    beta: float,
+    out_dtype,
+    config: Config,
+    pipeline: Pipeline,
+    out: torch.Tensor | None,
+    decomposition: str | None = None,
+    activation: str = "none",
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
     """a: (*, M, K) with a.dim() >= 2, b: (*, K, N) with b.dim() >= 2."""
     m, k = a.shape[-2:]
     n = b.shape[-1]
@@ -248,7 +269,9 @@ def _batched(fn: str, a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | N
         # An empty sum: torch returns beta * input exactly (a -0.0 stays -0.0, which 0 + -0.0 would not).
         c = addend * beta if beta != 1 else addend.clone(memory_format=torch.contiguous_format)
         return out.copy_(c) if out is not None else c.to(out_dtype or a.dtype)
-    call = _call(a, _epilogue(activation, alpha, beta, addend, residual), out_dtype, config, pipeline, decomposition)
+    call = _call(
+        a, _epilogue(activation, alpha, beta, addend, residual), out_dtype, config, pipeline, decomposition
+    )
 
     # Fold (*, M, K) @ (K, N) into one (prod(*) * M, K) @ (K, N) product when
     # B carries no batch and A's rows can be viewed as one matrix: a single
@@ -318,8 +341,12 @@ def matmul(
     if bias is None and residual is None:
         _check_pair("matmul", a, b, "other")
     else:
-        _check_tensors("matmul", input=a, other=b, **{n: t for n, t in (("bias", bias), ("residual", residual))
-                                                      if t is not None})
+        _check_tensors(
+            "matmul",
+            input=a,
+            other=b,
+            **{n: t for n, t in (("bias", bias), ("residual", residual)) if t is not None},
+        )
     _check_out_dtype("matmul", out_dtype)
     if a.dim() == 0 or b.dim() == 0:
         raise RuntimeError(
@@ -333,8 +360,21 @@ def matmul(
                 f"{_shape(a)} and {_shape(b)}"
             )
         _check_inner("matmul", a.shape, b.shape, a.shape[-1], b.shape[-2])
-        return _batched("matmul", a, b, bias, 1.0, 1.0, out_dtype, config, pipeline, out, decomposition,
-                        activation, residual)
+        return _batched(
+            "matmul",
+            a,
+            b,
+            bias,
+            1.0,
+            1.0,
+            out_dtype,
+            config,
+            pipeline,
+            out,
+            decomposition,
+            activation,
+            residual,
+        )
     if a.dim() == 2 and b.dim() == 2 and out is None:  # the common case, kept short
         _check_inner("matmul", a.shape, b.shape, a.shape[1], b.shape[0])
         return _run(_call(a, PLAIN_EPILOGUE, out_dtype, config, pipeline, decomposition), a, b)
@@ -502,8 +542,12 @@ def linear(
     if bias is None and residual is None:
         _check_pair("linear", input, weight, "weight")
     else:
-        _check_tensors("linear", input=input, weight=weight,
-                       **{n: t for n, t in (("bias", bias), ("residual", residual)) if t is not None})
+        _check_tensors(
+            "linear",
+            input=input,
+            weight=weight,
+            **{n: t for n, t in (("bias", bias), ("residual", residual)) if t is not None},
+        )
     _check_out_dtype("linear", out_dtype)
     activation = check_activation("linear", activation)
     if input.dim() == 0 or weight.dim() == 0:
@@ -512,7 +556,9 @@ def linear(
             f"{weight.dim()}D"
         )
     if weight.dim() > 2:
-        raise RuntimeError(f"linear: weight of shape {_shape(weight)} has {weight.dim()} dimensions (at most 2)")
+        raise RuntimeError(
+            f"linear: weight of shape {_shape(weight)} has {weight.dim()} dimensions (at most 2)"
+        )
     if input.shape[-1] != weight.shape[-1]:
         raise RuntimeError(
             f"linear: input of shape {_shape(input)} and weight of shape {_shape(weight)} do not match "
@@ -523,9 +569,12 @@ def linear(
             raise RuntimeError("linear: activation/residual need a 2-D weight")
         if bias is not None and (input.dim() == 2 or (bias.dim() == 1 and input.is_contiguous())):
             # torch routes these through addmm, whose mat2 (weight.t()) must be a matrix.
-            raise RuntimeError(f"linear: mat2 must be a matrix, got 1-D tensor (weight of shape {_shape(weight)})")
-        y = matmul(input, weight, config=config, pipeline=pipeline, decomposition=decomposition,
-                   out_dtype=out_dtype)
+            raise RuntimeError(
+                f"linear: mat2 must be a matrix, got 1-D tensor (weight of shape {_shape(weight)})"
+            )
+        y = matmul(
+            input, weight, config=config, pipeline=pipeline, decomposition=decomposition, out_dtype=out_dtype
+        )
         if bias is None:
             return y
         # torch adds the bias in place: it must broadcast into the result without growing it.
@@ -533,8 +582,21 @@ def linear(
     x2 = input.unsqueeze(0) if input.dim() == 1 else input
     if residual is not None and input.dim() == 1:
         residual = residual.unsqueeze(0)
-    y = _batched("linear", x2, weight.mT, bias, 1.0, 1.0, out_dtype, config, pipeline, None, decomposition,
-                 activation, residual)
+    y = _batched(
+        "linear",
+        x2,
+        weight.mT,
+        bias,
+        1.0,
+        1.0,
+        out_dtype,
+        config,
+        pipeline,
+        None,
+        decomposition,
+        activation,
+        residual,
+    )
     return y.squeeze(-2) if input.dim() == 1 else y
 
 

@@ -52,11 +52,19 @@ def set_poison_outputs(enabled: bool) -> None:
     _debug_poison[0] = bool(enabled)
 
 
-def run_gemm(call: GemmCall, a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | None = None,
-             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-             preact: torch.Tensor | None = None) -> torch.Tensor:
+def run_gemm(
+    call: GemmCall,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    addend: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    preact: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Allocate (or take ``out``) and launch, without autograd."""
-    if out is not None and distributed.any_dtensor(a, out):  # out= with DTensors: DTensor copies the result in
+    if out is not None and distributed.any_dtensor(
+        a, out
+    ):  # out= with DTensors: DTensor copies the result in
         return out.copy_(gemm_op(call, a, b, addend, residual))
     if out is None:
         out = _alloc_out(a, b, call.out_dtype or a.dtype)
@@ -68,18 +76,26 @@ def needs_autograd(call: GemmCall, a, b, addend, residual) -> bool:
     if _functorch_active() or is_tracing(a):
         return True
     return torch.is_grad_enabled() and (
-        a.requires_grad or b.requires_grad
+        a.requires_grad
+        or b.requires_grad
         or (addend is not None and addend.requires_grad)
         or (residual is not None and residual.requires_grad)
     )
 
 
-def gemm_op(call: GemmCall, a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | None = None,
-            residual: torch.Tensor | None = None) -> torch.Tensor:
+def gemm_op(
+    call: GemmCall,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    addend: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Differentiable ``act(alpha * a @ b + beta * addend) + residual`` on same-batch operands."""
     ep = call.epilogue
-    if ep.activation != "none" and torch.is_grad_enabled() and (
-        a.requires_grad or b.requires_grad or (addend is not None and addend.requires_grad)
+    if (
+        ep.activation != "none"
+        and torch.is_grad_enabled()
+        and (a.requires_grad or b.requires_grad or (addend is not None and addend.requires_grad))
     ):
         # The pre-activation is written by the same kernel, only when backward needs it.
         call = call._replace(epilogue=ep._replace(store_preact=True))
@@ -118,7 +134,9 @@ def _backward_gemms(ctx, grad_out, a, b, z):
         grad_residual = grad_out
     grad_z = activation_backward(grad_out, z, ep.activation) if ep.activation != "none" else grad_out
     # The gradient GEMMs: alpha * (dZ B^T) and alpha * (A^T dZ), in the forward's pipeline.
-    grad_call = GemmCall(Epilogue(alpha=ep.alpha), Request(pipeline=call.request.pipeline), None, call.precision)
+    grad_call = GemmCall(
+        Epilogue(alpha=ep.alpha), Request(pipeline=call.request.pipeline), None, call.precision
+    )
     # Under create_graph (double backward), a trace or a torch.func transform the
     # gradients must themselves go through the autograd op.  Otherwise launch
     # directly, which saves the autograd.Function bookkeeping per GEMM.
@@ -256,11 +274,24 @@ def _parse_pipeline(pipeline: str | None) -> str | int | None:
     return int(pipeline) if pipeline is not None and pipeline.isdigit() else pipeline
 
 
-def _call_from_op_args(alpha, beta, activation, out_dtype, pipeline, decomposition, config_json, precision,
-                       addend, residual, store_preact) -> GemmCall:
+def _call_from_op_args(
+    alpha,
+    beta,
+    activation,
+    out_dtype,
+    pipeline,
+    decomposition,
+    config_json,
+    precision,
+    addend,
+    residual,
+    store_preact,
+) -> GemmCall:
     config = TileConfig.from_dict(json.loads(config_json)) if config_json else None
     request = Request(config, _parse_pipeline(pipeline), decomposition)
-    ep = Epilogue(activation, alpha, beta, addend is not None and beta != 0, residual is not None, store_preact)
+    ep = Epilogue(
+        activation, alpha, beta, addend is not None and beta != 0, residual is not None, store_preact
+    )
     return GemmCall(ep, request, out_dtype, precision)
 
 
@@ -272,8 +303,17 @@ def _resolve_precision(call: GemmCall, a: torch.Tensor) -> GemmCall:
 def _traceable_gemm(call: GemmCall, a, b, addend, residual):
     ep, req = call.epilogue, call.request
     out, _ = torch.ops.tritongemm.gemm(
-        a, b, addend, residual, float(ep.alpha), float(ep.beta), ep.activation, call.out_dtype,
-        None if req.pipeline is None else str(req.pipeline), req.decomposition, _config_json(req.config),
+        a,
+        b,
+        addend,
+        residual,
+        float(ep.alpha),
+        float(ep.beta),
+        ep.activation,
+        call.out_dtype,
+        None if req.pipeline is None else str(req.pipeline),
+        req.decomposition,
+        _config_json(req.config),
         call.precision,
     )
     return out
@@ -296,27 +336,76 @@ def _gemm_custom_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(act(alpha a@b + beta addend) + residual, pre-activation or an empty tensor)."""
     store = activation != "none"
-    call = _call_from_op_args(alpha, beta, activation, out_dtype, pipeline, decomposition, config_json, precision,
-                              addend, residual, store)
+    call = _call_from_op_args(
+        alpha,
+        beta,
+        activation,
+        out_dtype,
+        pipeline,
+        decomposition,
+        config_json,
+        precision,
+        addend,
+        residual,
+        store,
+    )
     call = _resolve_precision(call, a)
     out = _alloc_out(a, b, out_dtype or a.dtype)
     preact = torch.empty_like(out) if store else out.new_empty(0)
-    launch.gemm(call, a, b, out, addend if call.epilogue.addend else None, residual, preact if store else None)
+    launch.gemm(
+        call, a, b, out, addend if call.epilogue.addend else None, residual, preact if store else None
+    )
     return out, preact
 
 
 @_gemm_custom_op.register_fake
-def _(a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json,
-      precision="ieee"):
+def _(
+    a,
+    b,
+    addend,
+    residual,
+    alpha,
+    beta,
+    activation,
+    out_dtype,
+    pipeline,
+    decomposition,
+    config_json,
+    precision="ieee",
+):
     out = a.new_empty((*a.shape[:-2], a.shape[-2], b.shape[-1]), dtype=out_dtype or a.dtype)
     preact = torch.empty_like(out) if activation != "none" else out.new_empty(0)
     return out, preact
 
 
 def _setup_context(ctx, inputs, output):
-    a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json, precision = inputs
-    call = _call_from_op_args(alpha, beta, activation, out_dtype, pipeline, decomposition, config_json, precision,
-                              addend, residual, activation != "none")
+    (
+        a,
+        b,
+        addend,
+        residual,
+        alpha,
+        beta,
+        activation,
+        out_dtype,
+        pipeline,
+        decomposition,
+        config_json,
+        precision,
+    ) = inputs
+    call = _call_from_op_args(
+        alpha,
+        beta,
+        activation,
+        out_dtype,
+        pipeline,
+        decomposition,
+        config_json,
+        precision,
+        addend,
+        residual,
+        activation != "none",
+    )
     _save(ctx, call, a, b, output[1])
 
 

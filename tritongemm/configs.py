@@ -48,7 +48,15 @@ MIN_STAGES, MAX_STAGES = 1, 6
 ACCUMULATOR_REGISTER_BUDGET = 192
 
 
-_BOOL_FIELDS = ("tma", "persistent", "warp_specialize", "epilogue_subtile", "split_k_inline", "stream_k", "gemv")
+_BOOL_FIELDS = (
+    "tma",
+    "persistent",
+    "warp_specialize",
+    "epilogue_subtile",
+    "split_k_inline",
+    "stream_k",
+    "gemv",
+)
 
 
 class ConfigError(ValueError):
@@ -135,7 +143,9 @@ class TileConfig:
         if self.stream_k and self.split_k > 1:
             raise ConfigError("TileConfig.stream_k and split_k > 1 are two ways of splitting K: pick one")
         if self.stream_k and self.tma and not self.persistent:
-            raise ConfigError("TileConfig.stream_k with tma=True needs persistent=True (Stream-K is a persistent grid)")
+            raise ConfigError(
+                "TileConfig.stream_k with tma=True needs persistent=True (Stream-K is a persistent grid)"
+            )
         if self.stream_k and self.warp_specialize:
             raise ConfigError("TileConfig.stream_k does not combine with warp_specialize")
         if self.gemv and (self.tma or self.stream_k):
@@ -234,8 +244,16 @@ class TileConfig:
         return "tma_persistent" if self.persistent else "tma"
 
     def short(self) -> str:
-        flags = [name for name, on in (("tma", self.tma), ("persistent", self.persistent),
-                                       ("ws", self.warp_specialize), ("subtile", self.epilogue_subtile)) if on]
+        flags = [
+            name
+            for name, on in (
+                ("tma", self.tma),
+                ("persistent", self.persistent),
+                ("ws", self.warp_specialize),
+                ("subtile", self.epilogue_subtile),
+            )
+            if on
+        ]
         if self.split_k > 1:
             flags.append(f"splitk{self.split_k}" + ("i" if self.split_k_inline else ""))
         if self.stream_k:
@@ -259,9 +277,15 @@ class TileConfig:
                 f"  thread level : {self.thread_fragment} fp32 accumulators per thread",
                 f"  pipeline     : {self.pipeline}, num_stages={self.num_stages}, "
                 f"{self.smem_bytes(elem_size) / 1024:.0f} KiB shared memory at {elem_size} B/element",
-                f"  decomposition: {self.decomposition}" + (f" x{self.split_k}" if self.split_k > 1 else "")
-                + (", reduced in-kernel by each tile's last slice" if self.split_k_inline else
-                   ", reduced by a second kernel" if self.split_k > 1 else ""),
+                f"  decomposition: {self.decomposition}"
+                + (f" x{self.split_k}" if self.split_k > 1 else "")
+                + (
+                    ", reduced in-kernel by each tile's last slice"
+                    if self.split_k_inline
+                    else ", reduced by a second kernel"
+                    if self.split_k > 1
+                    else ""
+                ),
                 f"  kernel       : {self.kernel}"
                 + (" (warp-specialized)" if self.warp_specialize else "")
                 + (" (epilogue in two halves)" if self.epilogue_subtile else ""),
@@ -304,7 +328,9 @@ def resolve_pipeline(pipeline: str | int, default_multi: int = 3) -> int:
             raise ConfigError(f"pipeline stage count {pipeline} must be in [{MIN_STAGES}, {MAX_STAGES}]")
         return pipeline
     if pipeline not in PIPELINES:
-        raise ConfigError(f"unknown pipeline {pipeline!r}; choose one of {sorted(PIPELINES)} or a stage count")
+        raise ConfigError(
+            f"unknown pipeline {pipeline!r}; choose one of {sorted(PIPELINES)} or a stage count"
+        )
     return default_multi if pipeline == "multi_stage" else PIPELINES[pipeline]
 
 
@@ -313,10 +339,16 @@ ELEMENT_SIZES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 #: Spellings accepted for a problem's dtype (the CLI's too), by canonical name.
 DTYPE_ALIASES = {
-    "fp16": "float16", "half": "float16", "f16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "f16": "float16",
     "bf16": "bfloat16",
-    "fp32": "float32", "float": "float32", "f32": "float32",
-    "fp64": "float64", "double": "float64", "f64": "float64",
+    "fp32": "float32",
+    "float": "float32",
+    "f32": "float32",
+    "fp64": "float64",
+    "double": "float64",
+    "f64": "float64",
 }
 
 
@@ -325,8 +357,9 @@ def canonical_dtype(dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     name = DTYPE_ALIASES.get(name, name)
     if name not in ELEMENT_SIZES:
-        raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(ELEMENT_SIZES)} "
-                         f"(or {sorted(DTYPE_ALIASES)})")
+        raise ValueError(
+            f"unsupported dtype {dtype!r}; choose one of {sorted(ELEMENT_SIZES)} (or {sorted(DTYPE_ALIASES)})"
+        )
     return name
 
 
@@ -367,7 +400,6 @@ class GemmProblem:
     @property
     def flops(self) -> int:
         return 2 * self.batch * self.m * self.n * self.k
-
 
 
 def wave_efficiency(tiles: int, sm_count: int) -> float:

@@ -64,7 +64,9 @@ def named_device(name: str | DeviceInfo) -> DeviceInfo:
     try:
         return KNOWN_DEVICES[name.lower()]
     except KeyError:
-        raise ValueError(f"unknown device {name!r}; choose one of {sorted(KNOWN_DEVICES)} or pass a DeviceInfo") from None
+        raise ValueError(
+            f"unknown device {name!r}; choose one of {sorted(KNOWN_DEVICES)} or pass a DeviceInfo"
+        ) from None
 
 
 def interpreter_enabled() -> bool:

@@ -101,8 +101,12 @@ def _placements(a, b, addend, residual, activation: str):
         preact = out if activation != "none" else Replicate()  # an empty tensor without an activation
         return (
             [out, preact],
-            [pa, pb, epilogue_operand if addend is not None else None,
-             epilogue_operand if residual is not None else None],
+            [
+                pa,
+                pb,
+                epilogue_operand if addend is not None else None,
+                epilogue_operand if residual is not None else None,
+            ],
         )
 
     rules = [
@@ -157,8 +161,9 @@ def _key_cache_on_epilogue(op) -> None:
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 
     propagator = DTensor._op_dispatcher.sharding_propagator
-    propagator.register_op_strategy(op, propagator.op_strategy_funcs[op],
-                                    RuntimeSchemaInfo(static_argnum=4, needs_pytree=True))
+    propagator.register_op_strategy(
+        op, propagator.op_strategy_funcs[op], RuntimeSchemaInfo(static_argnum=4, needs_pytree=True)
+    )
 
 
 # ----------------------------------------------------------------------------------

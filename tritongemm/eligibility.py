@@ -28,7 +28,9 @@ class Operand(NamedTuple):
 
     @classmethod
     def of(cls, t: torch.Tensor) -> Operand:
-        return cls(t.shape[-2], t.shape[-1], t.stride(-2), t.stride(-1), t.element_size(), t.data_ptr() % 16 == 0)
+        return cls(
+            t.shape[-2], t.shape[-1], t.stride(-2), t.stride(-1), t.element_size(), t.data_ptr() % 16 == 0
+        )
 
     @classmethod
     def contiguous(cls, rows: int, cols: int, elem_size: int) -> Operand:
@@ -113,8 +115,15 @@ def tma_operand_reason(name: str, op: Operand) -> str | None:
     return None
 
 
-def tma_unsupported_reason(a: Operand, b: Operand, c: Operand, dtype: torch.dtype, out_dtype: torch.dtype,
-                           device: DeviceInfo, batched: bool) -> str | None:
+def tma_unsupported_reason(
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    dtype: torch.dtype,
+    out_dtype: torch.dtype,
+    device: DeviceInfo,
+    batched: bool,
+) -> str | None:
     """Why the TMA kernel cannot take these operands (None when it can)."""
     if not device.interpreter and device.capability < (9, 0):
         return f"TMA needs sm_90 or newer ({device.name} is sm_{device.capability[0]}{device.capability[1]})"
@@ -149,5 +158,13 @@ def stream_k_unsupported_reason(k: int, batched: bool) -> str | None:
     return "Stream-K takes one (unbatched) problem with K > 0"
 
 
-__all__ = ["Operand", "gemv_unsupported_reason", "round_up", "stream_k_unsupported_reason", "stride_hint",
-           "tma_operand_reason", "tma_unsupported_reason", "vector_bytes"]
+__all__ = [
+    "Operand",
+    "gemv_unsupported_reason",
+    "round_up",
+    "stream_k_unsupported_reason",
+    "stride_hint",
+    "tma_operand_reason",
+    "tma_unsupported_reason",
+    "vector_bytes",
+]

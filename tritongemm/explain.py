@@ -30,10 +30,19 @@ def _operand(t: torch.Tensor) -> Operand:
     return Operand.of(t)
 
 
-def explain(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
-            residual: torch.Tensor | None = None, activation: str | None = None,
-            out_dtype: torch.dtype | None = None, config=None, pipeline=None, decomposition=None,
-            device: str | DeviceInfo | None = None) -> Plan:
+def explain(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    activation: str | None = None,
+    out_dtype: torch.dtype | None = None,
+    config=None,
+    pipeline=None,
+    decomposition=None,
+    device: str | DeviceInfo | None = None,
+) -> Plan:
     """The plan ``tritongemm.matmul(a, b, ...)`` would run, and why.
 
     >>> print(tritongemm.explain(a, b).describe())
@@ -46,7 +55,9 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = Non
     dtype = autocast_dtype(a.device) if isinstance(a, torch.Tensor) else None
     if dtype is not None:
         a, b, bias, residual = autocast_cast(dtype, a, b, bias, residual)
-    named = {n: t for n, t in (("input", a), ("other", b), ("bias", bias), ("residual", residual)) if t is not None}
+    named = {
+        n: t for n, t in (("input", a), ("other", b), ("bias", bias), ("residual", residual)) if t is not None
+    }
     if device is None:
         api._check_tensors("explain", **named)
         target = device_info(a.device)
@@ -59,7 +70,9 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = Non
     api._check_out_dtype("explain", out_dtype)
     check_activation("explain", activation)
     if a.dim() == 0 or b.dim() == 0:
-        raise RuntimeError(f"explain: both arguments need to be at least 1D, but they are {a.dim()}D and {b.dim()}D")
+        raise RuntimeError(
+            f"explain: both arguments need to be at least 1D, but they are {a.dim()}D and {b.dim()}D"
+        )
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
     api._check_inner("explain", a.shape, b.shape, a2.shape[-1], b2.shape[-2])
@@ -75,8 +88,17 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = Non
     problem = GemmProblem(m, n, k, math.prod(batch), dtype_name(a.dtype), layout_letters(op_a, op_b))
     out = out_dtype or a.dtype
     c = Operand.contiguous(m, n, torch.empty((), dtype=out).element_size())
-    return plan(problem, target, make_request(config, pipeline, decomposition), op_a, op_b, c, a.dtype, out,
-                padding_policy())
+    return plan(
+        problem,
+        target,
+        make_request(config, pipeline, decomposition),
+        op_a,
+        op_b,
+        c,
+        a.dtype,
+        out,
+        padding_policy(),
+    )
 
 
 def _check_dtypes(named: dict) -> None:
@@ -88,7 +110,8 @@ def _check_dtypes(named: dict) -> None:
             raise RuntimeError(f"explain: expected all operands to have the same dtype, but got {desc}")
     if first.dtype not in api.SUPPORTED_DTYPES:
         raise api.UnsupportedInputError(
-            f"explain: dtype {first.dtype} is not supported; tritongemm runs float16, bfloat16, float32 and float64")
+            f"explain: dtype {first.dtype} is not supported; tritongemm runs float16, bfloat16, float32 and float64"
+        )
     if first.layout != torch.strided:
         raise api.UnsupportedInputError(f"explain: {first.layout} tensors are not supported (strided only)")
 
@@ -98,8 +121,13 @@ def explain_problem(problem: GemmProblem, device: str | DeviceInfo, **options) -
     dtype = getattr(torch, problem.dtype)
 
     def operand(rows, cols, letter):
-        t = torch.empty((*((problem.batch,) if problem.batch > 1 else ()), rows, cols) if letter == "N"
-                        else (*((problem.batch,) if problem.batch > 1 else ()), cols, rows), dtype=dtype, device="meta")
+        t = torch.empty(
+            (*((problem.batch,) if problem.batch > 1 else ()), rows, cols)
+            if letter == "N"
+            else (*((problem.batch,) if problem.batch > 1 else ()), cols, rows),
+            dtype=dtype,
+            device="meta",
+        )
         return t if letter == "N" else t.mT
 
     a = operand(problem.m, problem.k, problem.layout[0])

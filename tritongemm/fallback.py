@@ -62,8 +62,14 @@ def _plainly_runnable(tensors) -> bool:
     dtype, device = first.dtype, first.device
     if device not in _RUNNABLE or _functorch_active():
         return False
-    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == dtype and t.device == device
-               and t.layout == torch.strided and not t.is_neg() for t in tensors)
+    return all(
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.dtype == dtype
+        and t.device == device
+        and t.layout == torch.strided
+        and not t.is_neg()
+        for t in tensors
+    )
 
 
 def torch_reason(*tensors: torch.Tensor) -> str | None:

@@ -150,7 +150,9 @@ def choose_gemv_tile(problem: GemmProblem) -> GemvTile:
     """
     bn = 8
     bk = min(2048 // problem.elem_size, pow2_at_least(problem.k, 16, 2048))
-    warps = min(8, bk * bn // 32)  # a short K (bk < 32) has work for fewer warps: each thread needs one output
+    warps = min(
+        8, bk * bn // 32
+    )  # a short K (bk < 32) has work for fewer warps: each thread needs one output
     return GemvTile(bn, bk, warps)
 
 
@@ -222,8 +224,9 @@ class StreamKSchedule(NamedTuple):
     iters_per_program: int
 
 
-def stream_k_schedule(tiles: int, k_tiles: int, sm_count: int,
-                      extra_waves: int | None = None) -> StreamKSchedule:
+def stream_k_schedule(
+    tiles: int, k_tiles: int, sm_count: int, extra_waves: int | None = None
+) -> StreamKSchedule:
     """Stream-K's grid: one program per SM (all resident at once: a finisher may
     wait for its contributors).  Whole waves run data-parallel; the rest of
     the tiles' K-steps are cut into equal contiguous shares."""
@@ -333,8 +336,9 @@ class PaddingEstimate(NamedTuple):
         return f"copies ~{self.copy_us:.1f} us, the aligned kernel saves ~{self.saved_us:.1f} us"
 
 
-def padding_estimate(problem: GemmProblem, copied_elems: int, copies: int, vector_bytes: int,
-                     padded_tma: bool) -> PaddingEstimate:
+def padding_estimate(
+    problem: GemmProblem, copied_elems: int, copies: int, vector_bytes: int, padded_tma: bool
+) -> PaddingEstimate:
     """Cost and gain of running ``problem`` on aligned copies rather than on the operands' own strides.
 
     ``copied_elems`` elements are each read and written once, in ``copies``
@@ -396,7 +400,9 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
     if is_gemv(problem):
         g = choose_gemv_tile(problem)
         split = choose_split_k(problem, device, 1, g.block_n, g.block_k)
-        cfg = TileConfig(16, g.block_n, g.block_k, 8, g.warps, 1, split_k=split, split_k_inline=split > 1, gemv=True)
+        cfg = TileConfig(
+            16, g.block_n, g.block_k, 8, g.warps, 1, split_k=split, split_k_inline=split > 1, gemv=True
+        )
         return cfg, "one row of A (M = 1): GEMV kernel, CUDA-core dot products streaming B"
     if is_skinny(problem, device):
         tile = choose_skinny_tile(problem)
@@ -404,8 +410,10 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
         cfg = replace(cfg, num_stages=choose_num_stages(cfg, problem, device, tile.stages))
         return cfg, f"skinny (M = {problem.m}): narrow tiles with a long K step, split-K to fill the SMs"
     if problem.elem_size <= 4 and is_long_k(problem, device):
-        return (split_k_config(choose_long_k_tile(problem), problem, device),
-                "long K over few tiles: 128x128 tiles with split-K")
+        return (
+            split_k_config(choose_long_k_tile(problem), problem, device),
+            "long K over few tiles: 128x128 tiles with split-K",
+        )
     tile = choose_cta_tile(problem, device)
     tiles = tiles_of(problem, tile.block_m, tile.block_n)
     score = wave_efficiency(tiles, device.sm_count) * tile.speed
@@ -416,8 +424,10 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
         return STREAM_K_TILE.config(stream_k=True), "one wave of 128x128 tiles plus a sliver: Stream-K"
     tma = tile.tma and device.capability >= (9, 0)
     if tma and prefers_tma_stream_k(problem, device):
-        return (TMA_STREAM_K_TILE.config(tma=True, persistent=True, stream_k=True),
-                "two or more waves of 128x256 tiles, the last nearly empty: Stream-K on the TMA kernel")
+        return (
+            TMA_STREAM_K_TILE.config(tma=True, persistent=True, stream_k=True),
+            "two or more waves of 128x256 tiles, the last nearly empty: Stream-K on the TMA kernel",
+        )
     # Persistent even for a single wave: measured on the H100, the data-parallel
     # TMA grid loses up to 40% with a transposed A at 2048^3 (sweeps/sweep_layouts.csv).
     cfg = tile.config(tma=tma, persistent=tma)

@@ -40,8 +40,16 @@ class Linear(torch.nn.Linear):
     #: (each instance's own counts shadow this name on the instance).
     fallbacks: Counter = Counter()
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
-                 *, activation: str | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        activation: str | None = None,
+    ) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.activation = activation or "none"
         if self.activation not in ACTIVATIONS:

@@ -45,7 +45,9 @@ class PatchStats:
         return reasons
 
     def summary(self) -> str:
-        lines = [f"tritongemm.patch: {self.total_served} calls served, {self.total_fallbacks} fell back to torch"]
+        lines = [
+            f"tritongemm.patch: {self.total_served} calls served, {self.total_fallbacks} fell back to torch"
+        ]
         lines += [f"  served   {op}: {n}" for op, n in sorted(self.served.items())]
         lines += [f"  fallback {op}: {n} ({reason})" for (op, reason), n in sorted(self.fallbacks.items())]
         return "\n".join(lines)
@@ -79,8 +81,14 @@ _ROUTES = {
     F.linear: ("linear", api.linear, 2),
 }
 # Keyword arguments our functions take with torch's meaning.
-_KWARGS = {"matmul": set(), "mm": set(), "bmm": set(), "addmm": {"beta", "alpha"},
-           "baddbmm": {"beta", "alpha"}, "linear": {"bias"}}
+_KWARGS = {
+    "matmul": set(),
+    "mm": set(),
+    "bmm": set(),
+    "addmm": {"beta", "alpha"},
+    "baddbmm": {"beta", "alpha"},
+    "linear": {"bias"},
+}
 
 
 def _route(op: str, args: tuple, kwargs: dict, n_tensors: int) -> str | None:

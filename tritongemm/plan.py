@@ -62,20 +62,35 @@ class Plan:
         if self.problem is not None:
             p = self.problem
             batch = f"{p.batch} x " if p.batch != 1 else ""
-            lines.append(f"problem: {batch}{p.m}x{p.n}x{p.k} {p.dtype} {p.layout}"
-                         + (f" on {self.device.name}" if self.device else ""))
+            lines.append(
+                f"problem: {batch}{p.m}x{p.n}x{p.k} {p.dtype} {p.layout}"
+                + (f" on {self.device.name}" if self.device else "")
+            )
         lines.append(f"kernel : {self.kernel}" + (f" (fell back: {self.fallback})" if self.fallback else ""))
         lines.append(f"config : {self.config.short()}")
         lines.append(f"why    : {self.source}")
         if self.alignment is not None:
             al = self.alignment
-            what = f"copy {', '.join(al.padded)} to aligned workspaces" if al.path == "pad" else f"{al.path} pointer loads"
+            what = (
+                f"copy {', '.join(al.padded)} to aligned workspaces"
+                if al.path == "pad"
+                else f"{al.path} pointer loads"
+            )
             lines.append(f"align  : {what} ({al.why})")
         return "\n".join(lines)
 
 
-def plan(problem: GemmProblem, device: DeviceInfo, request: Request, a: Operand, b: Operand, c: Operand,
-         dtype: torch.dtype, out_dtype: torch.dtype, padding: str = "auto") -> Plan:
+def plan(
+    problem: GemmProblem,
+    device: DeviceInfo,
+    request: Request,
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    dtype: torch.dtype,
+    out_dtype: torch.dtype,
+    padding: str = "auto",
+) -> Plan:
     """Choose the config (``selection.select``), then the kernel the operands allow, then whether to copy
     unaligned operands into aligned workspaces (``padding``: one of ``PADDING_POLICIES``)."""
     chosen, source = select(problem, device, request)
@@ -90,8 +105,16 @@ def plan(problem: GemmProblem, device: DeviceInfo, request: Request, a: Operand,
     return Plan(cfg, source, kernel, fallback, problem, device, alignment)
 
 
-def _kernel_for(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo, a: Operand, b: Operand, c: Operand,
-                dtype: torch.dtype, out_dtype: torch.dtype) -> tuple[TileConfig, str, str | None]:
+def _kernel_for(
+    cfg: TileConfig,
+    problem: GemmProblem,
+    device: DeviceInfo,
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    dtype: torch.dtype,
+    out_dtype: torch.dtype,
+) -> tuple[TileConfig, str, str | None]:
     """(config, kernel, why it fell back) for these operand layouts."""
     batched = problem.batch > 1
     kernel, fallbacks = "pointer", []
@@ -123,7 +146,8 @@ def _kernel_for(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo, a: Op
 def _misaligned(a: Operand, b: Operand, c: Operand, wants_tma: bool) -> bool:
     """Does some operand keep the kernel from its fast loads (or, for a TMA config, stores)?"""
     return any(tma_operand_reason(n, op) for n, op in (("A", a), ("B", b))) or (
-        wants_tma and (not c.row_major or tma_operand_reason("C", c) is not None))
+        wants_tma and (not c.row_major or tma_operand_reason("C", c) is not None)
+    )
 
 
 def _padded_plan(cfg, problem, device, a, b, c, dtype, out_dtype, padding):
@@ -153,7 +177,9 @@ def _padded_plan(cfg, problem, device, a, b, c, dtype, out_dtype, padding):
     estimate = padding_estimate(problem, elems, len(names), min(vector_bytes(a), vector_bytes(b)), tma)
     target = "the TMA kernel" if tma else "the pointer kernel's 16-byte loads"
     if padding == "always":
-        return (padded_cfg, kernel, fallback), Alignment("pad", tuple(names), f"padding='always'; {estimate.words()}")
+        return (padded_cfg, kernel, fallback), Alignment(
+            "pad", tuple(names), f"padding='always'; {estimate.words()}"
+        )
     if not estimate.pays:
         return f"too small to repay a copy: {estimate.words()}"
     return (padded_cfg, kernel, fallback), Alignment("pad", tuple(names), f"for {target}: {estimate.words()}")

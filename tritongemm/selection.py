@@ -54,8 +54,12 @@ def _from_sources(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig,
             if cfg is not None:
                 return cfg.validate(device, problem.elem_size, problem.acc_size), name
         except Exception as exc:  # a broken cache must never break a matmul
-            warnings.warn(f"tritongemm: config source {name!r} failed for {problem} ({type(exc).__name__}: {exc}); "
-                          "using the next source", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"tritongemm: config source {name!r} failed for {problem} ({type(exc).__name__}: {exc}); "
+                "using the next source",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     return None
 
 
@@ -83,8 +87,13 @@ def select(problem: GemmProblem, device: DeviceInfo, request: Request = NO_REQUE
     return cfg.validate(device, problem.elem_size, problem.acc_size), source
 
 
-def select_config(problem: GemmProblem, device: DeviceInfo, config: TileConfig | dict | None = None,
-                  pipeline: str | int | None = None, decomposition: str | None = None) -> TileConfig:
+def select_config(
+    problem: GemmProblem,
+    device: DeviceInfo,
+    config: TileConfig | dict | None = None,
+    pipeline: str | int | None = None,
+    decomposition: str | None = None,
+) -> TileConfig:
     """The config a call would run (explicit > tuning cache > heuristic, then the overrides)."""
     if isinstance(config, dict):
         config = TileConfig.from_dict(config)
@@ -94,7 +103,9 @@ def select_config(problem: GemmProblem, device: DeviceInfo, config: TileConfig |
 _POINTER_ONLY = dict(tma=False, persistent=False, warp_specialize=False, epilogue_subtile=False)
 
 
-def apply_decomposition(cfg: TileConfig, decomposition: str, problem: GemmProblem, device: DeviceInfo) -> TileConfig:
+def apply_decomposition(
+    cfg: TileConfig, decomposition: str, problem: GemmProblem, device: DeviceInfo
+) -> TileConfig:
     """Force one way of sharing the K loop, keeping the tiles."""
     if decomposition == "sliced_k":
         return replace(cfg, split_k=1, split_k_inline=False, stream_k=False)
@@ -110,10 +121,17 @@ def apply_decomposition(cfg: TileConfig, decomposition: str, problem: GemmProble
         if cfg.gemv:  # Stream-K runs tl.dot tiles: take the skinny tile for this one-row problem
             cfg = replace(choose_skinny_tile(problem).config(), group_m=cfg.group_m)
         if cfg.tma:  # the TMA kernel streams on its persistent grid
-            return replace(cfg, persistent=True, warp_specialize=False, split_k=1, split_k_inline=False,
-                           stream_k=True)
+            return replace(
+                cfg, persistent=True, warp_specialize=False, split_k=1, split_k_inline=False, stream_k=True
+            )
         return replace(cfg, **_POINTER_ONLY, split_k=1, split_k_inline=False, stream_k=True, gemv=False)
     raise ConfigError(f"unknown decomposition {decomposition!r}; choose one of {list(DECOMPOSITIONS)}")
 
 
-__all__ = ["register_config_source", "registered_sources", "select", "select_config", "unregister_config_source"]
+__all__ = [
+    "register_config_source",
+    "registered_sources",
+    "select",
+    "select_config",
+    "unregister_config_source",
+]

@@ -103,6 +103,7 @@ def _autocast_query():
         torch.get_autocast_dtype("cpu")
         return torch.is_autocast_enabled, torch.get_autocast_dtype
     except (TypeError, AttributeError):  # older torch: a function per device type
+
         def enabled(device_type: str) -> bool:
             if device_type == "cpu":
                 return torch.is_autocast_cpu_enabled()
@@ -132,7 +133,8 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 def autocast_cast(dtype: torch.dtype, *tensors):
     """``tensors`` as autocast casts them (None and float64 pass through); differentiable."""
     return tuple(
-        t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in (dtype, torch.float64)
+        t.to(dtype)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in (dtype, torch.float64)
         else t
         for t in tensors
     )

@@ -92,7 +92,9 @@ def tolerance(dtype: torch.dtype, device: torch.device | str = "cpu", against: s
 # ----------------------------------------------------------------------------------
 def random_tensor(shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
     """Standard-normal values in ``dtype``, with no exact zeros (a zero hides bugs)."""
-    x = torch.randn(tuple(shape), dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
+    x = torch.randn(
+        tuple(shape), dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device
+    )
     x = x.to(dtype)
     return torch.where(x == 0, torch.ones_like(x), x)
 
@@ -161,8 +163,8 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor, rows_per_chunk: int = 1
     err = torch.zeros((), dtype=torch.float64, device=out.device)
     norm = torch.zeros((), dtype=torch.float64, device=out.device)
     for start in range(0, out2.shape[0], rows_per_chunk):
-        o = out2[start:start + rows_per_chunk].double()
-        r = ref2[start:start + rows_per_chunk].double()
+        o = out2[start : start + rows_per_chunk].double()
+        r = ref2[start : start + rows_per_chunk].double()
         err += (o - r).square().sum()
         norm += r.square().sum()
     diff, scale = math.sqrt(err.item()), math.sqrt(norm.item())

@@ -13,5 +13,11 @@ from .gemv import gemv_kernel
 # CPU interpreter (TRITON_INTERPRET=1 must be set before tritongemm is imported).
 KERNELS_INTERPRETED: bool = type(gemm_kernel).__name__ == "InterpretedFunction"
 
-__all__ = ["gemm_kernel", "gemm_tma_kernel", "gemv_kernel", "splitk_reduce_kernel", "streamk_kernel",
-           "KERNELS_INTERPRETED"]
+__all__ = [
+    "gemm_kernel",
+    "gemm_tma_kernel",
+    "gemv_kernel",
+    "splitk_reduce_kernel",
+    "streamk_kernel",
+    "KERNELS_INTERPRETED",
+]

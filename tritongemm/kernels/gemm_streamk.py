@@ -73,8 +73,17 @@ def streamk_contribute(acc, ws_ptr, count_ptr, tile, pid, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def streamk_collect(acc, ws_ptr, count_ptr, tile, tile_start, pid, iters_per_program,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def streamk_collect(
+    acc,
+    ws_ptr,
+    count_ptr,
+    tile,
+    tile_start,
+    pid,
+    iters_per_program,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The finisher of a split tile: wait for the programs ``tile_start //
     iters_per_program .. pid - 1`` that contributed, add their partials in
     program order, and re-arm the tile's counter for the next launch."""
@@ -89,8 +98,20 @@ def streamk_collect(acc, ws_ptr, count_ptr, tile, tile_start, pid, iters_per_pro
 
 
 @triton.jit
-def streamk_settle(acc, ws_ptr, count_ptr, tile, tile_start, seg_start, last, k_tiles, pid, iters_per_program,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def streamk_settle(
+    acc,
+    ws_ptr,
+    count_ptr,
+    tile,
+    tile_start,
+    seg_start,
+    last,
+    k_tiles,
+    pid,
+    iters_per_program,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """After a segment: a contributor hands its partial over; the finisher of a
     split tile collects the others'.  Returns the accumulator and whether this
     program finishes the tile (then the caller runs the epilogue)."""
@@ -98,22 +119,52 @@ def streamk_settle(acc, ws_ptr, count_ptr, tile, tile_start, seg_start, last, k_
     if not finished:
         streamk_contribute(acc, ws_ptr, count_ptr, tile, pid, BLOCK_M, BLOCK_N)
     elif seg_start > tile_start:
-        acc = streamk_collect(acc, ws_ptr, count_ptr, tile, tile_start, pid, iters_per_program, BLOCK_M, BLOCK_N)
+        acc = streamk_collect(
+            acc, ws_ptr, count_ptr, tile, tile_start, pid, iters_per_program, BLOCK_M, BLOCK_N
+        )
     return acc, finished
 
 
 @triton.jit
 def streamk_kernel(
-    a_ptr, b_ptr, c_ptr, d_ptr, r_ptr, z_ptr, ws_ptr, count_ptr,
-    M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn,
-    stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn,
-    alpha, beta,
-    dp_tiles, iters_per_program,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
-    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr,
-    ACC_FP64: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    d_ptr,
+    r_ptr,
+    z_ptr,
+    ws_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    stride_dm,
+    stride_dn,
+    stride_rm,
+    stride_rn,
+    alpha,
+    beta,
+    dp_tiles,
+    iters_per_program,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    HAS_ALPHA: tl.constexpr,
+    HAS_ADDEND: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    STORE_PREACT: tl.constexpr,
+    ACC_FP64: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -124,12 +175,49 @@ def streamk_kernel(
     for tile_id in range(pid, dp_tiles, num_programs):
         offs_m, offs_n = _tile_offsets(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = mainloop(
-            a_ptr, b_ptr, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_FP64, DOT_PRECISION, UPCAST_OPERANDS,
+            a_ptr,
+            b_ptr,
+            offs_m,
+            offs_n,
+            M,
+            N,
+            K,
+            stride_am,
+            stride_ak,
+            stride_bk,
+            stride_bn,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,
+            ACC_FP64,
+            DOT_PRECISION,
+            UPCAST_OPERANDS,
         )
-        epilogue(acc, c_ptr, d_ptr, r_ptr, z_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn,
-                 stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
-                 HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
+        epilogue(
+            acc,
+            c_ptr,
+            d_ptr,
+            r_ptr,
+            z_ptr,
+            offs_m,
+            offs_n,
+            M,
+            N,
+            stride_cm,
+            stride_cn,
+            stride_dm,
+            stride_dn,
+            stride_rm,
+            stride_rn,
+            alpha,
+            beta,
+            HAS_ALPHA,
+            HAS_ADDEND,
+            ACTIVATION,
+            HAS_RESIDUAL,
+            STORE_PREACT,
+        )
 
     # Streamed part: this program's share [first, last) of the remaining
     # iterations, walked backwards one tile segment at a time.
@@ -140,15 +228,62 @@ def streamk_kernel(
         k_start = (seg_start - tile_start) * BLOCK_K
         offs_m, offs_n = _tile_offsets(dp_tiles + tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = mainloop(
-            a_ptr + k_start * stride_ak, b_ptr + k_start * stride_bk, offs_m, offs_n, M, N,
+            a_ptr + k_start * stride_ak,
+            b_ptr + k_start * stride_bk,
+            offs_m,
+            offs_n,
+            M,
+            N,
             tl.minimum(K - k_start, (last - seg_start) * BLOCK_K),
-            stride_am, stride_ak, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_FP64, DOT_PRECISION, UPCAST_OPERANDS,
+            stride_am,
+            stride_ak,
+            stride_bk,
+            stride_bn,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,
+            ACC_FP64,
+            DOT_PRECISION,
+            UPCAST_OPERANDS,
         )
-        acc, finished = streamk_settle(acc, ws_ptr, count_ptr, tile, tile_start, seg_start, last, k_tiles, pid,
-                                       iters_per_program, BLOCK_M, BLOCK_N)
+        acc, finished = streamk_settle(
+            acc,
+            ws_ptr,
+            count_ptr,
+            tile,
+            tile_start,
+            seg_start,
+            last,
+            k_tiles,
+            pid,
+            iters_per_program,
+            BLOCK_M,
+            BLOCK_N,
+        )
         if finished:
-            epilogue(acc, c_ptr, d_ptr, r_ptr, z_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn,
-                     stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
-                     HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
+            epilogue(
+                acc,
+                c_ptr,
+                d_ptr,
+                r_ptr,
+                z_ptr,
+                offs_m,
+                offs_n,
+                M,
+                N,
+                stride_cm,
+                stride_cn,
+                stride_dm,
+                stride_dn,
+                stride_rm,
+                stride_rn,
+                alpha,
+                beta,
+                HAS_ALPHA,
+                HAS_ADDEND,
+                ACTIVATION,
+                HAS_RESIDUAL,
+                STORE_PREACT,
+            )
         last = seg_start

@@ -33,9 +33,19 @@ def load_tile(desc, off_rows, off_cols, ROW_MAJOR: tl.constexpr):
 
 @triton.jit
 def tma_k_loop(
-    a_desc, b_desc, off_m, off_n, k_first, k_last,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
+    a_desc,
+    b_desc,
+    off_m,
+    off_n,
+    k_first,
+    k_last,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    A_KMAJOR: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr,
 ):
     """K-steps ``k_first .. k_last - 1`` of one C tile, accumulated in fp32."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -51,8 +61,9 @@ def tma_k_loop(
 
 
 @triton.jit
-def store_tile(c_desc, acc, off_m, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               EPILOGUE_SUBTILE: tl.constexpr):
+def store_tile(
+    c_desc, acc, off_m, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr
+):
     """Store a finished tile through the C descriptor (TMA clips the edges)."""
     out_dtype = c_desc.dtype
     if EPILOGUE_SUBTILE:
@@ -69,16 +80,45 @@ def store_tile(c_desc, acc, off_m, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.con
 
 @triton.jit
 def gemm_tma_kernel(
-    a_desc, b_desc, c_desc, d_ptr, r_ptr, z_ptr, ws_ptr, count_ptr,
-    M, N, K,
-    stride_dm, stride_dn, stride_rm, stride_rn, stride_zm, stride_zn,
-    alpha, beta, num_programs, dp_tiles, iters_per_program,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr,
-    HAS_ALPHA: tl.constexpr, HAS_ADDEND: tl.constexpr,
-    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_PREACT: tl.constexpr,
-    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr,
-    EPILOGUE_SUBTILE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
+    a_desc,
+    b_desc,
+    c_desc,
+    d_ptr,
+    r_ptr,
+    z_ptr,
+    ws_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    stride_dm,
+    stride_dn,
+    stride_rm,
+    stride_rn,
+    stride_zm,
+    stride_zn,
+    alpha,
+    beta,
+    num_programs,
+    dp_tiles,
+    iters_per_program,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    A_KMAJOR: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    HAS_ALPHA: tl.constexpr,
+    HAS_ADDEND: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    STORE_PREACT: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    STREAM_K: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr,
 ):
     """C = alpha * A @ B (+ beta * D) over tiles ``program_id, +num_programs, ...``.
 
@@ -99,13 +139,45 @@ def gemm_tma_kernel(
         pid_m, pid_n = grouped_tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tma_k_loop(a_desc, b_desc, off_m, off_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
-                         A_KMAJOR, B_KMAJOR, DOT_PRECISION, UPCAST_OPERANDS)
+        acc = tma_k_loop(
+            a_desc,
+            b_desc,
+            off_m,
+            off_n,
+            0,
+            k_tiles,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            A_KMAJOR,
+            B_KMAJOR,
+            DOT_PRECISION,
+            UPCAST_OPERANDS,
+        )
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)
         acc = finish_tile(
-            acc, offs_m, offs_n, M, N, alpha, beta, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn,
-            z_ptr, stride_zm, stride_zn, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+            acc,
+            offs_m,
+            offs_n,
+            M,
+            N,
+            alpha,
+            beta,
+            d_ptr,
+            stride_dm,
+            stride_dn,
+            r_ptr,
+            stride_rm,
+            stride_rn,
+            z_ptr,
+            stride_zm,
+            stride_zn,
+            HAS_ALPHA,
+            HAS_ADDEND,
+            ACTIVATION,
+            HAS_RESIDUAL,
+            STORE_PREACT,
         )
         store_tile(c_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
     if STREAM_K:
@@ -118,16 +190,59 @@ def gemm_tma_kernel(
             pid_m, pid_n = grouped_tile_coords(dp_tiles + tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
-            acc = tma_k_loop(a_desc, b_desc, off_m, off_n, seg_start - tile_start, last - tile_start,
-                             BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR, DOT_PRECISION, UPCAST_OPERANDS)
-            acc, finished = streamk_settle(acc, ws_ptr, count_ptr, tile, tile_start, seg_start, last, k_tiles,
-                                           start, iters_per_program, BLOCK_M, BLOCK_N)
+            acc = tma_k_loop(
+                a_desc,
+                b_desc,
+                off_m,
+                off_n,
+                seg_start - tile_start,
+                last - tile_start,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                A_KMAJOR,
+                B_KMAJOR,
+                DOT_PRECISION,
+                UPCAST_OPERANDS,
+            )
+            acc, finished = streamk_settle(
+                acc,
+                ws_ptr,
+                count_ptr,
+                tile,
+                tile_start,
+                seg_start,
+                last,
+                k_tiles,
+                start,
+                iters_per_program,
+                BLOCK_M,
+                BLOCK_N,
+            )
             if finished:
                 offs_m = off_m + tl.arange(0, BLOCK_M)
                 offs_n = off_n + tl.arange(0, BLOCK_N)
                 acc = finish_tile(
-                    acc, offs_m, offs_n, M, N, alpha, beta, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm,
-                    stride_rn, z_ptr, stride_zm, stride_zn, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL,
+                    acc,
+                    offs_m,
+                    offs_n,
+                    M,
+                    N,
+                    alpha,
+                    beta,
+                    d_ptr,
+                    stride_dm,
+                    stride_dn,
+                    r_ptr,
+                    stride_rm,
+                    stride_rn,
+                    z_ptr,
+                    stride_zm,
+                    stride_zn,
+                    HAS_ALPHA,
+                    HAS_ADDEND,
+                    ACTIVATION,
+                    HAS_RESIDUAL,
                     STORE_PREACT,
                 )
                 store_tile(c_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)

@@ -52,7 +52,15 @@ def layout_signature(a, b, out, addend=None, residual=None, preact=None) -> tupl
 
     Written out rather than looped: it runs on every call (a generator costs a microsecond more).
     """
-    return (_layout(a), _layout(b), _layout(out), _layout(addend), _layout(residual), _layout(preact), a.device)
+    return (
+        _layout(a),
+        _layout(b),
+        _layout(out),
+        _layout(addend),
+        _layout(residual),
+        _layout(preact),
+        a.device,
+    )
 
 
 def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
@@ -60,21 +68,39 @@ def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
     batch = 1
     for size in a.shape[:-2]:
         batch *= size
-    return GemmProblem(m=a.shape[-2], n=b.shape[-1], k=a.shape[-1], batch=batch, dtype=dtype_name(a.dtype),
-                       layout=layout_letters(Operand.of(a), Operand.of(b)))
+    return GemmProblem(
+        m=a.shape[-2],
+        n=b.shape[-1],
+        k=a.shape[-1],
+        batch=batch,
+        dtype=dtype_name(a.dtype),
+        layout=layout_letters(Operand.of(a), Operand.of(b)),
+    )
 
 
 def plan_for(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Plan:
     """The plan for these tensors (what ``gemm`` would run)."""
-    return plan(problem_of(a, b), device_info(a.device), call.request, Operand.of(a), Operand.of(b),
-                Operand.of(out), a.dtype, out.dtype, _PADDING[0])
+    return plan(
+        problem_of(a, b),
+        device_info(a.device),
+        call.request,
+        Operand.of(a),
+        Operand.of(b),
+        Operand.of(out),
+        a.dtype,
+        out.dtype,
+        _PADDING[0],
+    )
 
 
 def _padding_from_env() -> str:
     policy = os.environ.get("TRITONGEMM_PADDING", "auto")
     if policy not in PADDING_POLICIES:
-        warnings.warn(f"tritongemm: TRITONGEMM_PADDING={policy!r} is not one of {PADDING_POLICIES}; using 'auto'",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"tritongemm: TRITONGEMM_PADDING={policy!r} is not one of {PADDING_POLICIES}; using 'auto'",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return "auto"
     return policy
 
@@ -113,9 +139,15 @@ def padding(policy: str):
         set_padding(old)
 
 
-def gemm(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
-         addend: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-         preact: torch.Tensor | None = None) -> torch.Tensor:
+def gemm(
+    call: GemmCall,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    addend: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    preact: torch.Tensor | None = None,
+) -> torch.Tensor:
     """out = act(alpha * a @ b + beta * addend) + residual, written in place; returns ``out``.
 
     ``a`` is (*batch, M, K), ``b`` (*batch, K, N); ``out``, ``addend``,
@@ -151,9 +183,15 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 
 def _build(call, a, b, out, addend, residual, preact):
     ep = call.epilogue
-    if (ep.addend, ep.residual, ep.store_preact) != (addend is not None, residual is not None, preact is not None):
-        raise ValueError(f"gemm: the tensors given (addend={addend is not None}, residual={residual is not None}, "
-                         f"preact={preact is not None}) do not match the call's epilogue {ep}")
+    if (ep.addend, ep.residual, ep.store_preact) != (
+        addend is not None,
+        residual is not None,
+        preact is not None,
+    ):
+        raise ValueError(
+            f"gemm: the tensors given (addend={addend is not None}, residual={residual is not None}, "
+            f"preact={preact is not None}) do not match the call's epilogue {ep}"
+        )
     chosen = plan_for(call, a, b, out)
     d = addend if addend is not None else out
     r = residual if residual is not None else out
@@ -181,5 +219,13 @@ def clear_plan_cache() -> None:
         cache.clear()
 
 
-__all__ = ["clear_plan_cache", "gemm", "layout_signature", "padding", "padding_policy", "plan_for", "problem_of",
-           "set_padding"]
+__all__ = [
+    "clear_plan_cache",
+    "gemm",
+    "layout_signature",
+    "padding",
+    "padding_policy",
+    "plan_for",
+    "problem_of",
+    "set_padding",
+]

@@ -36,7 +36,9 @@ class KernelArgs:
         unknown = (set(runtime) | set(fixed)) - set(names)
         missing = set(names) - set(runtime) - set(fixed)
         if unknown or missing:
-            raise TypeError(f"{kernel.__name__}: unknown arguments {sorted(unknown)}, missing {sorted(missing)}")
+            raise TypeError(
+                f"{kernel.__name__}: unknown arguments {sorted(unknown)}, missing {sorted(missing)}"
+            )
         self.kernel = kernel
         self.names = names
         self.slots = tuple(names.index(n) for n in runtime)
@@ -91,7 +93,12 @@ class Launch:
                     f"numpy<2.4 or a newer triton (3.9 works) to use TRITON_INTERPRET=1."
                 ) from exc
             raise
-        if FAST_LAUNCH and not interpreter_enabled() and hasattr(compiled, "run") and hasattr(compiled, "__getitem__"):
+        if (
+            FAST_LAUNCH
+            and not interpreter_enabled()
+            and hasattr(compiled, "run")
+            and hasattr(compiled, "__getitem__")
+        ):
             self.runner = compiled[self.grid]
 
 

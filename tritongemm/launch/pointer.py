@@ -26,13 +26,21 @@ REDUCE_RUNTIME = ("ws_ptr", "c_ptr", "d_ptr", "r_ptr", "z_ptr", "alpha", "beta")
 
 def epilogue_constexprs(call) -> dict:
     ep = call.epilogue
-    return dict(HAS_ALPHA=ep.scaled, HAS_ADDEND=ep.addend, ACTIVATION=ep.activation,
-                HAS_RESIDUAL=ep.residual, STORE_PREACT=ep.store_preact)
+    return dict(
+        HAS_ALPHA=ep.scaled,
+        HAS_ADDEND=ep.addend,
+        ACTIVATION=ep.activation,
+        HAS_RESIDUAL=ep.residual,
+        STORE_PREACT=ep.store_preact,
+    )
 
 
 def mainloop_constexprs(call, cfg, dtype: torch.dtype, interpreting: bool) -> dict:
     return dict(
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
         DOT_PRECISION=call.precision if dtype == torch.float32 else "ieee",
         # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584).
         UPCAST_OPERANDS=(interpreting and dtype == torch.bfloat16),
@@ -80,20 +88,40 @@ class PointerLauncher:
         epilogue = epilogue_constexprs(call)
         self.main = Launch(
             KernelArgs(
-                gemm_kernel, RUNTIME,
-                M=M, N=N, K=K,
-                stride_ab=bs[0], stride_am=a.stride(-2), stride_ak=a.stride(-1),
-                stride_bb=bs[1], stride_bk=b.stride(-2), stride_bn=b.stride(-1),
-                stride_cb=bs[2], stride_cm=out.stride(-2), stride_cn=out.stride(-1),
-                stride_db=bs[3], stride_dm=d.stride(-2), stride_dn=d.stride(-1),
-                stride_rb=bs[4], stride_rm=r.stride(-2), stride_rn=r.stride(-1),
+                gemm_kernel,
+                RUNTIME,
+                M=M,
+                N=N,
+                K=K,
+                stride_ab=bs[0],
+                stride_am=a.stride(-2),
+                stride_ak=a.stride(-1),
+                stride_bb=bs[1],
+                stride_bk=b.stride(-2),
+                stride_bn=b.stride(-1),
+                stride_cb=bs[2],
+                stride_cm=out.stride(-2),
+                stride_cn=out.stride(-1),
+                stride_db=bs[3],
+                stride_dm=d.stride(-2),
+                stride_dn=d.stride(-1),
+                stride_rb=bs[4],
+                stride_rm=r.stride(-2),
+                stride_rn=r.stride(-1),
                 k_per_split=split.k_per_split if split.splits > 1 else 0,
                 stride_split=batch * M * N if split.splits > 1 else 0,
-                **mainloop_constexprs(call, cfg, a.dtype, interpreting), **epilogue,
-                EVEN_K=(K % cfg.block_k == 0), INDEX_64=index_64, ACC_FP64=acc_fp64,
-                SPLIT_K=split.splits > 1, REDUCE_INLINE=split.inline, **stride_hints(a, b, out),
+                **mainloop_constexprs(call, cfg, a.dtype, interpreting),
+                **epilogue,
+                EVEN_K=(K % cfg.block_k == 0),
+                INDEX_64=index_64,
+                ACC_FP64=acc_fp64,
+                SPLIT_K=split.splits > 1,
+                REDUCE_INLINE=split.inline,
+                **stride_hints(a, b, out),
             ),
-            (batch * tiles, split.splits), cfg.num_warps, cfg.num_stages,
+            (batch * tiles, split.splits),
+            cfg.num_warps,
+            cfg.num_stages,
         )
         if split.splits > 1:
             self.ws_shape = (split.splits, batch, M, N)
@@ -103,14 +131,29 @@ class PointerLauncher:
             block_m, block_n = 32, 64  # the reduction is memory-bound: small tiles, many programs
             self.reduce = Launch(
                 KernelArgs(
-                    splitk_reduce_kernel, REDUCE_RUNTIME,
-                    M=M, N=N, SPLITS=split.splits, stride_split=batch * M * N,
-                    stride_cb=bs[2], stride_cm=out.stride(-2), stride_cn=out.stride(-1),
-                    stride_db=bs[3], stride_dm=d.stride(-2), stride_dn=d.stride(-1),
-                    stride_rb=bs[4], stride_rm=r.stride(-2), stride_rn=r.stride(-1),
-                    BLOCK_M=block_m, BLOCK_N=block_n, **epilogue, ACC_FP64=acc_fp64,
+                    splitk_reduce_kernel,
+                    REDUCE_RUNTIME,
+                    M=M,
+                    N=N,
+                    SPLITS=split.splits,
+                    stride_split=batch * M * N,
+                    stride_cb=bs[2],
+                    stride_cm=out.stride(-2),
+                    stride_cn=out.stride(-1),
+                    stride_db=bs[3],
+                    stride_dm=d.stride(-2),
+                    stride_dn=d.stride(-1),
+                    stride_rb=bs[4],
+                    stride_rm=r.stride(-2),
+                    stride_rn=r.stride(-1),
+                    BLOCK_M=block_m,
+                    BLOCK_N=block_n,
+                    **epilogue,
+                    ACC_FP64=acc_fp64,
                 ),
-                (batch * triton.cdiv(M, block_m) * triton.cdiv(N, block_n),), 4, 3,
+                (batch * triton.cdiv(M, block_m) * triton.cdiv(N, block_n),),
+                4,
+                3,
             )
 
     def __call__(self, a, b, out, d, r, z, alpha, beta):
@@ -121,8 +164,11 @@ class PointerLauncher:
         strides_of = [0, 1, 2, 3, 4, 2]  # z shares out's strides
         for index in itertools.product(*[range(size) for size, _ in self.outer]):
             views = [
-                t.as_strided(t.shape[-2:], t.stride()[-2:],
-                             t.storage_offset() + sum(i * st[strides_of[j]] for i, (_, st) in zip(index, self.outer)))
+                t.as_strided(
+                    t.shape[-2:],
+                    t.stride()[-2:],
+                    t.storage_offset() + sum(i * st[strides_of[j]] for i, (_, st) in zip(index, self.outer)),
+                )
                 for j, t in enumerate(tensors)
             ]
             self._one(*views, alpha, beta)

@@ -34,20 +34,37 @@ class StreamKLauncher:
         a2, b2, c2, d2, r2 = (t.reshape(t.shape[-2:]) for t in (a, b, out, d, r))  # a batch of one: views
         M, K = a2.shape
         N = b2.shape[1]
-        self.buffers = StreamKBuffers(cfg, a, triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), K,
-                                       plan.device.sm_count)
+        self.buffers = StreamKBuffers(
+            cfg, a, triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), K, plan.device.sm_count
+        )
         sk = self.buffers.schedule
         self.main = Launch(
             KernelArgs(
-                streamk_kernel, RUNTIME,
-                M=M, N=N, K=K, stride_am=a2.stride(0), stride_ak=a2.stride(1),
-                stride_bk=b2.stride(0), stride_bn=b2.stride(1), stride_cm=c2.stride(0), stride_cn=c2.stride(1),
-                stride_dm=d2.stride(0), stride_dn=d2.stride(1), stride_rm=r2.stride(0), stride_rn=r2.stride(1),
-                dp_tiles=sk.dp_tiles, iters_per_program=sk.iters_per_program,
-                **mainloop_constexprs(call, cfg, a.dtype, interpreting), **epilogue_constexprs(call),
-                EVEN_K=(K % cfg.block_k == 0), ACC_FP64=(a.dtype == torch.float64),
+                streamk_kernel,
+                RUNTIME,
+                M=M,
+                N=N,
+                K=K,
+                stride_am=a2.stride(0),
+                stride_ak=a2.stride(1),
+                stride_bk=b2.stride(0),
+                stride_bn=b2.stride(1),
+                stride_cm=c2.stride(0),
+                stride_cn=c2.stride(1),
+                stride_dm=d2.stride(0),
+                stride_dn=d2.stride(1),
+                stride_rm=r2.stride(0),
+                stride_rn=r2.stride(1),
+                dp_tiles=sk.dp_tiles,
+                iters_per_program=sk.iters_per_program,
+                **mainloop_constexprs(call, cfg, a.dtype, interpreting),
+                **epilogue_constexprs(call),
+                EVEN_K=(K % cfg.block_k == 0),
+                ACC_FP64=(a.dtype == torch.float64),
             ),
-            (sk.programs,), cfg.num_warps, cfg.num_stages,
+            (sk.programs,),
+            cfg.num_warps,
+            cfg.num_stages,
         )
 
     def __call__(self, a, b, out, d, r, z, alpha, beta):

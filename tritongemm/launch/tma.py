@@ -45,7 +45,9 @@ class TmaLauncher:
         # Descriptor templates: per call only the base tensor changes.
         self.a_desc, a_kmajor = descriptor(a2, cfg.block_m, cfg.block_k)
         self.b_desc, b_kmajor = descriptor(b2, cfg.block_k, cfg.block_n)
-        self.c_desc, _ = descriptor(c2, cfg.block_m, cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n)
+        self.c_desc, _ = descriptor(
+            c2, cfg.block_m, cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
+        )
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         programs = min(plan.device.sm_count, tiles) if cfg.persistent else tiles
         dp_tiles, iters_per_program = tiles, 0
@@ -55,15 +57,32 @@ class TmaLauncher:
             programs, dp_tiles, iters_per_program = self.buffers.schedule
         self.main = Launch(
             KernelArgs(
-                gemm_tma_kernel, RUNTIME,
-                M=M, N=N, K=K, stride_dm=d2.stride(0), stride_dn=d2.stride(1), stride_rm=r2.stride(0),
-                stride_rn=r2.stride(1), stride_zm=c2.stride(0), stride_zn=c2.stride(1),
-                num_programs=programs, dp_tiles=dp_tiles, iters_per_program=iters_per_program,
-                **mainloop_constexprs(call, cfg, a.dtype, interpreting), **epilogue_constexprs(call),
-                A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, FLATTEN=False, WARP_SPECIALIZE=cfg.warp_specialize,
-                EPILOGUE_SUBTILE=cfg.epilogue_subtile, STREAM_K=cfg.stream_k,
+                gemm_tma_kernel,
+                RUNTIME,
+                M=M,
+                N=N,
+                K=K,
+                stride_dm=d2.stride(0),
+                stride_dn=d2.stride(1),
+                stride_rm=r2.stride(0),
+                stride_rn=r2.stride(1),
+                stride_zm=c2.stride(0),
+                stride_zn=c2.stride(1),
+                num_programs=programs,
+                dp_tiles=dp_tiles,
+                iters_per_program=iters_per_program,
+                **mainloop_constexprs(call, cfg, a.dtype, interpreting),
+                **epilogue_constexprs(call),
+                A_KMAJOR=a_kmajor,
+                B_KMAJOR=b_kmajor,
+                FLATTEN=False,
+                WARP_SPECIALIZE=cfg.warp_specialize,
+                EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+                STREAM_K=cfg.stream_k,
             ),
-            (programs,), cfg.num_warps, cfg.num_stages,
+            (programs,),
+            cfg.num_warps,
+            cfg.num_stages,
         )
         # Every launch rebases the templates, so they need no tensor: a cached launcher must not keep
         # the first call's operands (or an aligned launcher's template workspaces) alive.
@@ -71,6 +90,18 @@ class TmaLauncher:
             template.base = None
 
     def __call__(self, a, b, out, d, r, z, alpha, beta):
-        ws, counts = self.buffers.get(a.device) if self.buffers is not None else (out, out)  # unread without STREAM_K
-        self.main(rebase(self.a_desc, a), rebase(self.b_desc, b), rebase(self.c_desc, out), d, r, z, ws, counts,
-                  alpha, beta)
+        ws, counts = (
+            self.buffers.get(a.device) if self.buffers is not None else (out, out)
+        )  # unread without STREAM_K
+        self.main(
+            rebase(self.a_desc, a),
+            rebase(self.b_desc, b),
+            rebase(self.c_desc, out),
+            d,
+            r,
+            z,
+            ws,
+            counts,
+            alpha,
+            beta,
+        )

@@ -106,7 +106,9 @@ def cache_path() -> Path:
     """
     env = os.environ
     return _resolve_path(
-        env.get("TRITONGEMM_CACHE_FILE"), env.get("TRITONGEMM_CACHE_DIR"), env.get("XDG_CACHE_HOME"),
+        env.get("TRITONGEMM_CACHE_FILE"),
+        env.get("TRITONGEMM_CACHE_DIR"),
+        env.get("XDG_CACHE_HOME"),
         env.get("HOME"),
     )
 
@@ -193,11 +195,17 @@ def _read_file(path: Path) -> _FileContents:
         data = json.loads(raw.decode("utf-8"))
     except Exception as exc:  # any parser failure (RecursionError on deep nesting too) is a corrupt file
         return _FileContents({}, "corrupt", f"not valid JSON ({type(exc).__name__}: {_first_line(exc)})")
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("entries"), dict):
+    if (
+        not isinstance(data, dict)
+        or data.get("schema") != SCHEMA
+        or not isinstance(data.get("entries"), dict)
+    ):
         return _FileContents({}, "foreign", f"not a {SCHEMA} file")
     version = data.get("version")
     if version != CACHE_VERSION:
-        return _FileContents({}, "stale", f"schema version {version!r}, this tritongemm reads {CACHE_VERSION}")
+        return _FileContents(
+            {}, "stale", f"schema version {version!r}, this tritongemm reads {CACHE_VERSION}"
+        )
     entries = {k: v for k, v in data["entries"].items() if isinstance(k, str) and isinstance(v, dict)}
     return _FileContents(entries)
 
@@ -397,7 +405,9 @@ def lookup(problem: GemmProblem, device: DeviceInfo, kernel: str = "pointer") ->
     return config
 
 
-def config_of_entry(entry: dict, problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig | None, str | None]:
+def config_of_entry(
+    entry: dict, problem: GemmProblem, device: DeviceInfo
+) -> tuple[TileConfig | None, str | None]:
     """``(config, None)`` for a usable entry, else ``(None, why not)``; never raises.
 
     >>> config_of_entry({"config": {**cfg.to_dict(), "group_m": 2**31}}, problem, device)[1]  # doctest: +SKIP

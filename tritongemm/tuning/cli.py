@@ -25,10 +25,20 @@ from ..device import DeviceInfo, device_info, named_device
 from . import cache, presets, tuner
 
 DTYPE_ALIASES = {
-    "fp16": "float16", "f16": "float16", "half": "float16", "float16": "float16",
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp32": "float32", "f32": "float32", "float": "float32", "float32": "float32",
-    "fp64": "float64", "f64": "float64", "double": "float64", "float64": "float64",
+    "fp16": "float16",
+    "f16": "float16",
+    "half": "float16",
+    "float16": "float16",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp32": "float32",
+    "f32": "float32",
+    "float": "float32",
+    "float32": "float32",
+    "fp64": "float64",
+    "f64": "float64",
+    "double": "float64",
+    "float64": "float64",
 }
 LAYOUTS = ("NN", "NT", "TN", "TT")
 #: Layout of explicit shapes when --layout is not given (presets use nn.Linear's "NT").
@@ -94,7 +104,9 @@ def _positive_int(text: str) -> int:
 
 def _preset_name(text: str) -> str:
     if text not in presets.PRESETS:
-        raise argparse.ArgumentTypeError(f"unknown preset {text!r}; choose one of {', '.join(sorted(presets.PRESETS))}")
+        raise argparse.ArgumentTypeError(
+            f"unknown preset {text!r}; choose one of {', '.join(sorted(presets.PRESETS))}"
+        )
     return text
 
 
@@ -133,12 +145,15 @@ def read_shapes_file(path: str | Path, dtypes: Sequence[str], layouts: Sequence[
         if unknown or missing:
             raise ShapesFileError(
                 f"{path}:{number}: header must name m,n,k[,batch,dtype,layout]"
-                + (f"; unknown {unknown}" if unknown else "") + (f"; missing {missing}" if missing else "")
+                + (f"; unknown {unknown}" if unknown else "")
+                + (f"; missing {missing}" if missing else "")
             )
     problems = []
     for number, cells in rows:
         try:
-            problems += _problems_of_row(dict(zip(columns, cells)), len(cells) > len(columns), dtypes, layouts)
+            problems += _problems_of_row(
+                dict(zip(columns, cells)), len(cells) > len(columns), dtypes, layouts
+            )
         except (ValueError, argparse.ArgumentTypeError) as exc:
             raise ShapesFileError(f"{path}:{number}: {exc}") from None
     return problems
@@ -166,8 +181,11 @@ def problems_from_args(args: argparse.Namespace) -> list[GemmProblem]:
     ]
     for name in args.preset:
         problems += presets.preset_problems(
-            name, tokens=args.tokens, dtypes=dtypes,
-            layouts=args.layout or [presets.LINEAR_LAYOUT], split=args.split_projections,
+            name,
+            tokens=args.tokens,
+            dtypes=dtypes,
+            layouts=args.layout or [presets.LINEAR_LAYOUT],
+            split=args.split_projections,
         )
     for shapes_file in args.shapes_file:
         problems += read_shapes_file(shapes_file, dtypes, layouts)
@@ -182,31 +200,76 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     tune = commands.add_parser(
-        "tune", help="tune shapes and write the winners to the cache (on the CPU interpreter: only check configs)"
+        "tune",
+        help="tune shapes and write the winners to the cache (on the CPU interpreter: only check configs)",
     )
     source = tune.add_argument_group("what to tune (any mix)")
-    source.add_argument("--shape", type=parse_shape, action="append", default=[], metavar="MxNxK",
-                        help="a GEMM shape, e.g. 4096x4096x4096 (repeatable)")
-    source.add_argument("--preset", type=_preset_name, action="append", default=[],
-                        help=f"linear layers of a model: {', '.join(sorted(presets.PRESETS))} (repeatable)")
-    source.add_argument("--tokens", type=_comma_list(_positive_int), default=list(presets.DEFAULT_TOKENS),
-                        help="token counts M for presets (default: %(default)s)")
-    source.add_argument("--split-projections", action="store_true",
-                        help="presets: separate q/k/v and gate/up projections (as HF transformers runs them) "
-                             "instead of fused QKV and gate_up")
-    source.add_argument("--shapes-file", action="append", default=[], metavar="CSV",
-                        help="CSV with columns m,n,k[,batch,dtype,layout] (repeatable)")
-    source.add_argument("--dtype", type=_comma_list(parse_dtype), default=None,
-                        help="comma list of fp16, bf16, fp32, fp64 (default: fp16)")
-    source.add_argument("--layout", type=_comma_list(parse_layout), default=None,
-                        help="comma list of NN, NT, TN, TT (default: NN; NT for presets, as nn.Linear)")
+    source.add_argument(
+        "--shape",
+        type=parse_shape,
+        action="append",
+        default=[],
+        metavar="MxNxK",
+        help="a GEMM shape, e.g. 4096x4096x4096 (repeatable)",
+    )
+    source.add_argument(
+        "--preset",
+        type=_preset_name,
+        action="append",
+        default=[],
+        help=f"linear layers of a model: {', '.join(sorted(presets.PRESETS))} (repeatable)",
+    )
+    source.add_argument(
+        "--tokens",
+        type=_comma_list(_positive_int),
+        default=list(presets.DEFAULT_TOKENS),
+        help="token counts M for presets (default: %(default)s)",
+    )
+    source.add_argument(
+        "--split-projections",
+        action="store_true",
+        help="presets: separate q/k/v and gate/up projections (as HF transformers runs them) "
+        "instead of fused QKV and gate_up",
+    )
+    source.add_argument(
+        "--shapes-file",
+        action="append",
+        default=[],
+        metavar="CSV",
+        help="CSV with columns m,n,k[,batch,dtype,layout] (repeatable)",
+    )
+    source.add_argument(
+        "--dtype",
+        type=_comma_list(parse_dtype),
+        default=None,
+        help="comma list of fp16, bf16, fp32, fp64 (default: fp16)",
+    )
+    source.add_argument(
+        "--layout",
+        type=_comma_list(parse_layout),
+        default=None,
+        help="comma list of NN, NT, TN, TT (default: NN; NT for presets, as nn.Linear)",
+    )
     how = tune.add_argument_group("how")
-    how.add_argument("--max-candidates", type=_positive_int, default=None,
-                     help="try at most this many configs per shape (the heuristic's first)")
-    how.add_argument("--budget", type=float, default=tuner.DEFAULT_BUDGET_S, metavar="SECONDS",
-                     help="time box per shape (default: %(default)s)")
-    how.add_argument("--bench-ms", type=_positive_int, default=tuner.DEFAULT_BENCH_MS,
-                     help="timed repetitions per candidate, in ms (default: %(default)s)")
+    how.add_argument(
+        "--max-candidates",
+        type=_positive_int,
+        default=None,
+        help="try at most this many configs per shape (the heuristic's first)",
+    )
+    how.add_argument(
+        "--budget",
+        type=float,
+        default=tuner.DEFAULT_BUDGET_S,
+        metavar="SECONDS",
+        help="time box per shape (default: %(default)s)",
+    )
+    how.add_argument(
+        "--bench-ms",
+        type=_positive_int,
+        default=tuner.DEFAULT_BENCH_MS,
+        help="timed repetitions per candidate, in ms (default: %(default)s)",
+    )
     how.add_argument("--cache-file", default=None, help=f"cache file (default: {cache.cache_path()})")
     how.add_argument("--no-save", action="store_true", help="do not write the cache")
     how.add_argument("--csv", default=None, metavar="PATH", help="also write the results as CSV")
@@ -217,8 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--dtype", type=parse_dtype, default="float16")
     explain.add_argument("--layout", type=parse_layout, default=DEFAULT_LAYOUT)
     explain.add_argument("--batch", type=_positive_int, default=1)
-    explain.add_argument("--device", default=None,
-                         help="plan for a named GPU's budgets (h100, h200, a100, l4, rtx3090) instead of this machine's")
+    explain.add_argument(
+        "--device",
+        default=None,
+        help="plan for a named GPU's budgets (h100, h200, a100, l4, rtx3090) instead of this machine's",
+    )
 
     show = commands.add_parser("cache", help="show the cache file and its entries")
     show.add_argument("--cache-file", default=None)
@@ -243,8 +309,11 @@ def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     timed = tuner.timings_are_meaningful(device)
     if timed:
-        print(f"tuning {len(problems)} shape(s) on {device.name} (sm_{device.capability[0]}{device.capability[1]}, "
-              f"triton {cache.TRITON_VERSION})", file=sys.stderr)
+        print(
+            f"tuning {len(problems)} shape(s) on {device.name} (sm_{device.capability[0]}{device.capability[1]}, "
+            f"triton {cache.TRITON_VERSION})",
+            file=sys.stderr,
+        )
     else:
         print(f"checking {len(problems)} shape(s): {tuner.INTERPRETER_NOTE}", file=sys.stderr)
     cache_file = Path(args.cache_file).expanduser() if args.cache_file else cache.cache_path()
@@ -252,8 +321,13 @@ def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         warnings.simplefilter("ignore", tuner.TimingsMeaninglessWarning)
         warnings.filterwarnings("ignore", "tritongemm.tune: could not write", cache.TuningCacheWarning)
         results = tuner.tune(
-            problems, device=device, max_candidates=args.max_candidates, time_budget_s=args.budget,
-            bench_ms=args.bench_ms, save=not args.no_save, cache_file=cache_file,
+            problems,
+            device=device,
+            max_candidates=args.max_candidates,
+            time_budget_s=args.budget,
+            bench_ms=args.bench_ms,
+            save=not args.no_save,
+            cache_file=cache_file,
             progress=not args.no_progress,
         )
     print(tuner.format_table(results))
@@ -262,8 +336,11 @@ def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print("\nrejected candidates:\n" + rejections)
     save_errors = [r.save_error for r in results if r.save_error]
     if save_errors:
-        print(f"\nNOT SAVED: could not write the cache {cache_file} ({save_errors[0]}); "
-              "the results above are all there is", file=sys.stderr)
+        print(
+            f"\nNOT SAVED: could not write the cache {cache_file} ({save_errors[0]}); "
+            "the results above are all there is",
+            file=sys.stderr,
+        )
     elif not timed:
         print("\nnothing written to the cache: timings on the interpreter are meaningless", file=sys.stderr)
     elif not args.no_save:
@@ -280,20 +357,56 @@ def write_csv(results: Sequence[tuner.TuneResult], path: str | Path, device: Dev
     from .. import __version__
 
     config_fields = list(TileConfig().to_dict())
-    header = ["m", "n", "k", "batch", "dtype", "layout", *config_fields, "ms", "tflops", "torch_ms",
-              "torch_tflops", "candidates", "rejected", "timed_out", "gpu", "capability", "triton", "torch",
-              "tritongemm"]
+    header = [
+        "m",
+        "n",
+        "k",
+        "batch",
+        "dtype",
+        "layout",
+        *config_fields,
+        "ms",
+        "tflops",
+        "torch_ms",
+        "torch_tflops",
+        "candidates",
+        "rejected",
+        "timed_out",
+        "gpu",
+        "capability",
+        "triton",
+        "torch",
+        "tritongemm",
+    ]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(header)
         for r in results:
             p = r.problem
             config = r.best.to_dict() if r.best else {}
-            writer.writerow([
-                p.m, p.n, p.k, p.batch, p.dtype, p.layout, *(config.get(c, "") for c in config_fields),
-                r.ms, r.tflops, r.torch_ms, r.torch_tflops, len(r.candidates), len(r.rejected), r.timed_out,
-                device.name, "{}.{}".format(*device.capability), cache.TRITON_VERSION, torch.__version__, __version__,
-            ])
+            writer.writerow(
+                [
+                    p.m,
+                    p.n,
+                    p.k,
+                    p.batch,
+                    p.dtype,
+                    p.layout,
+                    *(config.get(c, "") for c in config_fields),
+                    r.ms,
+                    r.tflops,
+                    r.torch_ms,
+                    r.torch_tflops,
+                    len(r.candidates),
+                    len(r.rejected),
+                    r.timed_out,
+                    device.name,
+                    "{}.{}".format(*device.capability),
+                    cache.TRITON_VERSION,
+                    torch.__version__,
+                    __version__,
+                ]
+            )
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -314,8 +427,10 @@ def run_explain(args: argparse.Namespace) -> int:
     print(f"key    : {key}")
     if plan.source.startswith("tuning cache"):
         entry = cache.load().get(key, {})
-        print(f"source : tuned ({entry.get('tflops')} TFLOP/s vs torch {entry.get('torch_tflops')}, "
-              f"at {entry.get('timestamp')})")
+        print(
+            f"source : tuned ({entry.get('tflops')} TFLOP/s vs torch {entry.get('torch_tflops')}, "
+            f"at {entry.get('timestamp')})"
+        )
     elif plan.source.startswith("heuristic"):
         print("source : heuristic (no tuned entry for this key)")
     print(plan.config.describe(problem.elem_size))
@@ -327,7 +442,9 @@ def run_cache(args: argparse.Namespace) -> int:
     entries = cache.load(path)
     print(f"{path}: {len(entries)} entries")
     for key, entry in sorted(entries.items()):
-        print(f"  {key}  ->  {_short(entry.get('config'))}  {entry.get('tflops')} TFLOP/s (torch {entry.get('torch_tflops')})")
+        print(
+            f"  {key}  ->  {_short(entry.get('config'))}  {entry.get('tflops')} TFLOP/s (torch {entry.get('torch_tflops')})"
+        )
     return 0
 
 

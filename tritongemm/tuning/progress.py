@@ -33,8 +33,13 @@ class ProgressBar:
 
         self._format_meter = tqdm.format_meter
         self._bar = tqdm(
-            total=self.total, unit=unit, file=self.stream, bar_format=BAR_FORMAT, ascii=" #",
-            dynamic_ncols=True, disable=not (enabled and self.interactive),
+            total=self.total,
+            unit=unit,
+            file=self.stream,
+            bar_format=BAR_FORMAT,
+            ascii=" #",
+            dynamic_ncols=True,
+            disable=not (enabled and self.interactive),
         )
 
     def update(self, done: int, label: str = "", detail: str = "") -> None:
@@ -53,8 +58,13 @@ class ProgressBar:
             self.update(done, label)
             return
         line = self._format_meter(
-            done, self.total, time.perf_counter() - self.start, unit=self.unit, bar_format=BAR_FORMAT,
-            ascii=" #", postfix=label or None,
+            done,
+            self.total,
+            time.perf_counter() - self.start,
+            unit=self.unit,
+            bar_format=BAR_FORMAT,
+            ascii=" #",
+            postfix=label or None,
         )
         self.stream.write(line + "\n")
         self.stream.flush()

@@ -76,13 +76,20 @@ def candidate_configs(
                             continue  # rule 4
                         consider(TileConfig(bm, bn, bk, 8, warps, stages))
                         if hopper_tma and bm >= 64 and stages >= 3:  # rule 5
-                            consider(TileConfig(bm, bn, bk, 8, warps, stages, tma=True,
-                                                persistent=tiles > device.sm_count))
+                            consider(
+                                TileConfig(
+                                    bm, bn, bk, 8, warps, stages, tma=True, persistent=tiles > device.sm_count
+                                )
+                            )
                     if tiles < device.sm_count and k_tiles_of[bk] >= 8:  # rule 5
                         for split_k in (2, 4, 8, 16):
                             if split_k * 4 <= k_tiles_of[bk]:
                                 inline = choose_split_k_inline(problem, bm, bn, split_k)
-                                consider(TileConfig(bm, bn, bk, 8, warps, 4, split_k=split_k, split_k_inline=inline))
+                                consider(
+                                    TileConfig(
+                                        bm, bn, bk, 8, warps, 4, split_k=split_k, split_k_inline=inline
+                                    )
+                                )
     ranked = sorted(found, key=lambda c: -found[c])[:max_configs]
     if problem.m == 1 and problem.batch == 1:  # the GEMV kernel, outside the tl.dot tile space
         for bn in (8, 16, 32, 64):

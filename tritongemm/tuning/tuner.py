@@ -152,7 +152,9 @@ def _random_matrix(
     return torch.randn(*lead, rows, cols, dtype=dtype, device=gen.device, generator=gen)
 
 
-def make_operands(problem: GemmProblem, torch_device: torch.device, copies: int, seed: int = 0) -> list[Operands]:
+def make_operands(
+    problem: GemmProblem, torch_device: torch.device, copies: int, seed: int = 0
+) -> list[Operands]:
     """``copies`` independent random copies of the problem's operands, in its layout.
 
     >>> ops = make_operands(GemmProblem(32, 32, 32, dtype="float32", layout="TN"), torch.device("cpu"), 2)
@@ -279,7 +281,9 @@ def _try_candidate(
             return CandidateResult(config)
         return CandidateResult(config, ms=median_ms(_Rotation(copies, launch), on_cuda, bench_ms))
     except Exception as exc:  # a compile failure or out-of-resources rejects one candidate, not the run
-        return CandidateResult(config, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return CandidateResult(
+            config, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
 
 
 # ----------------------------------------------------------------------------------
@@ -463,8 +467,15 @@ def tune(
             space = candidates_for(problem, device, candidates, max_candidates)
             bar.update(done, label)
             result = tune_problem(
-                problem, device, space, kernel=kernel, time_budget_s=time_budget_s, bench_ms=bench_ms,
-                seed=seed, on_candidate=_show_candidate(bar, done, label), timed=timed,
+                problem,
+                device,
+                space,
+                kernel=kernel,
+                time_budget_s=time_budget_s,
+                bench_ms=bench_ms,
+                seed=seed,
+                on_candidate=_show_candidate(bar, done, label),
+                timed=timed,
             )
             if save and result.best is not None:
                 if save_error is None:
@@ -515,20 +526,24 @@ def format_table(results: Sequence[TuneResult]) -> str:
             best = f"(not timed: {len(r.correct)} correct)" if r.correct else "(none correct)"
         else:
             best = r.best.short() if r.best else "(none correct)"
-        rows.append((
-            describe_problem(r.problem),
-            best,
-            _fmt(r.tflops),
-            _fmt(r.torch_tflops),
-            ratio,
-            str(len(r.candidates)) + ("+" if r.timed_out else ""),
-            str(len(r.rejected)),
-            f"{r.seconds:.1f}s",
-        ))
+        rows.append(
+            (
+                describe_problem(r.problem),
+                best,
+                _fmt(r.tflops),
+                _fmt(r.torch_tflops),
+                ratio,
+                str(len(r.candidates)) + ("+" if r.timed_out else ""),
+                str(len(r.rejected)),
+                f"{r.seconds:.1f}s",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     left = {0, 1}
     lines = [
-        "  ".join(cell.ljust(w) if i in left else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        "  ".join(
+            cell.ljust(w) if i in left else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))
+        )
         for row in rows
     ]
     return "\n".join(lines)
