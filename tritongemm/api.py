@@ -19,8 +19,7 @@ from .configs import TileConfig
 from .semantics import (
     SUPPORTED_DTYPES,
     UnsupportedInputError,
-    autocast_cast,
-    autocast_dtype,
+    as_torch_sees,
     check_activation,
     device_unsupported_reason,
     dot_precision,
@@ -90,32 +89,6 @@ def _check_pair(fn: str, a, b, b_name: str = "other") -> None:
         and a.device in _RUNNABLE_DEVICES
     ):
         _check_tensors(fn, **{"input": a, b_name: b})
-
-
-def _autocast(*tensors):
-    """The operands as torch would hand them to the op.
-
-    Under torch.autocast, matmul, mm, bmm, addmm, baddbmm and linear compute
-    in the autocast dtype (fp32 operands cast, fp64 left alone); the casts are
-    ordinary differentiable ``.to`` calls, so fp32 weights get fp32 gradients.
-    A lazily negated view (``z.conj().imag``) is materialized: its storage
-    holds the un-negated values, which a kernel would read.
-    """
-    first = tensors[0]
-    if not isinstance(first, torch.Tensor):
-        return tensors
-    for t in tensors:
-        if t is not None and isinstance(t, torch.Tensor) and t.is_neg() and not torch.compiler.is_compiling():
-            tensors = tuple(t.resolve_neg() if isinstance(t, torch.Tensor) else t for t in tensors)
-            break
-    if not _any_autocast():
-        return tensors
-    dtype = autocast_dtype(first.device)
-    return tensors if dtype is None else autocast_cast(dtype, *tensors)
-
-
-#: One C call that says whether autocast is on for any device (the common answer: no).
-_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
 
 
 def _check_out(fn: str, out: torch.Tensor | None, shape, dtype, *inputs) -> torch.Tensor | None:
@@ -337,7 +310,7 @@ def matmul(
     column (as ``F.linear``), one of shape (M, 1) per row.  ``activation`` is
     one of "relu", "gelu", "gelu_tanh", "silu".
     """
-    a, b, bias, residual = _autocast(a, b, bias, residual)
+    a, b, bias, residual = as_torch_sees(a, b, bias, residual)
     if bias is None and residual is None:
         _check_pair("matmul", a, b, "other")
     else:
@@ -411,7 +384,7 @@ def mm(
 
     >>> c = tritongemm.mm(a, b)
     """
-    input, mat2 = _autocast(input, mat2)
+    input, mat2 = as_torch_sees(input, mat2)
     _check_pair("mm", input, mat2, "mat2")
     _check_out_dtype("mm", out_dtype)
     if input.dim() != 2 or mat2.dim() != 2:
@@ -436,7 +409,7 @@ def bmm(
 
     >>> c = tritongemm.bmm(a, b)
     """
-    input, mat2 = _autocast(input, mat2)
+    input, mat2 = as_torch_sees(input, mat2)
     _check_tensors("bmm", input=input, mat2=mat2)
     _check_out_dtype("bmm", out_dtype)
     if input.dim() != 3 or mat2.dim() != 3:
@@ -471,7 +444,7 @@ def addmm(
 
     >>> y = tritongemm.addmm(bias, x, w, beta=1, alpha=0.5)
     """
-    input, mat1, mat2 = _autocast(input, mat1, mat2)
+    input, mat1, mat2 = as_torch_sees(input, mat1, mat2)
     _check_tensors("addmm", input=input, mat1=mat1, mat2=mat2)
     alpha, beta = _check_scalar("addmm", "alpha", alpha), _check_scalar("addmm", "beta", beta)
     if mat1.dim() != 2 or mat2.dim() != 2:
@@ -500,7 +473,7 @@ def baddbmm(
 
     >>> y = tritongemm.baddbmm(c, a, b, beta=0.5)
     """
-    input, batch1, batch2 = _autocast(input, batch1, batch2)
+    input, batch1, batch2 = as_torch_sees(input, batch1, batch2)
     _check_tensors("baddbmm", input=input, batch1=batch1, batch2=batch2)
     alpha, beta = _check_scalar("baddbmm", "alpha", alpha), _check_scalar("baddbmm", "beta", beta)
     if batch1.dim() != 3 or batch2.dim() != 3:
@@ -538,7 +511,7 @@ def linear(
 
     The epilogue computes ``activation(input @ weight.T + bias) + residual``.
     """
-    input, weight, bias, residual = _autocast(input, weight, bias, residual)
+    input, weight, bias, residual = as_torch_sees(input, weight, bias, residual)
     if bias is None and residual is None:
         _check_pair("linear", input, weight, "weight")
     else:

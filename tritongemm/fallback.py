@@ -56,6 +56,8 @@ _RUNNABLE: set = set()
 
 def _plainly_runnable(tensors) -> bool:
     """The common call in a few attribute reads: plain tensors of one supported dtype on a runnable device."""
+    if torch.compiler.is_compiling():  # the traced path below handles fake tensors
+        return False
     first = tensors[0]
     if type(first) not in (torch.Tensor, torch.nn.Parameter) or first.dtype not in SUPPORTED_DTYPES:
         return False

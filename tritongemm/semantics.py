@@ -140,6 +140,33 @@ def autocast_cast(dtype: torch.dtype, *tensors):
     )
 
 
+def as_torch_sees(*tensors):
+    """The operands as torch would hand them to the op.
+
+    Under torch.autocast, matmul, mm, bmm, addmm, baddbmm and linear compute
+    in the autocast dtype (fp32 operands cast, fp64 left alone); the casts are
+    ordinary differentiable ``.to`` calls, so fp32 weights get fp32 gradients.
+    A lazily negated view (``z.conj().imag``) is materialized: its storage
+    holds the un-negated values, which a kernel would read.
+    """
+    first = tensors[0]
+    if not isinstance(first, torch.Tensor):
+        return tensors
+    if not torch.compiler.is_compiling():  # a trace sees functional tensors: negation is already resolved
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.is_neg():
+                tensors = tuple(x.resolve_neg() if isinstance(x, torch.Tensor) else x for x in tensors)
+                break
+    if not _any_autocast():
+        return tensors
+    dtype = autocast_dtype(first.device)
+    return tensors if dtype is None else autocast_cast(dtype, *tensors)
+
+
+#: One C call that says whether autocast is on for any device (the common answer: no).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
+
+
 # ----------------------------------------------------------------------------------
 # Fused activations
 # ----------------------------------------------------------------------------------
@@ -184,6 +211,7 @@ __all__ = [
     "activation_backward",
     "autocast_cast",
     "autocast_dtype",
+    "as_torch_sees",
     "check_activation",
     "device_unsupported_reason",
     "dot_precision",
