@@ -437,7 +437,9 @@ def test_cli_explain_for_a_named_gpu_shows_the_fallback(capsys):
     assert cli.main(["explain", "4096x4096x4097", "--dtype", "bf16", "--device", "h100"]) == 0
     out = capsys.readouterr().out  # TMA all the same: A and B are copied to aligned workspaces
     assert (
-        "kernel : tma_persistent" in out and "align  : copy A to aligned" in out and "triton-interpreter" not in out
+        "kernel : tma_persistent" in out
+        and "align  : copy A to aligned" in out
+        and "triton-interpreter" not in out
     )
     assert cli.main(["explain", "64x64x64", "--device", "h900"]) == 2
 
