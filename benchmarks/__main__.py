@@ -116,7 +116,7 @@ def _plot(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    frames, skipped, files = [], 0, []
+    frames, skipped, files, model_csvs = [], 0, [], []
     out = args.out or os.path.dirname(os.fspath(args.csv[0])) or "."
     for path in args.csv:
         try:
@@ -126,16 +126,18 @@ def _plot(args: argparse.Namespace) -> int:
             skipped += 1
             continue
         suites = set(frame["suite"].dropna())
-        if suites & {"models", "models_gemms"}:  # whole-model suites draw their own figures
-            from .models import plot_models
-
-            files += plot_models([path], out)
+        if suites & {"models", "models_gemms"}:  # whole-model suites draw their own figures, all files at once
+            model_csvs.append(path)
         elif "host" in suites:
             from .host import plot_host
 
             files += plot_host(path, out)
         else:
             frames.append(frame)
+    if model_csvs:
+        from .models import plot_models
+
+        files += plot_models(model_csvs, out)
     if not frames and not files:
         return 1  # every file was skipped (each said why) or drew nothing of its own
     if frames:

@@ -1146,19 +1146,22 @@ def fig_models(df):
 
 
 def plot_models(csvs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
-    """``models_speedup.png`` and ``models_gemms.png`` from the suite's CSVs, whichever the data supports."""
+    """``models_speedup.png`` (all models of all ``csvs`` in one figure) and ``models_gemms.png``, as the data allows."""
+    import pandas as pd
+
     out = []
-    for csv in csvs:
-        df = harness.read_results(csv)
-        if "suite" not in df.columns:
-            continue
-        if (df["suite"] == SUITE).any():
-            fig = fig_models(df)
-            if fig is not None:
-                path = Path(out_dir) / "models_speedup.png"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fig.savefig(path, dpi=120)
-                out.append(path)
+    frames = [harness.read_results(csv) for csv in csvs]
+    frames = [df for df in frames if "suite" in df.columns]
+    models = [df[df["suite"] == SUITE] for df in frames]
+    models = [df for df in models if len(df)]
+    if models:
+        fig = fig_models(pd.concat(models, ignore_index=True))
+        if fig is not None:
+            path = Path(out_dir) / "models_speedup.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=120)
+            out.append(path)
+    for csv, df in zip(csvs, frames):
         if (df["suite"] == gemm_breakdown.SUITE).any():
             out += gemm_breakdown.plot_breakdown(csv, out_dir)
     return out
