@@ -126,7 +126,10 @@ def _plot(args: argparse.Namespace) -> int:
             skipped += 1
             continue
         suites = set(frame["suite"].dropna())
-        if suites & {"models", "models_gemms"}:  # whole-model suites draw their own figures, all files at once
+        if suites & {
+            "models",
+            "models_gemms",
+        }:  # whole-model suites draw their own figures, all files at once
             model_csvs.append(path)
         elif "host" in suites:
             from .host import plot_host
