@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tritongemm.testing import make_matrix
+
 from . import harness
 
 # aten overload packet name -> (positions of the two GEMM operands in its arguments)
@@ -111,17 +113,9 @@ def make_operands(
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     dtype = harness.DTYPES[shape.dtype]
-
-    def operand(rows: int, cols: int, transposed: bool) -> torch.Tensor:
-        dims = (cols, rows) if transposed else (rows, cols)
-        if shape.batch > 1:
-            dims = (shape.batch, *dims)
-        t = torch.randn(dims, generator=gen, device=device, dtype=torch.float32).to(dtype)
-        return t.mT if transposed else t
-
-    return operand(shape.m, shape.k, shape.layout[0] == "T"), operand(
-        shape.k, shape.n, shape.layout[1] == "T"
-    )
+    batch = (shape.batch,) if shape.batch > 1 else ()
+    a = make_matrix(shape.m, shape.k, shape.layout[0], dtype, device, batch, gen)
+    return a, make_matrix(shape.k, shape.n, shape.layout[1], dtype, device, batch, gen)
 
 
 def _shape_row(shape: GemmShape) -> dict:

@@ -24,7 +24,7 @@ import triton
 
 import tritongemm
 from tritongemm import TileConfig
-from tritongemm.testing import relative_error
+from tritongemm.testing import make_matrix, relative_error
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2, torch.float32: 2e-3, torch.float64: 1e-12}
@@ -44,10 +44,8 @@ def env() -> dict:
 
 
 def operand(rows, cols, dtype, layout, batch=()):
-    """A (rows x cols) operand, row-major for 'N', a transposed view for 'T'."""
-    if layout == "N":
-        return torch.randn(*batch, rows, cols, device="cuda", dtype=dtype)
-    return torch.randn(*batch, cols, rows, device="cuda", dtype=dtype).mT
+    """A (rows x cols) operand, row-major for 'N', a transposed view for 'T' (``testing.make_matrix``)."""
+    return make_matrix(rows, cols, layout, dtype, "cuda", batch)
 
 
 rel_err = relative_error

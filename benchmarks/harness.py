@@ -44,6 +44,7 @@ import torch
 from tritongemm.semantics import tf32_enabled
 from tritongemm.testing import (  # one home for tolerances, the error metric and L2 rotation
     DEFAULT_L2_BYTES,
+    make_matrix,
     relative_error,
     rotation_copies,
     tolerance,
@@ -169,22 +170,14 @@ def copies_to_exceed_l2(set_bytes: int, l2_bytes: int) -> int:
     return rotation_copies(set_bytes, l2_bytes)
 
 
-def _operand(rows: int, cols: int, transposed: bool, dtype, device, gen) -> torch.Tensor:
-    """A random (rows, cols) operand; ``transposed`` makes it a column-major view."""
-    shape = (cols, rows) if transposed else (rows, cols)
-    # Drawn in fp32 then rounded: randn's fp16/bf16 support varies by device and version.
-    t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
-    return t.mT if transposed else t
-
-
 def make_inputs(case: Case, dtype: torch.dtype, device: torch.device, n_copies: int, seed: int = 0):
     """``n_copies`` independent random input sets: (a, b) or, with backward, (a, b, grad_out)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     sets = []
     for _ in range(n_copies):
-        a = _operand(case.m, case.k, case.layout[0] == "T", dtype, device, gen)
-        b = _operand(case.k, case.n, case.layout[1] == "T", dtype, device, gen)
+        a = make_matrix(case.m, case.k, case.layout[0], dtype, device, generator=gen)
+        b = make_matrix(case.k, case.n, case.layout[1], dtype, device, generator=gen)
         if case.backward:
             a.requires_grad_(True)
             b.requires_grad_(True)

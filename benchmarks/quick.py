@@ -23,7 +23,7 @@ import torch
 import tritongemm
 from tritongemm import PIPELINES
 from tritongemm.launch import problem_of
-from tritongemm.testing import tolerance
+from tritongemm.testing import make_matrix, tolerance
 
 from . import harness
 from .harness import Case
@@ -134,12 +134,6 @@ def quick_gpu(
 # ----------------------------------------------------------------------------------
 # No GPU: correctness on the interpreter
 # ----------------------------------------------------------------------------------
-def _demo_operand(rows: int, cols: int, transposed: bool, dtype: torch.dtype, gen) -> torch.Tensor:
-    shape = (cols, rows) if transposed else (rows, cols)
-    t = torch.randn(shape, generator=gen).to(dtype)
-    return t.mT if transposed else t
-
-
 def quick_interpreter(out: str | Path | None = None) -> int:
     if not tritongemm.interpreter_enabled():
         raise RuntimeError(
@@ -160,8 +154,8 @@ def quick_interpreter(out: str | Path | None = None) -> int:
     for m, n, k in DEMO_SHAPES:
         for layout in DEMO_LAYOUTS:
             for dtype in DEMO_DTYPES:
-                a = _demo_operand(m, k, layout[0] == "T", dtype, gen)
-                b = _demo_operand(k, n, layout[1] == "T", dtype, gen)
+                a = make_matrix(m, k, layout[0], dtype, "cpu", generator=gen)
+                b = make_matrix(k, n, layout[1], dtype, "cpu", generator=gen)
                 ref = a.double() @ b.double()
                 for pipeline in PIPELINES:
                     row = {

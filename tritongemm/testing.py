@@ -90,10 +90,18 @@ def tolerance(dtype: torch.dtype, device: torch.device | str = "cpu", against: s
 # ----------------------------------------------------------------------------------
 # Operands
 # ----------------------------------------------------------------------------------
-def random_tensor(shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
-    """Standard-normal values in ``dtype``, with no exact zeros (a zero hides bugs)."""
+def random_tensor(
+    shape: Sequence[int], dtype: torch.dtype, device, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Standard-normal values in ``dtype``, with no exact zeros (a zero hides bugs).
+
+    Drawn in fp32 (fp64 for fp64) and rounded: randn's fp16/bf16 support varies by device and version.
+    """
     x = torch.randn(
-        tuple(shape), dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device
+        tuple(shape),
+        dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+        device=device,
+        generator=generator,
     )
     x = x.to(dtype)
     return torch.where(x == 0, torch.ones_like(x), x)
@@ -112,22 +120,29 @@ LAYOUTS = {
 
 
 def make_matrix(
-    rows: int, cols: int, layout: str, dtype: torch.dtype, device, batch: Sequence[int] = ()
+    rows: int,
+    cols: int,
+    layout: str,
+    dtype: torch.dtype,
+    device,
+    batch: Sequence[int] = (),
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """A random (*batch, rows, cols) operand in one of ``LAYOUTS``.
+    """A random (*batch, rows, cols) operand in one of ``LAYOUTS`` (the one operand maker of tests,
+    tuner and benchmarks; pass a ``generator`` for reproducible sets).
 
     The "S" layout sits in a buffer whose other elements are NaN: an element
     read through a wrong stride poisons the result.
     """
     batch = tuple(batch)
     if layout == "N":
-        return random_tensor((*batch, rows, cols), dtype, device)
+        return random_tensor((*batch, rows, cols), dtype, device, generator)
     if layout == "T":
-        return random_tensor((*batch, cols, rows), dtype, device).mT
+        return random_tensor((*batch, cols, rows), dtype, device, generator).mT
     if layout == "S":
         buf = nan_tensor((*batch, 2 * rows + 1, 2 * cols + 1), dtype, device)
         view = buf[..., 1::2, 1::2]
-        view.copy_(random_tensor(view.shape, dtype, device))
+        view.copy_(random_tensor(view.shape, dtype, device, generator))
         return view
     raise ValueError(f"unknown layout {layout!r}; one of {sorted(LAYOUTS)}")
 

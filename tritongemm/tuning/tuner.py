@@ -38,7 +38,7 @@ from ..configs import ConfigError, GemmProblem, TileConfig
 from ..device import DeviceInfo, device_info, interpreter_enabled
 from ..heuristics import heuristic_config
 from ..semantics import dot_precision
-from ..testing import LIBRARY_TF32_TOLERANCE, LIBRARY_TOLERANCES, rotation_copies
+from ..testing import LIBRARY_TF32_TOLERANCE, LIBRARY_TOLERANCES, make_matrix, rotation_copies
 from . import cache
 from .progress import ProgressBar
 from .space import candidate_configs
@@ -142,16 +142,6 @@ class Operands:
     out: torch.Tensor
 
 
-def _random_matrix(
-    rows: int, cols: int, transposed: bool, batch: int, dtype: torch.dtype, gen: torch.Generator
-) -> torch.Tensor:
-    """A (batch,) rows x cols operand; ``transposed`` stores it column-major (a stride view, 'T')."""
-    lead = (batch,) if batch > 1 else ()
-    if transposed:
-        return torch.randn(*lead, cols, rows, dtype=dtype, device=gen.device, generator=gen).mT
-    return torch.randn(*lead, rows, cols, dtype=dtype, device=gen.device, generator=gen)
-
-
 def make_operands(
     problem: GemmProblem, torch_device: torch.device, copies: int, seed: int = 0
 ) -> list[Operands]:
@@ -165,11 +155,10 @@ def make_operands(
     gen = torch.Generator(device=torch_device)
     gen.manual_seed(seed)
     lead = (problem.batch,) if problem.batch > 1 else ()
-    a_t, b_t = problem.layout[0] == "T", problem.layout[1] == "T"
     return [
         Operands(
-            a=_random_matrix(problem.m, problem.k, a_t, problem.batch, dtype, gen),
-            b=_random_matrix(problem.k, problem.n, b_t, problem.batch, dtype, gen),
+            a=make_matrix(problem.m, problem.k, problem.layout[0], dtype, torch_device, lead, gen),
+            b=make_matrix(problem.k, problem.n, problem.layout[1], dtype, torch_device, lead, gen),
             out=torch.empty(*lead, problem.m, problem.n, dtype=dtype, device=torch_device),
         )
         for _ in range(copies)
