@@ -16,6 +16,7 @@ import argparse
 import itertools
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -24,7 +25,7 @@ import triton
 
 import tritongemm
 from tritongemm import TileConfig
-from tritongemm.testing import make_matrix, relative_error
+from tritongemm.testing import make_matrix, relative_error, time_samples
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2, torch.float32: 2e-3, torch.float64: 1e-12}
@@ -117,7 +118,7 @@ def rotating(f, sets):
 
 
 def bench(fn, reps_ms=200):
-    return triton.testing.do_bench(fn, warmup=50, rep=reps_ms, return_mode="median")
+    return statistics.median(time_samples(fn, torch.device("cuda"), warmup_ms=50, rep_ms=reps_ms))
 
 
 def ladder(sizes, dtypes) -> list[dict]:

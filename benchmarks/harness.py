@@ -52,6 +52,12 @@ from tritongemm.testing import (  # one home for tolerances, the error metric an
 from tritongemm.testing import (
     L2_ROTATION_FACTOR as L2_ROTATION_FACTOR,  # re-exported: suites record it
 )
+from tritongemm.testing import (
+    format_table as format_table,  # re-exported: suites print with it
+)
+from tritongemm.testing import (
+    time_samples as time_samples,  # re-exported: the suites time with it
+)
 
 from . import schema
 
@@ -247,38 +253,6 @@ def gate(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple]) 
 # ----------------------------------------------------------------------------------
 # Timing
 # ----------------------------------------------------------------------------------
-def time_samples(
-    step: Callable[[], Any],
-    device: torch.device,
-    warmup_ms: float = 25,
-    rep_ms: float = 100,
-    grad_to_none: Sequence[torch.Tensor] | None = None,
-) -> list[float]:
-    """Milliseconds of each timed call of ``step``.
-
-    On CUDA: ``triton.testing.do_bench`` (CUDA events around each call, L2
-    flushed before each).  On CPU: a wall clock, for tests only.
-    """
-    if device.type == "cuda":
-        import triton.testing
-
-        times = triton.testing.do_bench(
-            step, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all"
-        )
-        return [float(t) for t in times]
-    step()
-    times = []
-    deadline = time.perf_counter() + rep_ms / 1000
-    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 1000):
-        if grad_to_none:
-            for t in grad_to_none:
-                t.grad = None
-        t0 = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t0) * 1000)
-    return times
-
-
 def summarize(times: Sequence[float]) -> tuple[float, float, float]:
     """(median, p20, p80) of timings."""
     ordered = sorted(times)
@@ -801,24 +775,6 @@ def plot_safely(csv: str | Path, out_dir: str | Path) -> list[Path]:
 # ----------------------------------------------------------------------------------
 # Printing
 # ----------------------------------------------------------------------------------
-def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> str:
-    """A plain fixed-width table; ``columns`` are (key, heading) pairs."""
-
-    def cell(v) -> str:
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 1 else f"{v:,.2f}"
-        return str(v)
-
-    cells = [[cell(r.get(k)) for k, _ in columns] for r in rows]
-    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(columns)]
-    lines = ["  ".join(h.ljust(w) for (_, h), w in zip(columns, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
-
-
 @dataclass
 class RunSummary:
     """What a suite run produced (for scripts)."""

@@ -1,6 +1,7 @@
 """Test helpers: operands, float64 references and the per-dtype tolerances.
 
-Used by ``tests/`` and importable by benchmarks (no pytest import here).
+Used by ``tests/``, the tuner and the benchmarks (no pytest import here): the one home
+of operand makers, tolerances, the error metric, L2 rotation, timing and text tables.
 
 Every check compares against torch evaluated in float64 on the same inputs,
 by the relative error ``||out - ref|| / ||ref||`` and, element by element,
@@ -16,7 +17,9 @@ average away; both use the one tolerance per dtype defined here.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -280,6 +283,59 @@ def assert_matches_reference(
     return out
 
 
+# ----------------------------------------------------------------------------------
+# Timing and tables, shared by the tuner and the benchmarks
+# ----------------------------------------------------------------------------------
+def time_samples(
+    step: Callable[[], Any],
+    device: torch.device,
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+) -> list[float]:
+    """Milliseconds of each timed call of ``step`` (the one timing wrapper of tuner and benchmarks).
+
+    On CUDA: ``triton.testing.do_bench`` (CUDA events around each call, L2
+    flushed before each).  On CPU (the interpreter): a wall clock, meaningful for tests only.
+    """
+    if device.type == "cuda":
+        import triton.testing
+
+        times = triton.testing.do_bench(
+            step, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all"
+        )
+        return [float(t) for t in times]
+    step()
+    times = []
+    deadline = time.perf_counter() + rep_ms / 1000
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 1000):
+        if grad_to_none:
+            for t in grad_to_none:
+                t.grad = None
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> str:
+    """A plain fixed-width table; ``columns`` are (key, heading) pairs."""
+
+    def cell(v) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1 else f"{v:,.2f}"
+        return str(v)
+
+    cells = [[cell(r.get(k)) for k, _ in columns] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(columns)]
+    lines = ["  ".join(h.ljust(w) for (_, h), w in zip(columns, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
 def shape_id(*dims: int) -> str:
     """'17x31x65' for readable test ids."""
     return "x".join(str(d) for d in dims)
@@ -301,7 +357,9 @@ __all__ = [
     "nan_tensor",
     "random_tensor",
     "relative_error",
+    "format_table",
     "shape_id",
+    "time_samples",
     "strided_out",
     "tf32_allowed",
     "tolerance",

@@ -38,7 +38,16 @@ from ..configs import ConfigError, GemmProblem, TileConfig
 from ..device import DeviceInfo, device_info, interpreter_enabled
 from ..heuristics import heuristic_config
 from ..semantics import dot_precision
-from ..testing import LIBRARY_TF32_TOLERANCE, LIBRARY_TOLERANCES, make_matrix, rotation_copies
+from ..testing import (
+    LIBRARY_TF32_TOLERANCE,
+    LIBRARY_TOLERANCES,
+    make_matrix,
+    rotation_copies,
+    time_samples,
+)
+from ..testing import (
+    format_table as text_table,
+)
 from . import cache
 from .progress import ProgressBar
 from .space import candidate_configs
@@ -216,18 +225,8 @@ def median_ms(fn: Callable[[], None], on_cuda: bool, bench_ms: int = DEFAULT_BEN
     CPU (Triton's interpreter): ``time.perf_counter`` over at least 3 calls; ``tune``
     keeps none of these (they say nothing about a GPU), tests of its choosing do.
     """
-    if on_cuda:
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=bench_ms, return_mode="median"))
-    fn()  # warm-up
-    times: list[float] = []
-    deadline = time.perf_counter() + bench_ms / 1000
-    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 100):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+    device = torch.device("cuda" if on_cuda else "cpu")
+    return statistics.median(time_samples(fn, device, warmup_ms=WARMUP_MS, rep_ms=bench_ms))
 
 
 def check_result(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> str | None:
@@ -507,35 +506,35 @@ def format_table(results: Sequence[TuneResult]) -> str:
     shape                     best config            TFLOP/s  torch TFLOP/s  vs torch  tried  rejected
     4096x4096x4096 float16 NN 128x256x64 g8 w8 s3      612.1          655.0     0.93x     36         0
     """
-    header = ("shape", "best config", "TFLOP/s", "torch TFLOP/s", "vs torch", "tried", "rejected", "time")
-    rows = [header]
+    columns = [
+        ("shape", "shape"),
+        ("best", "best config"),
+        ("tflops", "TFLOP/s"),
+        ("torch", "torch TFLOP/s"),
+        ("ratio", "vs torch"),
+        ("tried", "tried"),
+        ("rejected", "rejected"),
+        ("time", "time"),
+    ]
+    rows = []
     for r in results:
-        ratio = f"{r.tflops / r.torch_tflops:.2f}x" if r.tflops and r.torch_tflops else "-"
         if not r.timed:
             best = f"(not timed: {len(r.correct)} correct)" if r.correct else "(none correct)"
         else:
             best = r.best.short() if r.best else "(none correct)"
         rows.append(
-            (
-                describe_problem(r.problem),
-                best,
-                _fmt(r.tflops),
-                _fmt(r.torch_tflops),
-                ratio,
-                str(len(r.candidates)) + ("+" if r.timed_out else ""),
-                str(len(r.rejected)),
-                f"{r.seconds:.1f}s",
+            dict(
+                shape=describe_problem(r.problem),
+                best=best,
+                tflops=_fmt(r.tflops),
+                torch=_fmt(r.torch_tflops),
+                ratio=f"{r.tflops / r.torch_tflops:.2f}x" if r.tflops and r.torch_tflops else "-",
+                tried=str(len(r.candidates)) + ("+" if r.timed_out else ""),
+                rejected=str(len(r.rejected)),
+                time=f"{r.seconds:.1f}s",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    left = {0, 1}
-    lines = [
-        "  ".join(
-            cell.ljust(w) if i in left else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))
-        )
-        for row in rows
-    ]
-    return "\n".join(lines)
+    return text_table(rows, columns)
 
 
 def format_rejections(results: Sequence[TuneResult]) -> str:
