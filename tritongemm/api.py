@@ -36,7 +36,7 @@ def _shape(t: torch.Tensor) -> str:
     return str(tuple(t.shape))
 
 
-def _check_tensors(fn: str, **named) -> None:
+def _check_tensors(fn: str, check_device: bool = True, **named) -> None:
     """Same dtype, same device, a dtype and device we run; torch's exception types.
 
     Called on every call, so the common case is a few attribute reads.
@@ -60,7 +60,7 @@ def _check_tensors(fn: str, **named) -> None:
         )
     if first.layout != torch.strided:
         raise UnsupportedInputError(f"{fn}: {first.layout} tensors are not supported (strided only)")
-    if first.device not in _RUNNABLE_DEVICES:
+    if check_device and first.device not in _RUNNABLE_DEVICES:
         reason = device_unsupported_reason(first.device)
         if reason is not None:
             raise UnsupportedInputError(f"{fn}: {reason}")

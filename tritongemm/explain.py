@@ -63,10 +63,8 @@ def explain(
         target = device_info(a.device)
     else:
         target = named_device(device)
-        for name, t in named.items():  # the same dtype and type rules, on whatever device the tensors sit
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"explain: argument '{name}' must be a Tensor, not {type(t).__name__}")
-        _check_dtypes(named)
+        # The call's rules (types, dtypes, layout), on whatever device the tensors sit: meta tensors are fine.
+        api._check_tensors("explain", check_device=False, **named)
     api._check_out_dtype("explain", out_dtype)
     check_activation("explain", activation)
     if a.dim() == 0 or b.dim() == 0:
@@ -99,21 +97,6 @@ def explain(
         out,
         padding_policy(),
     )
-
-
-def _check_dtypes(named: dict) -> None:
-    """``_check_tensors``'s dtype and layout rules, without asking whether this machine runs the device."""
-    first = next(iter(named.values()))
-    for t in named.values():
-        if t.dtype != first.dtype:
-            desc = ", ".join(f"{n}: {x.dtype}" for n, x in named.items())
-            raise RuntimeError(f"explain: expected all operands to have the same dtype, but got {desc}")
-    if first.dtype not in api.SUPPORTED_DTYPES:
-        raise api.UnsupportedInputError(
-            f"explain: dtype {first.dtype} is not supported; tritongemm runs float16, bfloat16, float32 and float64"
-        )
-    if first.layout != torch.strided:
-        raise api.UnsupportedInputError(f"explain: {first.layout} tensors are not supported (strided only)")
 
 
 def explain_problem(problem: GemmProblem, device: str | DeviceInfo, **options) -> Plan:
