@@ -35,7 +35,7 @@ os.environ["TRITONGEMM_AUTOTUNE"] = "0"
 import pytest  # noqa: E402
 
 import tritongemm  # noqa: E402
-from tritongemm import launch  # noqa: E402
+from tritongemm import fastpath, launch  # noqa: E402
 from tritongemm.autograd import set_poison_outputs  # noqa: E402
 from tritongemm.testing import default_device  # noqa: E402
 
@@ -92,9 +92,10 @@ def _seed(request):
 def plans(monkeypatch):
     """Records every GEMM the library runs, as a dict (config, kernel, M, N, K, dtype).
 
-    Wraps ``launch.gemm`` (the one entry every public function reaches) and
-    asks ``launch.plan_for`` what it runs: launchers are cached, so a spy on
-    the planner itself would miss repeated signatures.
+    Wraps ``launch.gemm`` (where every first call goes) and asks
+    ``launch.plan_for`` what it runs (launchers are cached, so a spy on the
+    planner itself would miss repeated signatures), and the fast path's
+    ``Entry`` (where repeated calls go), which knows its launcher's plan.
     """
     records = []
     real_gemm = launch.gemm
@@ -115,6 +116,25 @@ def plans(monkeypatch):
         return real_gemm(call, a, b, out, *rest)
 
     monkeypatch.setattr(launch, "gemm", spy)
+
+    # A repeated call runs from its fast-path entry, which holds its launcher (and plan) directly.
+    real_entry_call = fastpath.Entry.__call__
+
+    def entry_spy(entry, x, w, bias, grad):
+        chosen = entry.launcher.plan
+        records.append(
+            dict(
+                config=chosen.config,
+                kernel=chosen.kernel,
+                M=entry.mn[0],
+                N=entry.mn[1],
+                K=x.shape[-1],
+                dtype=x.dtype,
+            )
+        )
+        return real_entry_call(entry, x, w, bias, grad)
+
+    monkeypatch.setattr(fastpath.Entry, "__call__", entry_spy)
     return records
 
 

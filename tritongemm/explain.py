@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from . import api
+from . import checks
 from .call import make_request
 from .configs import GemmProblem
 from .device import DeviceInfo, device_info, named_device
@@ -59,13 +59,13 @@ def explain(
         n: t for n, t in (("input", a), ("other", b), ("bias", bias), ("residual", residual)) if t is not None
     }
     if device is None:
-        api._check_tensors("explain", **named)
+        checks.check_tensors("explain", **named)
         target = device_info(a.device)
     else:
         target = named_device(device)
         # The call's rules (types, dtypes, layout), on whatever device the tensors sit: meta tensors are fine.
-        api._check_tensors("explain", check_device=False, **named)
-    api._check_out_dtype("explain", out_dtype)
+        checks.check_tensors("explain", check_device=False, **named)
+    checks.check_out_dtype("explain", out_dtype)
     check_activation("explain", activation)
     if a.dim() == 0 or b.dim() == 0:
         raise RuntimeError(
@@ -73,15 +73,15 @@ def explain(
         )
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
-    api._check_inner("explain", a.shape, b.shape, a2.shape[-1], b2.shape[-2])
-    batch = api._broadcast_batch("explain", a2, b2)
+    checks.check_inner("explain", a.shape, b.shape, a2.shape[-1], b2.shape[-2])
+    batch = checks.broadcast_batch("explain", a2, b2)
     m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
     if a2.dim() > 2 and math.prod(b2.shape[:-2]) == 1 and math.prod(a2.shape[:-2]) == math.prod(batch):
-        folded = api._fold_rows(a2)
+        folded = checks.fold_rows(a2)
         if folded is not None:  # the real call folds (*, M, K) @ (K, N) into one GEMM
             a2, b2, batch, m = folded, b2.reshape(k, n), (), folded.shape[0]
     for name, t in (("bias", bias), ("residual", residual)):
-        api._expand_to("explain", name, t, (*batch, m, n))
+        checks.expand_to("explain", name, t, (*batch, m, n))
     op_a, op_b = _operand(a2), _operand(b2)
     problem = GemmProblem(m, n, k, math.prod(batch), dtype_name(a.dtype), layout_letters(op_a, op_b))
     out = out_dtype or a.dtype

@@ -126,6 +126,8 @@ def set_padding(policy: str) -> str:
         raise ValueError(f"padding policy must be one of {PADDING_POLICIES}, got {policy!r}")
     old, _PADDING[0] = _PADDING[0], policy
     _CACHE = _CACHES[policy]
+    for cache in _DEPENDENT:
+        cache.clear()
     return old
 
 
@@ -158,13 +160,7 @@ def gemm(
     """
     if out.numel() == 0:
         return out
-    key = (call, layout_signature(a, b, out, addend, residual, preact))
-    launcher = _CACHE.get(key)
-    if launcher is None:
-        launcher = _build(call, a, b, out, addend, residual, preact)
-        if len(_CACHE) >= MAX_CACHED:
-            _CACHE.clear()
-        _CACHE[key] = launcher
+    launcher = launcher_for(call, a, b, out, addend, residual, preact)
     ep = call.epilogue
     d = addend if addend is not None else out  # absent tensors: the kernel never touches them
     r = residual if residual is not None else out
@@ -176,6 +172,33 @@ def gemm(
     else:
         launcher(a, b, out, d, r, z, ep.alpha, ep.beta)
     return out
+
+
+def launcher_for(call: GemmCall, a, b, out, addend=None, residual=None, preact=None):
+    """The cached launcher for these tensors (built and cached on first use).
+
+    It is called as ``launcher(a, b, out, d, r, z, alpha, beta)`` with absent
+    tensors replaced by ``out``.  A launcher whose ``takes_bases`` is true reads
+    nothing but the tensors' data pointers (and ``a.device``): it may be given any
+    tensor over the same memory, e.g. ``w`` in place of the planned ``w.mT``.
+    """
+    key = (call, layout_signature(a, b, out, addend, residual, preact))
+    launcher = _CACHE.get(key)
+    if launcher is None:
+        launcher = _build(call, a, b, out, addend, residual, preact)
+        if len(_CACHE) >= MAX_CACHED:
+            _CACHE.clear()
+        _CACHE[key] = launcher
+    return launcher
+
+
+#: Caches of values derived from launchers (``fastpath.ENTRIES``), cleared with the launch cache.
+_DEPENDENT: list[dict] = []
+
+
+def register_dependent_cache(cache: dict) -> None:
+    """Clear ``cache`` whenever the launch cache is cleared or the padding policy changes."""
+    _DEPENDENT.append(cache)
 
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device  # no Python layers
@@ -215,17 +238,19 @@ MAX_CACHED = 4096
 
 def clear_plan_cache() -> None:
     """Forget cached launch plans (after the tuning cache changed)."""
-    for cache in _CACHES.values():
+    for cache in (*_CACHES.values(), *_DEPENDENT):
         cache.clear()
 
 
 __all__ = [
     "clear_plan_cache",
     "gemm",
+    "launcher_for",
     "layout_signature",
     "padding",
     "padding_policy",
     "plan_for",
     "problem_of",
+    "register_dependent_cache",
     "set_padding",
 ]

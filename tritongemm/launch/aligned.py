@@ -55,6 +55,7 @@ class Workspace:
 
 
 class PaddedLauncher:
+    takes_bases = False  # copies the operands: needs their shapes and strides
     """Another kernel's launcher, run on aligned workspaces for the operands the plan names."""
 
     def __init__(self, plan, call, a, b, out, d, r, z, interpreting: bool, inner_class):

@@ -77,6 +77,7 @@ class PointerLauncher:
         # The kernel indexes one batch dimension; any further (rare: a broadcast
         # dim between two non-broadcast ones) are looped over here, as views.
         self.outer = dims[:-1]
+        self.takes_bases = not self.outer  # the outer loop makes views of the tensors
         batch, bs = dims[-1] if dims else (1, [0] * len(tensors))
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         if tiles * batch > INT32_MAX:

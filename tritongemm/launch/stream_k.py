@@ -29,6 +29,8 @@ class StreamKBuffers:
 
 
 class StreamKLauncher:
+    takes_bases = True  # reads only data pointers (see ``launch.launcher_for``)
+
     def __init__(self, plan, call, a, b, out, d, r, z, interpreting: bool):
         cfg = plan.config
         a2, b2, c2, d2, r2 = (t.reshape(t.shape[-2:]) for t in (a, b, out, d, r))  # a batch of one: views

@@ -22,19 +22,9 @@ def descriptor(t, rows_block: int, cols_block: int):
     return TensorDescriptor(t, [c, r], [t.stride(-1), 1], [cols_block, rows_block]), False
 
 
-def rebase(template, t):
-    """The descriptor ``template`` over tensor ``t`` (same shape, strides, alignment).
-
-    Built by copying the template's fields: ``copy.copy`` of a dataclass, or
-    re-running its validating constructor, costs microseconds per launch.
-    """
-    desc = object.__new__(type(template))
-    desc.__dict__.update(template.__dict__)
-    desc.base = t
-    return desc
-
-
 class TmaLauncher:
+    takes_bases = True  # reads only data pointers (see ``launch.launcher_for``)
+
     def __init__(self, plan, call, a, b, out, d, r, z, interpreting: bool):
         cfg = plan.config
         # A batch of one, as 2-D views that keep the strides (reshape would re-derive a size-1 dim's
@@ -83,6 +73,7 @@ class TmaLauncher:
             (programs,),
             cfg.num_warps,
             cfg.num_stages,
+            descriptors=dict(a_desc=self.a_desc, b_desc=self.b_desc, c_desc=self.c_desc),
         )
         # Every launch rebases the templates, so they need no tensor: a cached launcher must not keep
         # the first call's operands (or an aligned launcher's template workspaces) alive.
@@ -93,15 +84,4 @@ class TmaLauncher:
         ws, counts = (
             self.buffers.get(a.device) if self.buffers is not None else (out, out)
         )  # unread without STREAM_K
-        self.main(
-            rebase(self.a_desc, a),
-            rebase(self.b_desc, b),
-            rebase(self.c_desc, out),
-            d,
-            r,
-            z,
-            ws,
-            counts,
-            alpha,
-            beta,
-        )
+        self.main(a, b, out, d, r, z, ws, counts, alpha, beta)  # the launch puts a, b, out in descriptors

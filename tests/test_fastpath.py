@@ -1,0 +1,321 @@
+"""The repeated-call fast path (``tritongemm.fastpath``) and the direct launch (``launch.common.DirectLaunch``).
+
+A repeated call must give what its first call gave, never reuse an entry for
+arguments that differ in anything the first call's checks read, and leave
+every error, autocast, autograd and fallback rule to the whole way.
+"""
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tritongemm
+from tritongemm import api, fastpath, launch
+from tritongemm.testing import assert_close, assert_matches_reference, make_matrix, random_tensor
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_entries():
+    fastpath.ENTRIES.clear()
+    yield
+    fastpath.ENTRIES.clear()
+
+
+class _WholeWayCounter:
+    """Counts calls that take the whole way (``api._linear`` / ``_matmul`` / ``_mm``)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        for name in ("_linear", "_matmul", "_mm"):
+            real = getattr(api, name)
+
+            def counted(*args, _real=real, **kwargs):
+                self.calls += 1
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(api, name, counted)
+
+
+def _ref_linear(x, w, b=None):
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("x_shape", [(7, 24), (2, 5, 24), (3, 1, 2, 24)], ids=str)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_repeated_linear_uses_its_entry_and_matches(dtype, x_shape, with_bias, device, monkeypatch):
+    w = random_tensor((40, 24), dtype, device)
+    b = random_tensor((40,), dtype, device) if with_bias else None
+    counter = _WholeWayCounter(monkeypatch)
+    for _ in range(3):
+        x = random_tensor(x_shape, dtype, device)  # new data (and a new address) each call
+        y = tritongemm.linear(x, w, b)
+        assert y.shape == (*x_shape[:-1], 40)
+        assert_close(y, _ref_linear(x, w, b), dtype=dtype)
+    assert counter.calls == 1, "the second and third calls should have used the entry"
+    assert len(fastpath.ENTRIES) == 1
+    assert isinstance(next(iter(fastpath.ENTRIES.values())), fastpath.Entry)
+
+
+def test_entry_result_is_bitwise_the_whole_ways(device):
+    x = random_tensor((2, 9, 32), torch.float16, device)
+    w = random_tensor((24, 32), torch.float16, device)
+    b = random_tensor((24,), torch.float16, device)
+    whole = api._linear(x, w, b, None, None, None, None, None, None)
+    tritongemm.linear(x, w, b)  # makes the entry
+    assert len(fastpath.ENTRIES) == 1
+    fast = tritongemm.linear(x, w, b)
+    assert torch.equal(fast, whole)
+
+
+@pytest.mark.parametrize("layouts", ["NN", "NT", "TN", "TT", "SN", "NS"])
+def test_repeated_matmul_and_mm_every_layout(layouts, device, monkeypatch):
+    counter = _WholeWayCounter(monkeypatch)
+    for fn in (tritongemm.matmul, tritongemm.mm):
+        for _ in range(2):
+            a = make_matrix(13, 20, layouts[0], torch.float32, device)
+            b = make_matrix(20, 11, layouts[1], torch.float32, device)
+            c = fn(a, b)
+            assert_close(c, a.double() @ b.double())
+    assert counter.calls == 2  # once for matmul, once for mm
+
+
+def test_entries_are_per_signature(device):
+    """Shapes, strides, dtype, alignment and bias presence each get their own entry: no stale reuse."""
+    w = random_tensor((16, 24), torch.float32, device)
+    b = random_tensor((16,), torch.float32, device)
+    cases = [
+        random_tensor((5, 24), torch.float32, device),
+        random_tensor((6, 24), torch.float32, device),  # another M
+        random_tensor((24, 5), torch.float32, device).mT,  # other strides
+        random_tensor((5 * 24 + 1,), torch.float32, device)[1:].view(5, 24),  # 4-byte aligned, not 16
+    ]
+    for _ in range(2):
+        for x in cases:
+            for bias in (None, b):
+                assert_close(tritongemm.linear(x, w, bias), _ref_linear(x, w, bias))
+    assert len(fastpath.ENTRIES) == 2 * len(cases)
+    x16 = random_tensor((5, 24), torch.float16, device)
+    w16 = w.half()
+    for _ in range(2):
+        assert_close(tritongemm.linear(x16, w16), _ref_linear(x16, w16), dtype=torch.float16)
+    assert len(fastpath.ENTRIES) == 2 * len(cases) + 1
+
+
+def test_errors_are_raised_after_an_entry_exists(device):
+    x = random_tensor((4, 8), torch.float32, device)
+    w = random_tensor((6, 8), torch.float32, device)
+    tritongemm.linear(x, w)
+    tritongemm.linear(x, w)
+    with pytest.raises(RuntimeError, match=r"\(4, 8\).*\(6, 9\)"):
+        tritongemm.linear(x, random_tensor((6, 9), torch.float32, device))
+    with pytest.raises(RuntimeError, match="dtype"):
+        tritongemm.linear(x, w.double())
+    with pytest.raises(TypeError):
+        tritongemm.linear(x, w.tolist())
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        tritongemm.matmul(x, x)
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_repeated_linear_with_grad(with_bias, device, monkeypatch):
+    counter = _WholeWayCounter(monkeypatch)
+    w = random_tensor((12, 16), torch.float32, device).requires_grad_()
+    b = random_tensor((12,), torch.float32, device).requires_grad_() if with_bias else None
+    for _ in range(3):
+        x = random_tensor((2, 3, 16), torch.float32, device).requires_grad_()
+        args = (x, w) if b is None else (x, w, b)
+        assert_matches_reference(tritongemm.linear, F.linear, *args)
+    assert counter.calls == 1
+
+
+def test_grad_mode_and_requires_grad_switch_within_one_entry(device):
+    w = random_tensor((12, 16), torch.float32, device)
+    x = random_tensor((3, 16), torch.float32, device)
+    y0 = tritongemm.linear(x, w)
+    assert y0.grad_fn is None
+    w.requires_grad_()
+    y1 = tritongemm.linear(x, w)
+    assert y1.grad_fn is not None
+    (g,) = torch.autograd.grad(y1.sum(), w)
+    assert_close(g, torch.ones(3, 12, dtype=torch.float64).T @ x.double())
+    with torch.no_grad():
+        assert tritongemm.linear(x, w).grad_fn is None
+    assert len(fastpath.ENTRIES) == 1
+
+
+def test_autocast_takes_the_whole_way(device, monkeypatch):
+    x = random_tensor((4, 16), torch.float32, device)
+    w = random_tensor((8, 16), torch.float32, device)
+    tritongemm.linear(x, w)
+    tritongemm.linear(x, w)
+    counter = _WholeWayCounter(monkeypatch)
+    dtype = torch.bfloat16
+    with torch.autocast(device.type, dtype=dtype):
+        y = tritongemm.linear(x, w)
+    assert y.dtype == dtype
+    assert counter.calls == 1
+
+
+def test_negated_views_are_never_served_from_an_entry(device):
+    z = torch.complex(
+        random_tensor((4, 8), torch.float32, device), random_tensor((4, 8), torch.float32, device)
+    )
+    neg = z.conj().imag  # a lazily negated view: its storage holds +imag
+    assert neg.is_neg()
+    w = random_tensor((6, 8), torch.float32, device)
+    plain = neg.clone()
+    for _ in range(2):
+        assert_close(tritongemm.linear(plain, w), _ref_linear(plain, w))
+        assert_close(tritongemm.linear(neg, w), _ref_linear(neg.resolve_neg(), w))
+
+
+def test_unfoldable_input_and_broadcast_bias_take_the_whole_way(device):
+    w = random_tensor((6, 8), torch.float32, device)
+    x = random_tensor((3, 8, 4), torch.float32, device).permute(0, 2, 1)  # (3, 4, 8), rows do not fold
+    b2 = random_tensor((4, 6), torch.float32, device)  # a bias of the result's shape: not (N,)
+    for _ in range(2):
+        assert_close(tritongemm.linear(x, w), _ref_linear(x, w))
+        assert_close(tritongemm.linear(x, w, b2), _ref_linear(x, w, b2))
+    assert all(entry is None for entry in fastpath.ENTRIES.values())
+
+
+def test_clearing_the_plan_cache_or_the_padding_policy_drops_entries(device):
+    x = random_tensor((4, 8), torch.float32, device)
+    w = random_tensor((6, 8), torch.float32, device)
+    tritongemm.linear(x, w)
+    assert fastpath.ENTRIES
+    launch.clear_plan_cache()
+    assert not fastpath.ENTRIES
+    tritongemm.linear(x, w)
+    with launch.padding("never"):
+        assert not fastpath.ENTRIES
+    assert not fastpath.ENTRIES
+
+
+def test_nn_linear_and_patch_use_entries(device):
+    layer = tritongemm.nn.Linear(16, 12, device=device)
+    torch_layer = torch.nn.Linear(16, 12, device=device)
+    x = random_tensor((2, 5, 16), torch.float32, device)
+    for _ in range(3):
+        with torch.no_grad():
+            assert_close(layer(x), _ref_linear(x, layer.weight, layer.bias))
+    with torch.no_grad(), tritongemm.patch() as stats:
+        outs = [(torch_layer(x), x[0] @ torch_layer.weight.mT) for _ in range(3)]
+    for y, c in outs:  # references outside the patch: inside, they would be served (and counted) too
+        assert_close(y, _ref_linear(x, torch_layer.weight, torch_layer.bias))
+        assert_close(c, x[0].double() @ torch_layer.weight.double().mT)
+    assert stats.served["linear"] == 3 and stats.served["matmul"] == 3
+    assert stats.total_fallbacks == 0
+    # Both layers' weights have one signature (entries hold layouts, not tensors): one linear entry.
+    assert sum(isinstance(e, fastpath.Entry) for e in fastpath.ENTRIES.values()) == 2
+
+
+def test_threads_share_entries(device):
+    w = random_tensor((12, 16), torch.float32, device)
+    xs = [random_tensor((3, 16), torch.float32, device) for _ in range(4)]
+    errors = []
+
+    def work(x):
+        try:
+            for _ in range(3):
+                assert_close(tritongemm.linear(x, w), _ref_linear(x, w))
+        except Exception as exc:  # reported below: an exception in a thread does not fail the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(x,)) for x in xs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+# ----------------------------------------------------------------------------------
+# On the GPU: the direct launch
+# ----------------------------------------------------------------------------------
+def _direct_expected() -> bool:
+    """Triton 3.4-3.6 have the launcher form ``DirectLaunch`` calls directly."""
+    import triton
+
+    major, minor = (int(p) for p in triton.__version__.split(".")[:2])
+    return (major, minor) in ((3, 4), (3, 5), (3, 6))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(64, 64, 64), (1000, 1024, 512), (2048, 2048, 1024), (1, 4096, 4096)])
+def test_direct_launch_matches_triton_runner(m, n, k, device):
+    dtype = torch.bfloat16
+    x = random_tensor((m, k), dtype, device)
+    w = random_tensor((n, k), dtype, device)
+    b = random_tensor((n,), dtype, device)
+    y = tritongemm.linear(x, w, b)
+    entry = fastpath.ENTRIES[next(iter(fastpath.ENTRIES))]
+    launches = [v for v in vars(entry.launcher).values() if isinstance(v, launch.common.Launch)]
+    assert launches
+    if _direct_expected():
+        assert all(lc.direct is not None for lc in launches), (
+            "DirectLaunch did not recognise Triton's launcher"
+        )
+    for _ in range(3):
+        x2 = random_tensor((m, k), dtype, device)
+        fast = tritongemm.linear(x2, w, b)
+        saved = [(lc, lc.direct) for lc in launches]
+        for lc, _ in saved:
+            lc.direct = None  # through Triton's runner
+        try:
+            slow = tritongemm.linear(x2, w, b)
+        finally:
+            for lc, direct in saved:
+                lc.direct = direct
+        assert torch.equal(fast, slow)
+        assert_close(fast, _ref_linear(x2, w, b), dtype=dtype)
+    assert y.shape == (m, n)
+
+
+@pytest.mark.gpu
+def test_direct_launch_under_cuda_graph_capture(device):
+    dtype = torch.float16
+    x = random_tensor((256, 512), dtype, device)
+    w = random_tensor((768, 512), dtype, device)
+    tritongemm.linear(x, w)
+    tritongemm.linear(x, w)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tritongemm.linear(x, w)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = tritongemm.linear(x, w)
+    x.copy_(random_tensor((256, 512), dtype, device))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(y, _ref_linear(x, w), dtype=dtype)
+
+
+@pytest.mark.gpu
+def test_launch_hooks_are_honoured(device):
+    """With a Triton launch hook registered, launches go through Triton's runner (which calls it)."""
+    import triton
+
+    hooks = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if hooks is None or not hasattr(getattr(hooks, "launch_enter_hook", None), "add"):
+        pytest.skip(f"triton {triton.__version__} has no launch hook chains")
+    seen = []
+
+    def hook(metadata):
+        seen.append(1)
+
+    x = random_tensor((64, 64), torch.float16, device)
+    tritongemm.matmul(x, x)
+    hooks.launch_enter_hook.add(hook)
+    try:
+        tritongemm.matmul(x, x)
+    finally:
+        hooks.launch_enter_hook.remove(hook)
+    assert seen
