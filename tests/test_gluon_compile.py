@@ -30,7 +30,9 @@ def load_kernel_module(name="gemm_gluon_by_path"):
 
 
 gg = load_kernel_module()
-needs_gluon = pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason=f"no usable Gluon: {gg.GLUON_UNAVAILABLE_REASON}")
+needs_gluon = pytest.mark.skipif(
+    not gg.GLUON_AVAILABLE, reason=f"no usable Gluon: {gg.GLUON_UNAVAILABLE_REASON}"
+)
 
 
 class _FakeDriver:
@@ -63,7 +65,9 @@ def descriptor_type(dtype: str, block: list[int]) -> str:
     return f"tensordesc<{dtype}[{block[0]},{block[1]}],{layout!r}>"
 
 
-def compile_kernel(dtype, bm, bn, bk, stages, a_row_major, b_row_major, num_warps, activation="none", full=False):
+def compile_kernel(
+    dtype, bm, bn, bk, stages, a_row_major, b_row_major, num_warps, activation="none", full=False
+):
     """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -123,7 +127,9 @@ CASES = [
 
 def case_id(c):
     dt, bm, bn, bk, s, ar, br, w, act, full = c
-    return f"{dt}-{bm}x{bn}x{bk}-s{s}-A{'N' if ar else 'T'}B{'N' if br else 'T'}-w{w}-{'full' if full else act}"
+    return (
+        f"{dt}-{bm}x{bn}x{bk}-s{s}-A{'N' if ar else 'T'}B{'N' if br else 'T'}-w{w}-{'full' if full else act}"
+    )
 
 
 @needs_gluon

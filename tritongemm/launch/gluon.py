@@ -68,7 +68,11 @@ class GluonLauncher:
         N = b2.shape[1]
         self.a_desc, a_row_major = descriptor(a2, cfg.block_m, cfg.block_k)
         self.b_desc, b_row_major = descriptor(b2, cfg.block_k, cfg.block_n)
-        self.c_desc, _ = descriptor(c2, cfg.block_m, cfg.block_n)
+        self.c_desc, c_row_major = descriptor(c2, cfg.block_m, cfg.block_n)
+        if not c_row_major:
+            raise ValueError(
+                "the Gluon kernel stores C through a row-major descriptor: out needs a unit last stride"
+            )
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         programs = max(1, min(plan.device.sm_count, tiles))
         self.main = Launch(
