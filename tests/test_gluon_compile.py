@@ -161,3 +161,30 @@ def test_module_imports_without_gluon(monkeypatch):
     mod = load_kernel_module("gemm_gluon_without_gluon")
     assert mod.GLUON_AVAILABLE is False
     assert "not importable" in mod.GLUON_UNAVAILABLE_REASON
+
+
+@needs_gluon
+def test_launcher_binds_every_kernel_argument_and_describes_each_operand_as_stored():
+    torch = pytest.importorskip("torch", reason="the launcher part needs torch")
+    from types import SimpleNamespace
+
+    from tritongemm.call import GemmCall
+    from tritongemm.configs import TileConfig
+    from tritongemm.launch.gluon import GluonLauncher, max_registers
+
+    x = torch.randn(300, 192, dtype=torch.bfloat16)
+    w = torch.randn(136, 192, dtype=torch.bfloat16)  # x @ w.T: B is a transposed view
+    out = torch.empty(300, 136, dtype=torch.bfloat16)
+    cfg = TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+    plan = SimpleNamespace(config=cfg, device=SimpleNamespace(sm_count=4))
+    launcher = GluonLauncher(plan, GemmCall(), x, w.T, out, out, out, out, False)
+    fixed = dict(zip(launcher.main.args.names, launcher.main.args.template))
+    assert (fixed["M"], fixed["N"], fixed["K"]) == (300, 136, 192)
+    assert fixed["A_ROW_MAJOR"] is True and fixed["B_ROW_MAJOR"] is False
+    assert launcher.b_desc.shape == [136, 192] and launcher.b_desc.block_shape == [128, 64]
+    assert launcher.main.grid == (4, 1, 1)  # 3 x 2 tiles on 4 SMs: persistent
+    assert launcher.main.options["maxnreg"] == max_registers(8) == 168
+    assert launcher.a_desc.base is None  # the cached launcher keeps no operand alive
+    with pytest.raises(ValueError, match="unit last stride"):
+        column_major = torch.empty(136, 304, dtype=torch.bfloat16).T[:300]
+        GluonLauncher(plan, GemmCall(), x, w.T, column_major, out, out, out, False)
