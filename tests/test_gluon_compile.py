@@ -1,0 +1,190 @@
+"""The Gluon kernel compiles for sm_90 on a machine without a GPU, under the installed Triton.
+
+Runs Triton's whole pipeline (Gluon IR -> TTGIR -> LLVM -> PTX -> cubin through the
+bundled ptxas) with a fake driver, and checks the PTX for what makes it a Hopper
+warp-specialized kernel: wgmma, TMA loads and stores, setmaxnreg.  The kernel module is
+loaded by path, so this file needs neither torch nor tritongemm: run it under the GPU
+image's Triton from a side venv with ``python -m pytest --noconftest tests/test_gluon_compile.py``.
+"""
+
+import contextlib
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+KERNEL_FILE = Path(__file__).resolve().parent.parent / "tritongemm" / "kernels" / "gemm_gluon.py"
+#: Shared memory one H100 block may use (sm_90's opt-in maximum).
+H100_SMEM = 227 * 1024
+
+
+def load_kernel_module(name="gemm_gluon_by_path"):
+    spec = importlib.util.spec_from_file_location(name, KERNEL_FILE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gg = load_kernel_module()
+needs_gluon = pytest.mark.skipif(
+    not gg.GLUON_AVAILABLE, reason=f"no usable Gluon: {gg.GLUON_UNAVAILABLE_REASON}"
+)
+
+
+class _FakeDriver:
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_target(self):
+        return self.target
+
+
+@contextlib.contextmanager
+def sm90_target():
+    from triton.backends.compiler import GPUTarget
+
+    target = GPUTarget("cuda", 90, 32)
+    holder = triton.runtime.driver
+    saved = holder.__dict__.get("_active")
+    holder.set_active(_FakeDriver(target))
+    try:
+        yield target
+    finally:
+        holder._active = saved
+
+
+def descriptor_type(dtype: str, block: list[int]) -> str:
+    """The signature string the launcher's TensorDescriptor specializes to."""
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout.get_default_for(block, {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype])
+    return f"tensordesc<{dtype}[{block[0]},{block[1]}],{layout!r}>"
+
+
+def compile_kernel(
+    dtype, bm, bn, bk, stages, a_row_major, b_row_major, num_warps, activation="none", full=False
+):
+    """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = gg.gemm_gluon_kernel
+    constexprs = dict(
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=8,
+        NUM_STAGES=stages,
+        A_ROW_MAJOR=a_row_major,
+        B_ROW_MAJOR=b_row_major,
+        HAS_ALPHA=full,
+        HAS_ADDEND=full or activation != "none",
+        ACTIVATION=activation,
+        HAS_RESIDUAL=full,
+        STORE_PREACT=full,
+    )
+    types = dict(
+        a_desc=descriptor_type(dtype, [bm, bk] if a_row_major else [bk, bm]),
+        b_desc=descriptor_type(dtype, [bk, bn] if b_row_major else [bn, bk]),
+        c_desc=descriptor_type(dtype, [bm, bn]),
+        d_ptr=f"*{dtype}",
+        r_ptr=f"*{dtype}",
+        z_ptr=f"*{dtype}",
+        alpha="fp32",
+        beta="fp32",
+    )
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        signature[name] = types.get(name, "i32")
+        if signature[name][0] == "*" or signature[name] == "i32":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    # launch.gluon.max_registers: the register file over consumer warps + the producer's warpgroup.
+    maxnreg = min(256, 65536 // ((num_warps + 4) * 32) // 8 * 8)
+    with sm90_target() as target:
+        return triton.compile(
+            GluonASTSource(kernel, signature, constexprs, attrs),
+            target=target,
+            options=dict(num_warps=num_warps, maxnreg=maxnreg),
+        )
+
+
+CASES = [
+    # dtype, BM, BN, BK, stages, A row-major, B row-major, warps, activation, full epilogue
+    ("fp16", 128, 128, 64, 2, True, True, 4, "none", False),  # NN, double_buffer
+    ("fp16", 128, 128, 64, 3, True, False, 4, "none", False),  # TN (x @ w.T)
+    ("bf16", 128, 256, 64, 3, False, True, 8, "none", False),  # A transposed, 2 consumer warpgroups
+    ("bf16", 128, 128, 64, 4, False, False, 8, "gelu_tanh", True),  # both transposed, whole epilogue
+    ("fp16", 128, 256, 64, 3, True, False, 8, "silu", False),  # TN with bias + activation
+    ("fp16", 64, 128, 64, 1, True, True, 4, "relu", False),  # single_stage
+]
+
+
+def case_id(c):
+    dt, bm, bn, bk, s, ar, br, w, act, full = c
+    return (
+        f"{dt}-{bm}x{bn}x{bk}-s{s}-A{'N' if ar else 'T'}B{'N' if br else 'T'}-w{w}-{'full' if full else act}"
+    )
+
+
+@needs_gluon
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_compiles_to_a_warp_specialized_wgmma_tma_kernel(case):
+    dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full = case
+    compiled = compile_kernel(dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx
+    # Triton 3.6 names the destination shared::cluster, 3.9 shared::cta.
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global\.mbarrier", ptx), "no TMA load"
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::\w+\.bulk_group", ptx), "no TMA store"
+    assert "setmaxnreg" in ptx, "no register hand-over between partitions"
+    smem = compiled.metadata.shared
+    ring = stages * (bm + bn) * bk * 2
+    assert ring + bm * bn * 2 <= smem <= H100_SMEM, f"{smem} bytes of shared memory"
+
+
+@needs_gluon
+def test_the_largest_ring_that_does_not_fit_is_reported_over_budget():
+    # 4 slots of a 128x256x64 tile plus the output tile need 256 KiB: the launcher's
+    # shared-memory predicate must rule this config out, and the compiler agrees.
+    compiled = compile_kernel("fp16", 128, 256, 64, 4, True, True, 8)
+    assert compiled.metadata.shared > H100_SMEM
+
+
+def test_module_imports_without_gluon(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton.experimental.gluon", None)
+    mod = load_kernel_module("gemm_gluon_without_gluon")
+    assert mod.GLUON_AVAILABLE is False
+    assert "not importable" in mod.GLUON_UNAVAILABLE_REASON
+
+
+@needs_gluon
+def test_launcher_binds_every_kernel_argument_and_describes_each_operand_as_stored():
+    torch = pytest.importorskip("torch", reason="the launcher part needs torch")
+    from types import SimpleNamespace
+
+    from tritongemm.call import GemmCall
+    from tritongemm.configs import TileConfig
+    from tritongemm.launch.gluon import GluonLauncher, max_registers
+
+    x = torch.randn(300, 192, dtype=torch.bfloat16)
+    w = torch.randn(136, 192, dtype=torch.bfloat16)  # x @ w.T: B is a transposed view
+    out = torch.empty(300, 136, dtype=torch.bfloat16)
+    cfg = TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+    plan = SimpleNamespace(config=cfg, device=SimpleNamespace(sm_count=4))
+    launcher = GluonLauncher(plan, GemmCall(), x, w.T, out, out, out, out, False)
+    fixed = dict(zip(launcher.main.args.names, launcher.main.args.template))
+    assert (fixed["M"], fixed["N"], fixed["K"]) == (300, 136, 192)
+    assert fixed["A_ROW_MAJOR"] is True and fixed["B_ROW_MAJOR"] is False
+    assert launcher.b_desc.shape == [136, 192] and launcher.b_desc.block_shape == [128, 64]
+    assert launcher.main.grid == (4, 1, 1)  # 3 x 2 tiles on 4 SMs: persistent
+    assert launcher.main.options["maxnreg"] == max_registers(8) == 168
+    assert launcher.a_desc.base is None  # the cached launcher keeps no operand alive
+    with pytest.raises(ValueError, match="unit last stride"):
+        column_major = torch.empty(136, 304, dtype=torch.bfloat16).T[:300]
+        GluonLauncher(plan, GemmCall(), x, w.T, column_major, out, out, out, False)

@@ -1,0 +1,438 @@
+"""A warp-specialized, persistent Hopper GEMM written in Gluon (CUTLASS sm90 style).
+
+Where ``gemm_tma`` leaves the pipeline to Triton's compiler, this kernel spells
+it out.  Each program (one per SM) splits its warps into two partitions:
+
+* the **producer**, one warp, walks the program's tiles and issues TMA loads of
+  the A and B K-tiles into a ring of ``NUM_STAGES`` shared-memory slots;
+* the **consumers**, ``num_warps // 4`` warpgroups (the launch's ``num_warps``),
+  run async ``wgmma`` on each slot, then the fused epilogue, then a TMA store.
+
+Each slot has two mbarriers.  ``ready[s]`` completes when the copy engine has
+written the slot's bytes (the producer arms it with ``expect``); ``empty[s]``
+completes when the consumers no longer read the slot (they arrive on it once
+the wgmma that read it has retired).  The producer waits ``empty``, the
+consumers wait ``ready``, each flipping the parity it waits for every lap of
+the ring, so neither side ever needs the other's counters.
+
+The consumers keep one wgmma in flight (``warpgroup_mma_wait(1)``): while the
+tensor cores work on K-step i, slot i-1 is released and refilled.  With a
+single slot there is nothing to overlap, so they wait for the wgmma to retire
+before releasing it.  In CUTLASS's terms (``MmaSingleStage`` /
+``MmaPipelined`` / ``MmaMultistage``, see ``tritongemm.configs.PIPELINES``):
+
+* ``NUM_STAGES=1``: single_stage, load, wait, multiply, release, strictly in turn;
+* ``NUM_STAGES=2``: double_buffer, the load of K-step i+1 runs under the wgmma of i;
+* ``NUM_STAGES>=3``: multi_stage, the producer runs up to ``NUM_STAGES - 1``
+  K-steps ahead (minus the one still read by the wgmma in flight), which also
+  carries it across tile boundaries, so the next tile's first loads overlap this
+  tile's epilogue.
+
+The epilogue (``out = act(alpha * acc + beta * D) + R``, optionally storing the
+pre-activation ``Z``; the same arithmetic as ``gemm.finish_tile``) works on the
+accumulator in its wgmma register layout, writes the tile to one shared-memory
+buffer and stores it with TMA.  The store is only waited for before the next
+tile's epilogue reuses the buffer, so it overlaps the next tile's mainloop.
+
+Gluon's API moved between Triton 3.6 and 3.9 (``tma.async_copy_global_to_shared``
+became ``tma.async_load``, ...): the shims below pick the spelling this Triton
+has at import time.  On a Triton without usable Gluon the module still imports;
+``GLUON_AVAILABLE`` is False and ``GLUON_UNAVAILABLE_REASON`` says why.
+"""
+
+import inspect
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+except Exception as exc:  # no triton.experimental.gluon, or no Hopper ops in it
+    GLUON_UNAVAILABLE_REASON = f"triton's Gluon Hopper API is not importable ({type(exc).__name__}: {exc})"
+else:
+    GLUON_UNAVAILABLE_REASON = ""
+    # Triton 3.6 takes warp_specialize([(fn, args), ...], warps, regs); earlier releases took
+    # (default_args, default_fn, worker_args, worker_fns, ...), which this kernel does not speak.
+    if list(inspect.signature(gl.warp_specialize).parameters)[:1] != ["functions_and_args"]:
+        GLUON_UNAVAILABLE_REASON = "gl.warp_specialize predates the list-of-partitions form (triton < 3.6)"
+    # Triton 3.9 renamed the TMA copies (the old names remain, raising an error when called).
+    tma_load = getattr(tma, "async_load", None) or getattr(tma, "async_copy_global_to_shared", None)
+    tma_store = getattr(tma, "async_store", None) or getattr(tma, "async_copy_shared_to_global", None)
+    if tma_load is None or tma_store is None:
+        GLUON_UNAVAILABLE_REASON = "gluon's hopper.tma has neither async_load nor async_copy_global_to_shared"
+
+GLUON_AVAILABLE: bool = not GLUON_UNAVAILABLE_REASON
+
+if not GLUON_AVAILABLE:
+
+    class _Absent:
+        """Lets the definitions below execute (never compile) where gluon is missing."""
+
+        constexpr = None
+
+        @staticmethod
+        def jit(fn):
+            return fn
+
+        @staticmethod
+        def constexpr_function(fn):
+            return fn
+
+    gluon = gl = _Absent
+
+
+#: Registers per thread of the producer warp; it holds a few scalars only.  setmaxnreg hands the
+#: rest to the consumers (CUTLASS's sm90 kernels give their producer 40 as well).
+PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
+
+
+@gluon.constexpr_function
+def accumulator_layout(BLOCK_M, BLOCK_N, num_warps):
+    """wgmma's register layout for a BLOCK_M x BLOCK_N fp32 tile on ``num_warps`` warps: warpgroups
+    stacked along M (each owns BLOCK_M / groups rows), one instruction as wide as BLOCK_N allows."""
+    n = min(BLOCK_N, 256)
+    while BLOCK_N % n:
+        n -= 8
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+
+@gluon.jit
+def tile_coords(tile_id, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(pid_m, pid_n) of a linear tile id in grouped order, as ``gemm.grouped_tile_coords``."""
+    tiles_m = gl.cdiv(M, BLOCK_M)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (tile_id // per_group) * GROUP_M
+    rows = gl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (tile_id % per_group) % rows
+    pid_n = (tile_id % per_group) // rows
+    return pid_m, pid_n
+
+
+@gluon.jit
+def producer(
+    a_desc,
+    b_desc,
+    a_ring,
+    b_ring,
+    ready,
+    empty,
+    M,
+    N,
+    K,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    A_ROW_MAJOR: gl.constexpr,
+    B_ROW_MAJOR: gl.constexpr,
+):
+    """The load partition: fill ring slots in the order the consumers drain them."""
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    step = 0  # K-steps issued by this program so far, over all its tiles
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        for ki in range(k_tiles):
+            slot = step % NUM_STAGES
+            # A fresh mbarrier counts as having completed the phase before phase 0,
+            # so the first lap finds every slot empty.
+            mbarrier.wait(empty.index(slot), ((step // NUM_STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, nbytes)
+            off_k = ki * BLOCK_K
+            if A_ROW_MAJOR:
+                tma_load(a_desc, [off_m, off_k], bar, a_ring.index(slot))
+            else:
+                tma_load(a_desc, [off_k, off_m], bar, a_ring.index(slot))
+            if B_ROW_MAJOR:
+                tma_load(b_desc, [off_k, off_n], bar, b_ring.index(slot))
+            else:
+                tma_load(b_desc, [off_n, off_k], bar, b_ring.index(slot))
+            step += 1
+
+
+@gluon.jit
+def activate(x, ACTIVATION: gl.constexpr):
+    """``gemm.activate`` in Gluon (which has no sigmoid: 1 / (1 + exp(-x)) is what tl.sigmoid computes)."""
+    if ACTIVATION == "relu":
+        x = gl.maximum(x, 0.0)
+    elif ACTIVATION == "gelu":
+        x = 0.5 * x * (1.0 + gl.erf(x * 0.7071067811865476))
+    elif ACTIVATION == "gelu_tanh":
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        x = x / (1.0 + gl.exp(-2.0 * u))
+    elif ACTIVATION == "silu":
+        x = x / (1.0 + gl.exp(-x))
+    return x
+
+
+@gluon.jit
+def finish_tile(
+    acc,
+    off_m,
+    off_n,
+    M,
+    N,
+    alpha,
+    beta,
+    d_ptr,
+    stride_dm,
+    stride_dn,
+    r_ptr,
+    stride_rm,
+    stride_rn,
+    z_ptr,
+    stride_zm,
+    stride_zn,
+    HAS_ALPHA: gl.constexpr,
+    HAS_ADDEND: gl.constexpr,
+    ACTIVATION: gl.constexpr,
+    HAS_RESIDUAL: gl.constexpr,
+    STORE_PREACT: gl.constexpr,
+):
+    """``gemm.finish_tile`` on the accumulator in its wgmma layout: z = alpha acc + beta D, y = act(z) + R."""
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    BLOCK_N: gl.constexpr = acc.shape[1]
+    offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
+    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
+    rows = gl.expand_dims(offs_m, 1)
+    cols = gl.expand_dims(offs_n, 0)
+    mask = (rows < M) & (cols < N)
+    if HAS_ALPHA:
+        acc = acc * alpha
+    if HAS_ADDEND:
+        d = gl.load(d_ptr + rows * stride_dm + cols * stride_dn, mask=mask, other=0.0)
+        acc = acc + beta * d.to(gl.float32)
+    if STORE_PREACT:
+        gl.store(z_ptr + rows * stride_zm + cols * stride_zn, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    acc = activate(acc, ACTIVATION)
+    if HAS_RESIDUAL:
+        r = gl.load(r_ptr + rows * stride_rm + cols * stride_rn, mask=mask, other=0.0)
+        acc = acc + r.to(gl.float32)
+    return acc
+
+
+@gluon.jit
+def consumer(
+    a_ring,
+    b_ring,
+    ready,
+    empty,
+    c_desc,
+    c_smem,
+    d_ptr,
+    r_ptr,
+    z_ptr,
+    M,
+    N,
+    K,
+    stride_dm,
+    stride_dn,
+    stride_rm,
+    stride_rn,
+    stride_zm,
+    stride_zn,
+    alpha,
+    beta,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    A_ROW_MAJOR: gl.constexpr,
+    B_ROW_MAJOR: gl.constexpr,
+    HAS_ALPHA: gl.constexpr,
+    HAS_ADDEND: gl.constexpr,
+    ACTIVATION: gl.constexpr,
+    HAS_RESIDUAL: gl.constexpr,
+    STORE_PREACT: gl.constexpr,
+):
+    """The default partition: wgmma over the ring, then the epilogue and the TMA store of each tile."""
+    acc_layout: gl.constexpr = accumulator_layout(BLOCK_M, BLOCK_N, gl.num_warps())
+    # One wgmma left in flight needs a second slot to load into meanwhile.
+    IN_FLIGHT: gl.constexpr = 1 if NUM_STAGES > 1 else 0
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    step = 0
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+        for ki in range(k_tiles):
+            slot = step % NUM_STAGES
+            mbarrier.wait(ready.index(slot), (step // NUM_STAGES) & 1)
+            a = a_ring.index(slot)
+            if not A_ROW_MAJOR:  # the slot holds A's tile transposed; wgmma reads it through a view
+                a = a.permute((1, 0))
+            b = b_ring.index(slot)
+            if not B_ROW_MAJOR:
+                b = b.permute((1, 0))
+            acc = warpgroup_mma(a, b, acc, is_async=True)
+            acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
+            if IN_FLIGHT:
+                # The previous K-step's wgmma has retired: its slot may be refilled.
+                mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=ki > 0)
+            else:
+                mbarrier.arrive(empty.index(slot))
+            step += 1
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        if IN_FLIGHT:
+            mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=k_tiles > 0)
+
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = finish_tile(
+            acc,
+            off_m,
+            off_n,
+            M,
+            N,
+            alpha,
+            beta,
+            d_ptr,
+            stride_dm,
+            stride_dn,
+            r_ptr,
+            stride_rm,
+            stride_rn,
+            z_ptr,
+            stride_zm,
+            stride_zn,
+            HAS_ALPHA,
+            HAS_ADDEND,
+            ACTIVATION,
+            HAS_RESIDUAL,
+            STORE_PREACT,
+        )
+        # The previous tile's TMA store must have finished reading c_smem before it is overwritten.
+        tma.store_wait(0)
+        c_smem.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma_store(c_desc, [off_m, off_n], c_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def gemm_gluon_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    d_ptr,
+    r_ptr,
+    z_ptr,
+    M,
+    N,
+    K,
+    stride_dm,
+    stride_dn,
+    stride_rm,
+    stride_rn,
+    stride_zm,
+    stride_zn,
+    alpha,
+    beta,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    A_ROW_MAJOR: gl.constexpr,
+    B_ROW_MAJOR: gl.constexpr,
+    HAS_ALPHA: gl.constexpr,
+    HAS_ADDEND: gl.constexpr,
+    ACTIVATION: gl.constexpr,
+    HAS_RESIDUAL: gl.constexpr,
+    STORE_PREACT: gl.constexpr,
+):
+    """C = act(alpha * A @ B + beta * D) + R on a persistent grid (program p takes tiles p, p + grid, ...).
+
+    ``a_desc`` describes A (M, K) if A_ROW_MAJOR, else A^T (K, M); ``b_desc``
+    describes B (K, N) if B_ROW_MAJOR, else B^T (N, K) (the x @ w.T of a linear
+    layer); ``c_desc`` describes C (M, N) with BLOCK_M x BLOCK_N boxes.
+    """
+    dtype: gl.constexpr = a_desc.dtype
+    a_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+
+    gl.warp_specialize(
+        [
+            (
+                consumer,
+                (
+                    a_ring,
+                    b_ring,
+                    ready,
+                    empty,
+                    c_desc,
+                    c_smem,
+                    d_ptr,
+                    r_ptr,
+                    z_ptr,
+                    M,
+                    N,
+                    K,
+                    stride_dm,
+                    stride_dn,
+                    stride_rm,
+                    stride_rn,
+                    stride_zm,
+                    stride_zn,
+                    alpha,
+                    beta,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                    GROUP_M,
+                    NUM_STAGES,
+                    A_ROW_MAJOR,
+                    B_ROW_MAJOR,
+                    HAS_ALPHA,
+                    HAS_ADDEND,
+                    ACTIVATION,
+                    HAS_RESIDUAL,
+                    STORE_PREACT,
+                ),
+            ),
+            (
+                producer,
+                (
+                    a_desc,
+                    b_desc,
+                    a_ring,
+                    b_ring,
+                    ready,
+                    empty,
+                    M,
+                    N,
+                    K,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                    GROUP_M,
+                    NUM_STAGES,
+                    A_ROW_MAJOR,
+                    B_ROW_MAJOR,
+                ),
+            ),
+        ],
+        [1],
+        [PRODUCER_REGS],
+    )
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))

@@ -1,0 +1,119 @@
+"""The warp-specialized Gluon kernel (``kernels/gemm_gluon.py``): descriptors with explicit shared layouts,
+a persistent grid of one program per SM.
+
+Reads from ``plan.config``: ``block_m``, ``block_n``, ``block_k``, ``group_m``,
+``num_stages`` (the ring's slots) and ``num_warps`` (the consumer warps: 4 per
+warpgroup; the producer warp comes on top).  From ``plan.device``: ``sm_count``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, gemm_gluon_kernel
+from .common import KernelArgs, Launch
+from .pointer import epilogue_constexprs
+from .tma import rebase
+
+if GLUON_AVAILABLE:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+else:
+    GL_DTYPES = {}
+
+RUNTIME = ("a_desc", "b_desc", "c_desc", "d_ptr", "r_ptr", "z_ptr", "alpha", "beta")
+
+#: Registers per SM (every sm_90 part).
+REGISTER_FILE = 65536
+
+
+def descriptor(t: torch.Tensor, rows_block: int, cols_block: int):
+    """A descriptor of ``t`` (2-D) in the orientation whose last stride is 1, and whether ``t`` was row-major."""
+    r, c = t.shape
+    if t.stride(1) == 1:
+        shape, strides, block, row_major = [r, c], [t.stride(0), 1], [rows_block, cols_block], True
+    else:
+        shape, strides, block, row_major = [c, r], [t.stride(1), 1], [cols_block, rows_block], False
+    layout = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
+    return TensorDescriptor(t, shape, strides, block, layout), row_major
+
+
+def max_registers(num_warps: int) -> int:
+    """``maxnreg`` for ``num_warps`` consumer warps plus the producer, whose warp occupies a whole
+    warpgroup's register allocation: the most that lets the program launch with its full register file.
+    setmaxnreg then moves the producer's unused registers to the consumers."""
+    threads = (num_warps + 4) * 32
+    return min(256, REGISTER_FILE // threads // 8 * 8)
+
+
+def shared_bytes(cfg, elem_bytes: int = 2) -> int:
+    """Shared memory of the ring and the output tile (plus the mbarriers)."""
+    ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem_bytes
+    return ring + cfg.block_m * cfg.block_n * elem_bytes + 16 * cfg.num_stages
+
+
+class GluonLauncher:
+    def __init__(self, plan, call, a, b, out, d, r, z, interpreting: bool):
+        if not GLUON_AVAILABLE:
+            raise RuntimeError(f"the Gluon kernel cannot run: {GLUON_UNAVAILABLE_REASON}")
+        if interpreting:
+            raise RuntimeError("Gluon kernels do not run on Triton's CPU interpreter")
+        cfg = plan.config
+        # A batch of one, as 2-D views that keep the strides (see TmaLauncher).
+        a2, b2, c2, d2, r2 = (t[(0,) * (t.dim() - 2)] for t in (a, b, out, d, r))
+        M, K = a2.shape
+        N = b2.shape[1]
+        if c2.stride(1) != 1:
+            raise ValueError(
+                "the Gluon kernel stores C through a row-major descriptor: out needs a unit last stride"
+            )
+        self.a_desc, a_row_major = descriptor(a2, cfg.block_m, cfg.block_k)
+        self.b_desc, b_row_major = descriptor(b2, cfg.block_k, cfg.block_n)
+        self.c_desc, _ = descriptor(c2, cfg.block_m, cfg.block_n)
+        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        programs = max(1, min(plan.device.sm_count, tiles))
+        self.main = Launch(
+            KernelArgs(
+                gemm_gluon_kernel,
+                RUNTIME,
+                M=M,
+                N=N,
+                K=K,
+                stride_dm=d2.stride(0),
+                stride_dn=d2.stride(1),
+                stride_rm=r2.stride(0),
+                stride_rn=r2.stride(1),
+                stride_zm=c2.stride(0),
+                stride_zn=c2.stride(1),
+                BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n,
+                BLOCK_K=cfg.block_k,
+                GROUP_M=cfg.group_m,
+                NUM_STAGES=cfg.num_stages,
+                A_ROW_MAJOR=a_row_major,
+                B_ROW_MAJOR=b_row_major,
+                **epilogue_constexprs(call),
+            ),
+            (programs,),
+            cfg.num_warps,
+            cfg.num_stages,
+        )
+        self.main.options["maxnreg"] = max_registers(cfg.num_warps)
+        # The templates need no tensor: every launch rebases them (a cached launcher keeps no operand alive).
+        for template in (self.a_desc, self.b_desc, self.c_desc):
+            template.base = None
+
+    def __call__(self, a, b, out, d, r, z, alpha, beta):
+        self.main(
+            rebase(self.a_desc, a),
+            rebase(self.b_desc, b),
+            rebase(self.c_desc, out),
+            d,
+            r,
+            z,
+            alpha,
+            beta,
+        )
