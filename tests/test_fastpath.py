@@ -142,7 +142,7 @@ def test_grad_mode_and_requires_grad_switch_within_one_entry(device):
     y1 = tritongemm.linear(x, w)
     assert y1.grad_fn is not None
     (g,) = torch.autograd.grad(y1.sum(), w)
-    assert_close(g, torch.ones(3, 12, dtype=torch.float64).T @ x.double())
+    assert_close(g, torch.ones(3, 12, dtype=torch.float64, device=device).T @ x.double())
     with torch.no_grad():
         assert tritongemm.linear(x, w).grad_fn is None
     assert len(fastpath.ENTRIES) == 1
@@ -319,3 +319,100 @@ def test_launch_hooks_are_honoured(device):
     finally:
         hooks.launch_enter_hook.remove(hook)
     assert seen
+
+
+# ----------------------------------------------------------------------------------
+# The generated direct launch, against a stand-in for Triton 3.6's C launcher
+# ----------------------------------------------------------------------------------
+class _Template:
+    """A stand-in for a ``TensorDescriptor`` template."""
+
+    def __init__(self, name):
+        self.name, self.base = name, None
+
+
+class _FakeCompiled:
+    """What ``DirectLaunch._generate`` reads from a ``CompiledKernel`` (3.6 form)."""
+
+    def __init__(self, kernel, signature):
+        from types import SimpleNamespace
+
+        self.src = SimpleNamespace(signature=signature)
+        self.function = 0xF00
+        self.packed_metadata = (4, 1, 1024)
+        self.run = SimpleNamespace(launch_cooperative_grid=False, launch_pdl=False)
+
+
+def _signature_of(kernel, runtime, descriptors=()):
+    """A plausible Triton signature: runtime pointers as pointers, descriptors as tensordescs, rest ints."""
+    sig = {}
+    for name in kernel.arg_names:
+        if name in descriptors:
+            sig[name] = "tensordesc<fp16[64, 64]>"
+        elif name.endswith("_ptr"):
+            sig[name] = "*fp16"
+        elif name in runtime:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+@pytest.mark.parametrize("with_descriptors", [False, True], ids=["pointers", "descriptors"])
+def test_generated_direct_launch_places_every_argument(with_descriptors, monkeypatch):
+    from types import SimpleNamespace
+
+    from tritongemm.launch import common
+    from tritongemm.launch.pointer import RUNTIME as POINTER_RUNTIME
+    from tritongemm.launch.tma import RUNTIME as TMA_RUNTIME
+
+    runtime = TMA_RUNTIME if with_descriptors else POINTER_RUNTIME
+    kernel = tritongemm.kernels.gemm_tma_kernel if with_descriptors else tritongemm.kernels.gemm_kernel
+    fixed = {n: f"fixed:{n}" for n in kernel.arg_names if n not in runtime}
+    args = common.KernelArgs(kernel, runtime, **fixed)
+    templates = {}
+    if with_descriptors:
+        templates = {n: _Template(n) for n in ("a_desc", "b_desc", "c_desc")}
+    launch_ = common.Launch(args, (7, 2), 4, 3, descriptors=templates or None)
+    calls, encoded = [], []
+
+    def raw(*call_args):
+        calls.append(call_args)
+
+    def expand(desc, meta):
+        encoded.append((desc.name, desc.base.data_ptr()))
+        return [f"map:{desc.name}@{desc.base.data_ptr()}", 64, 64]
+
+    hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    monkeypatch.setattr(common, "_RAW_STREAM", lambda index: 1000 + index)
+    compiled = _FakeCompiled(kernel, _signature_of(kernel, runtime, templates))
+    metas = [f"meta{i}" for i in range(len(templates))]
+    direct = common.DirectLaunch._generate(raw, compiled, launch_, 3, metas, expand, hooks)
+
+    a, b, out, bias = (torch.empty(8) for _ in range(4))
+    values = dict(zip(runtime, (a, b, out, bias, out, out, out, out, 0.5, 2.0)))
+    for _ in range(2):  # the second launch reuses the descriptor encodings
+        direct(*values.values())
+    assert len(calls) == 2 and calls[0] == calls[1]
+    head, rest = calls[0][:13], list(calls[0][13:])
+    assert head == (7, 2, 1, 1003, 0xF00, False, False, None, None, (4, 1, 1024), None, None, None)
+    expected = []
+    for name in kernel.arg_names:
+        if name in templates:
+            expected += [f"map:{name}@{values[name].data_ptr()}", 64, 64]
+        elif name in values and name.endswith("_ptr"):
+            expected.append(values[name].data_ptr())
+        elif name in values:
+            expected.append(values[name])
+        else:
+            expected.append(fixed[name])
+    assert rest == expected
+    assert len(encoded) == len(templates), "encodings are cached per address"
+
+    # A registered launch hook sends the launch through Triton's own path instead.
+    hooks.launch_enter_hook = lambda metadata: None
+    slow = []
+    monkeypatch.setattr(launch_, "slow", lambda *v: slow.append(v))
+    direct2 = common.DirectLaunch._generate(raw, compiled, launch_, 3, metas, expand, hooks)
+    direct2(*values.values())
+    assert len(slow) == 1 and len(calls) == 2

@@ -71,7 +71,8 @@ _MISSING = object()
 
 
 def _tensor_sig(t: torch.Tensor):
-    return (type(t), t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15, t.is_neg())
+    # (The type is checked, not keyed: only plain tensors and parameters get here, and both run alike.)
+    return (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15, t.is_neg())
 
 
 def signature(kind: str, x, w, bias) -> tuple | None:

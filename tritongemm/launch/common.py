@@ -83,9 +83,13 @@ class Launch:
 
     def __call__(self, *values) -> None:
         direct = self.direct
-        if direct is not None and direct.ready():
-            direct(values)
+        if direct is not None:
+            direct(*values)
             return
+        self.slow(*values)
+
+    def slow(self, *values) -> None:
+        """The launch through Triton (``JITFunction`` the first time, then ``CompiledKernel[grid]``)."""
         if self.descriptors:
             values = list(values)
             for i, template in self.descriptors:
@@ -121,7 +125,8 @@ class Launch:
             and hasattr(compiled, "__getitem__")
         ):
             self.runner = compiled[self.grid]
-            self.direct = DirectLaunch.of(compiled, self)
+            device = torch.cuda.current_device() if torch.cuda.is_available() else None
+            self.direct = DirectLaunch.of(compiled, self, device) if device is not None else None
 
 
 def rebase(template, t):
@@ -149,12 +154,15 @@ class DirectLaunch:
     * ``CudaLauncher.__call__`` defines two closures per call to allocate
       scratch; kernels that need scratch go through Triton's runner.
     * Tensors are handed over as their device addresses: the C launcher then
-      skips a ``data_ptr()`` call and a ``cuPointerGetAttribute`` per pointer.
+      skips a ``data_ptr()`` call and a ``cuPointerGetAttribute`` per pointer
+      (and an operand given twice, e.g. ``out`` standing in for absent ones, is read once).
     * Tensor descriptors: Triton 3.6 re-encodes every host descriptor
       (``cuTensorMapEncodeTiled``) per launch.  An encoding is a pure function
       of (address, shape, strides, block, dtype), and the launch copies it into
       the kernel's parameters, so encodings are cached per (argument, address):
       steady-state loops reuse the caching allocator's addresses and weights stay put.
+    * The argument list: Triton binds it per call; here a function written for
+      this launch (``source``) puts each value in its place, the fixed ones as constants.
 
     ``of`` returns None when the launcher has another form (newer Triton, other backends):
     those launches go through ``CompiledKernel[grid]`` as before.
@@ -162,29 +170,9 @@ class DirectLaunch:
 
     MAX_ENCODINGS = 64
 
-    def __init__(self, raw, compiled, launch: Launch, expand, desc_meta):
-        self.raw = raw
-        self.function = compiled.function
-        self.metadata = compiled.packed_metadata
-        run = compiled.run
-        self.flags = (run.launch_cooperative_grid, run.launch_pdl)
-        self.grid = launch.grid
-        self.bind = launch.args.bind
-        self.device = None  # read from the first tensor's device index when the launch happens
-        sig = list(compiled.src.signature.values())
-        runtime_slots = launch.args.slots
-        self.pointer_values = tuple(
-            i
-            for i, slot in enumerate(runtime_slots)
-            if isinstance(sig[slot], str) and sig[slot].startswith("*")
-        )
-        self.descriptors = [(i, t, desc_meta[k]) for k, (i, t) in enumerate(launch.descriptors)]
-        self.desc_slots = [runtime_slots[i] for i, _, _ in self.descriptors]
-        self.expand = expand
-        self.encodings: dict = {}
-
     @classmethod
-    def of(cls, compiled, launch: Launch):
+    def of(cls, compiled, launch: Launch, device_index: int):
+        """The generated launch function for ``launch``'s compiled kernel, or None."""
         try:
             from triton import knobs
             from triton.backends.nvidia import driver as nvdriver
@@ -204,7 +192,7 @@ class DirectLaunch:
             return None  # not the 3.4-3.6 CudaLauncher
         if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
             return None
-        raw, desc_meta = run.launch, None
+        raw, desc_meta, expand = run.launch, [], None
         if launch.descriptors:
             closure = _closure_vars(raw)
             expand = getattr(nvdriver, "make_tensordesc_arg", None)
@@ -217,62 +205,88 @@ class DirectLaunch:
                 return None  # descriptors lowered to pointers: their expansion holds the tensor itself
         elif type(raw).__name__ != "builtin_function_or_method":
             return None
-        else:
-            expand = None
-        hooks = knobs.runtime
-        direct = cls(raw, compiled, launch, expand, desc_meta)
-        direct.hooks = hooks
-        return direct
+        if _RAW_STREAM is None:
+            return None
+        return cls._generate(raw, compiled, launch, device_index, desc_meta, expand, knobs.runtime)
 
-    def ready(self) -> bool:
-        hooks = self.hooks
-        return not (_hook_calls(hooks.launch_enter_hook) or _hook_calls(hooks.launch_exit_hook))
-
-    def __call__(self, values) -> None:
-        values = list(values)
-        device = None
-        for i in self.pointer_values:
-            t = values[i]
-            if device is None:
-                device = t.device
-            values[i] = t.data_ptr()
-        encoded = {}
-        for (i, template, meta), slot in zip(self.descriptors, self.desc_slots):
-            t = values[i]
-            if device is None:
-                device = t.device
-            key = (i, t.data_ptr())
-            enc = self.encodings.get(key)
-            if enc is None:
-                if len(self.encodings) >= self.MAX_ENCODINGS:
-                    self.encodings.clear()
-                enc = self.encodings[key] = self.expand(rebase(template, t), meta)
-            encoded[slot] = enc
-        args = self.bind(*values)
-        if encoded:
-            flat = []
-            for slot, arg in enumerate(args):
-                if slot in encoded:
-                    flat.extend(encoded[slot])
+    @classmethod
+    def _generate(cls, raw, compiled, launch: Launch, device_index, desc_meta, expand, hooks):
+        args = launch.args
+        sig = list(compiled.src.signature.values())
+        runtime = list(args.runtime)
+        params = [f"v{i}" for i in range(len(runtime))]
+        descriptors = dict(launch.descriptors)  # runtime index -> template
+        env = {
+            "_raw": raw,
+            "_stream": _RAW_STREAM,
+            "_hooks": hooks,
+            "_busy": _hook_calls,
+            "_slow": launch.slow,
+            "_MAX": cls.MAX_ENCODINGS,
+        }
+        lines = [
+            f"def direct({', '.join(params)}):",
+            "    if _busy(_hooks.launch_enter_hook) or _busy(_hooks.launch_exit_hook):",
+            f"        return _slow({', '.join(params)})",
+        ]
+        # The value whose address stands in for absent operands (out): read once, reused where passed again.
+        alias = next((i for i, n in enumerate(runtime) if n in ("c_ptr", "c_desc")), None)
+        if alias is not None:
+            lines.append(f"    p{alias} = v{alias}.data_ptr()")
+        slot_of = {slot: i for i, slot in enumerate(args.slots)}
+        pieces = []
+        for k, (i, template) in enumerate(launch.descriptors):
+            env[f"_t{i}"], env[f"_m{i}"], env[f"_e{i}"] = template, desc_meta[k], {}
+        env["_expand"], env["_rebase"] = expand, rebase
+        for slot, value in enumerate(args.template):
+            i = slot_of.get(slot)
+            if i is None:
+                env[f"_c{slot}"] = value
+                pieces.append(f"_c{slot}")
+            elif i in descriptors:
+                ptr = f"p{i}" if i == alias else f"v{i}.data_ptr()"
+                lines += [
+                    f"    e{i} = _e{i}.get({ptr})",
+                    f"    if e{i} is None:",
+                    f"        if len(_e{i}) >= _MAX:",
+                    f"            _e{i}.clear()",
+                    f"        e{i} = _e{i}[{ptr}] = _expand(_rebase(_t{i}, v{i}), _m{i})",
+                ]
+                pieces.append(f"*e{i}")
+            elif isinstance(sig[slot], str) and sig[slot].startswith("*"):
+                if i == alias:
+                    pieces.append(f"p{i}")
+                elif alias is not None:
+                    pieces.append(f"(p{alias} if v{i} is v{alias} else v{i}.data_ptr())")
                 else:
-                    flat.append(arg)
-            args = flat
-        gx, gy, gz = self.grid
-        self.raw(
-            gx,
-            gy,
-            gz,
-            _current_raw_stream(device),
-            self.function,
-            *self.flags,
-            None,
-            None,
-            self.metadata,
-            None,
-            None,
-            None,
-            *args,
+                    pieces.append(f"v{i}.data_ptr()")
+            else:
+                pieces.append(f"v{i}")
+        run = compiled.run
+        head = [*launch.grid, f"_stream({int(device_index)})"]
+        env["_function"], env["_metadata"] = compiled.function, compiled.packed_metadata
+        env["_coop"], env["_pdl"] = run.launch_cooperative_grid, run.launch_pdl
+        call = ", ".join(
+            [
+                *map(str, head),
+                "_function",
+                "_coop",
+                "_pdl",
+                "None",
+                "None",
+                "_metadata",
+                "None",
+                "None",
+                "None",
+            ]
+            + pieces
         )
+        lines.append(f"    _raw({call})")
+        source = "\n".join(lines) + "\n"
+        exec(compile(source, f"<tritongemm direct launch of {args.kernel.__name__}>", "exec"), env)
+        direct = env["direct"]
+        direct.source = source
+        return direct
 
 
 def _hook_calls(hook):

@@ -14,7 +14,6 @@ import triton
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, gemm_gluon_kernel
 from .common import KernelArgs, Launch
 from .pointer import epilogue_constexprs
-from .tma import rebase
 
 if GLUON_AVAILABLE:
     from triton.experimental.gluon import language as gl
@@ -100,20 +99,14 @@ class GluonLauncher:
             (programs,),
             cfg.num_warps,
             cfg.num_stages,
+            descriptors=dict(a_desc=self.a_desc, b_desc=self.b_desc, c_desc=self.c_desc),
         )
         self.main.options["maxnreg"] = max_registers(cfg.num_warps)
         # The templates need no tensor: every launch rebases them (a cached launcher keeps no operand alive).
         for template in (self.a_desc, self.b_desc, self.c_desc):
             template.base = None
 
+    takes_bases = True  # reads only data pointers (see ``launch.launcher_for``)
+
     def __call__(self, a, b, out, d, r, z, alpha, beta):
-        self.main(
-            rebase(self.a_desc, a),
-            rebase(self.b_desc, b),
-            rebase(self.c_desc, out),
-            d,
-            r,
-            z,
-            alpha,
-            beta,
-        )
+        self.main(a, b, out, d, r, z, alpha, beta)  # the launch puts a, b, out in descriptors
