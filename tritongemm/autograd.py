@@ -37,7 +37,7 @@ _functorch_active = torch._C._are_functorch_transforms_active
 
 
 def alloc_out(shape, dtype: torch.dtype, device) -> torch.Tensor:
-    out = torch.empty(shape, dtype=dtype, device=device)
+    out = torch.empty(*shape, dtype=dtype, device=device)  # unpacked: torch parses it in a third of the time
     if _debug_poison[0]:
         out.fill_(float("nan"))  # every element must be written by the kernel
     return out

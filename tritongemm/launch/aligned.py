@@ -40,7 +40,7 @@ class Workspace:
 
     def empty(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(the buffer's logical matrices, the same expanded to the operand's shape) for one call."""
-        view = torch.empty(self.buffer_shape, dtype=self.dtype, device=self.device)[..., : self.cut]
+        view = torch.empty(*self.buffer_shape, dtype=self.dtype, device=self.device)[..., : self.cut]
         if not self.row_major:
             view = view.mT
         return view, view.expand(self.shape)

@@ -85,7 +85,7 @@ class GemvLauncher:
         if self.splits == 1:
             self.main(a, b, out, d, r, z, out, out, alpha, beta)
             return
-        ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=a.device)
+        ws = torch.empty(*self.ws_shape, dtype=self.ws_dtype, device=a.device)
         counts = arrival_counters(a.device, self.counters) if self.inline else ws
         self.main(a, b, out, d, r, z, ws, counts, alpha, beta)
         if not self.inline:

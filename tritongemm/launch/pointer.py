@@ -184,7 +184,7 @@ class PointerLauncher:
         # Split-K: slices write fp32 partials to a workspace (from torch's caching
         # allocator: no cudaMalloc per call, and graph-capture safe); they are
         # added in slice order by the last slice to arrive or by a second kernel.
-        ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=a.device)
+        ws = torch.empty(*self.ws_shape, dtype=self.ws_dtype, device=a.device)
         counts = arrival_counters(a.device, self.counters) if self.inline else ws
         self.main(a, b, out, d, r, z, ws, counts, alpha, beta)
         if not self.inline:

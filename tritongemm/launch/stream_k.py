@@ -24,7 +24,7 @@ class StreamKBuffers:
     def get(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(workspace, counters) for one launch.  Each program's slot is written before it is read in
         the same launch, so the workspace needs no zeroing (it comes from torch's caching allocator)."""
-        ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=device)
+        ws = torch.empty(*self.ws_shape, dtype=self.ws_dtype, device=device)
         return ws, arrival_counters(device, self.counters)
 
 
