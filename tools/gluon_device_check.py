@@ -53,6 +53,19 @@ CONFIGS = [
     ("128x128x64 s4 w8", TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)),
     ("128x256x64 s3 w8", TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)),
     ("128x128x64 s3 w4", TileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3)),
+    ("64x256x64 s4 w4", TileConfig(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4)),
+    ("128x192x64 s4 w8", TileConfig(block_m=128, block_n=192, block_k=64, num_warps=8, num_stages=4)),
+]
+EXTRA_SHAPES = [  # --full: more squares and LLM projections (M = 2048 / 6000), short K
+    (2048, 2048, 2048),
+    (3072, 3072, 3072),
+    (6144, 6144, 6144),
+    (2048, 14336, 4096),
+    (2048, 4096, 14336),
+    (6000, 4096, 4096),
+    (1024, 5120, 5120),
+    (12608, 3072, 768),
+    (8192, 8192, 256),
 ]
 ROUNDS = 3
 
@@ -119,9 +132,12 @@ def check_problem(dt_name, layout, m, n, k, env) -> tuple[list[dict], dict]:
     print(flush=True)
     # Interleaved timing rounds: cuBLAS and every good config, best median of the rounds.
     times = {name: [] for name in steps}
-    times["cublas"] = []
+    times["cublas"], times["tritongemm"] = [], []
+    import tritongemm
+
     for _ in range(ROUNDS):
         times["cublas"].append(bench(lambda a, b: torch.matmul(a, b, out=out), pairs))
+        times["tritongemm"].append(bench(lambda a, b: tritongemm.matmul(a, b, out=out), pairs))
         for name, launcher in steps.items():
             times[name].append(bench(lambda a, b, f=launcher: f(a, b, out, out, out, out, 1.0, 0.0), pairs))
     cublas_tf = flops / (min(times["cublas"]) * 1e-3) / 1e12
@@ -132,10 +148,13 @@ def check_problem(dt_name, layout, m, n, k, env) -> tuple[list[dict], dict]:
             row["ratio"] = row["tflops"] / cublas_tf
     good = [r for r in rows[-len(CONFIGS) :] if "tflops" in r]
     best = max(good, key=lambda r: r["tflops"]) if good else dict(problem, config="none", ratio=None)
-    best = dict(best, shape=f"{m}x{n}x{k}", cublas_tflops=cublas_tf)
+    tg_tf = flops / (min(times["tritongemm"]) * 1e-3) / 1e12
+    best = dict(
+        best, shape=f"{m}x{n}x{k}", cublas_tflops=cublas_tf, tg_tflops=tg_tf, tg_ratio=tg_tf / cublas_tf
+    )
     print(
         f"[{time.perf_counter() - env.start:5.0f}s] {dt_name} {layout} {m}x{n}x{k}: cuBLAS {cublas_tf:.0f} "
-        f"TFLOP/s; "
+        f"TFLOP/s, tritongemm now {tg_tf:.0f}; "
         + ", ".join(
             f"{r['config']}: {r['tflops']:.0f}" if "tflops" in r else f"{r['config']}: {r['status']}"
             for r in rows[-len(CONFIGS) :]
@@ -148,6 +167,8 @@ def check_problem(dt_name, layout, m, n, k, env) -> tuple[list[dict], dict]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="first 3 shapes, TN only")
+    parser.add_argument("--full", action="store_true", help="also EXTRA_SHAPES")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), action="append", help="only these (repeatable)")
     parser.add_argument("--budget-s", type=float, default=330, help="stop timing new problems after this")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -173,10 +194,10 @@ def main() -> int:
         call=GemmCall(),
         gen=torch.Generator(device="cuda").manual_seed(0),
     )
-    shapes = SHAPES[:3] if args.quick else SHAPES
+    shapes = SHAPES[:3] if args.quick else SHAPES + (EXTRA_SHAPES if args.full else [])
     layouts = ["TN"] if args.quick else ["TN", "NN"]
     rows, best_rows = [], []
-    for dt_name in DTYPES:
+    for dt_name in args.dtype or DTYPES:
         for layout in layouts:
             for m, n, k in shapes:
                 if time.perf_counter() - start > args.budget_s:
@@ -199,6 +220,7 @@ def main() -> int:
                 ("tflops", "gluon TFLOP/s"),
                 ("cublas_tflops", "cuBLAS TFLOP/s"),
                 ("ratio", "ratio"),
+                ("tg_ratio", "tritongemm now ratio"),
             ],
         )
     )
@@ -226,6 +248,11 @@ def main() -> int:
             w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
             w.writeheader()
             w.writerows(rows)
+        best_fields = ["dtype", "layout", "m", "n", "k", "config", "tflops", "cublas_tflops", "ratio"]
+        with open(os.path.join(os.environ["OUT"], "gluon_best.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=best_fields + ["tg_tflops", "tg_ratio"], extrasaction="ignore")
+            w.writeheader()
+            w.writerows(best_rows)
         print(f"wrote {path}")
     print(f"done in {time.perf_counter() - start:.0f} s")
     return 1 if any(r["status"].startswith("WRONG") for r in rows) else 0
