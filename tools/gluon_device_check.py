@@ -54,7 +54,6 @@ CONFIGS = [
     ("128x256x64 s3 w8", TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)),
     ("128x128x64 s3 w4", TileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3)),
     ("64x256x64 s4 w4", TileConfig(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4)),
-    ("128x192x64 s4 w8", TileConfig(block_m=128, block_n=192, block_k=64, num_warps=8, num_stages=4)),
 ]
 EXTRA_SHAPES = [  # --full: more squares and LLM projections (M = 2048 / 6000), short K
     (2048, 2048, 2048),
