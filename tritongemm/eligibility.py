@@ -168,3 +168,46 @@ __all__ = [
     "tma_unsupported_reason",
     "vector_bytes",
 ]
+
+
+def warp_specialized_shared_bytes(cfg, elem_size: int = 2) -> int:
+    """Shared memory of the warp-specialized kernel (``kernels/gemm_gluon.py``): the ring of
+    ``num_stages`` A and B tiles, the output tile staged for its TMA store, and one mbarrier pair per slot."""
+    ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem_size
+    return ring + cfg.block_m * cfg.block_n * elem_size + 16 * cfg.num_stages
+
+
+def warp_specialized_unsupported_reason(
+    cfg, a: Operand, b: Operand, c: Operand, dtype: torch.dtype, out_dtype, device: DeviceInfo, batched: bool
+) -> str | None:
+    """Why the Gluon warp-specialized kernel cannot run this config on these operands (None when it can)."""
+    from .kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON
+
+    if device.interpreter:
+        return "Gluon kernels do not run on Triton's interpreter"
+    if device.capability != (9, 0):
+        return f"the warp-specialized kernel is written for sm_90 ({device.name})"
+    if not GLUON_AVAILABLE:
+        return f"Gluon unavailable: {GLUON_UNAVAILABLE_REASON}"
+    if dtype not in (torch.float16, torch.bfloat16) or out_dtype != dtype:
+        return f"the warp-specialized kernel takes fp16/bf16 in and out ({dtype} -> {out_dtype})"
+    if batched:
+        return "the warp-specialized kernel runs one matrix (batch 1)"
+    if cfg.split_k > 1 or cfg.stream_k:
+        return "the warp-specialized kernel has no split-K / Stream-K"
+    if cfg.num_warps not in (4, 8) or cfg.block_m % (16 * cfg.num_warps) or cfg.block_k != 64:
+        return (
+            f"the warp-specialized kernel needs num_warps 4 or 8, block_m a multiple of 16 x num_warps "
+            f"and block_k 64 (got {cfg.short()})"
+        )
+    if cfg.block_m * cfg.block_n > 128 * 128 * (cfg.num_warps // 4):
+        return f"a {cfg.block_m}x{cfg.block_n} accumulator needs {2 * cfg.num_warps} warps"
+    if warp_specialized_shared_bytes(cfg) > device.smem_per_block:
+        return f"{cfg.short()} needs {warp_specialized_shared_bytes(cfg)} B of shared memory"
+    for name, op in (("A", a), ("B", b), ("C", c)):
+        reason = tma_operand_reason(name, op)
+        if reason is not None:
+            return reason
+    if not c.row_major:
+        return "the warp-specialized kernel stores C row-major (out has no unit last stride)"
+    return None

@@ -26,6 +26,8 @@ reads their shapes.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import launch
@@ -42,6 +44,9 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 
 BIAS_EPILOGUE = Epilogue(beta=1.0, addend=True)
 
+#: TRITONGEMM_FASTPATH=0 sends every call the whole way (to rule the fast path out while debugging).
+ENABLED = os.environ.get("TRITONGEMM_FASTPATH", "1") != "0"
+
 #: signature -> Entry (or None: this signature has no entry; take the whole way).
 ENTRIES: dict = {}
 MAX_ENTRIES = 2048
@@ -51,7 +56,7 @@ launch.register_dependent_cache(ENTRIES)  # cleared with the launch cache (tunin
 def lookup(kind: str, x, w, bias) -> tuple:
     """``(None, result)`` when an entry ran ``kind(x, w, bias)``; else ``(key, None)``, where a key
     means: take the whole way, then ``build(kind, key, x, w, bias)``."""
-    if _any_autocast() or _functorch_active() or _is_compiling():
+    if not ENABLED or _any_autocast() or _functorch_active() or _is_compiling():
         return None, None
     key = signature(kind, x, w, bias)
     if key is None:

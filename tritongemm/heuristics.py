@@ -358,6 +358,26 @@ def padding_estimate(
     return PaddingEstimate(copy * 1e6, saved * 1e6)
 
 
+# The warp-specialized Gluon kernel (``kernels/gemm_gluon.py``) against the
+# TMA kernel, bf16, same run (H100, benchmarks/results/h100/gluon/gluon_device_check.csv,
+# ratios to cuBLAS, TN / NN): it wins where K is short and tiles are many --
+# 12608x768x768 0.83/0.86 vs 0.65/0.68, 8192x8192x128 1.05/1.06 vs 0.80,
+# 8192x8192x256 0.94/0.96 vs 0.72/0.71, 12608x3072x768 0.99/1.02 vs 0.88/0.90 --
+# and ties (within 3%) on long-K squares and LLM shapes, where the TMA kernel stays.
+WS_MAX_K = 1024
+WS_WIDE_TILE = Tile(128, 256, 64, 8, 3)  # N >= 2048 and K >= 512 (12608x3072x768)
+WS_NARROW_TILE = Tile(64, 256, 64, 4, 4)  # N < 2048 or K < 512 (12608x768x768, 8192x8192x128/256)
+
+
+def warp_specialized_tile(problem: GemmProblem, device: DeviceInfo) -> Tile | None:
+    """The warp-specialized kernel's tile for a short-K problem of at least one full wave on sm_90, else None."""
+    if device.capability != (9, 0) or problem.batch != 1 or problem.elem_size != 2:
+        return None
+    if problem.k > WS_MAX_K or tiles_of(problem, 128, 256) < device.sm_count:
+        return None
+    return WS_WIDE_TILE if problem.n >= 2048 and problem.k >= 512 else WS_NARROW_TILE
+
+
 def fit_shared_memory(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> TileConfig:
     """Halve block_k (not below 16) until the stages fit the device's shared memory."""
     while cfg.smem_bytes(problem.elem_size) > device.smem_per_block and cfg.block_k > 16:
@@ -420,6 +440,13 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
     rule = f"the menu tile with the best wave efficiency x tile speed ({score:.2f}, {tiles} tiles on {device.sm_count} SMs)"
     if choose_split_k(problem, device, tile.block_m, tile.block_n, tile.block_k) > 1:
         return split_k_config(tile, problem, device), rule + "; split-K: the tiles fill at most half the SMs"
+    ws = warp_specialized_tile(problem, device)
+    if ws is not None:
+        return ws.config(tma=True, persistent=True, warp_specialize=True), (
+            f"short K ({problem.k}) over many tiles on sm_90: the warp-specialized persistent kernel "
+            f"({ws.block_m}x{ws.block_n}, {ws.warps} warps), whose TMA producer and overlapped epilogue "
+            "hide what a short K loop cannot"
+        )
     if prefers_stream_k(problem, device, score):
         return STREAM_K_TILE.config(stream_k=True), "one wave of 128x128 tiles plus a sliver: Stream-K"
     tma = tile.tma and device.capability >= (9, 0)

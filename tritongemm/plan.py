@@ -23,6 +23,7 @@ from .eligibility import (
     tma_operand_reason,
     tma_unsupported_reason,
     vector_bytes,
+    warp_specialized_unsupported_reason,
 )
 from .heuristics import padding_estimate
 from .selection import select
@@ -134,6 +135,13 @@ def _kernel_for(
             cfg = replace(cfg, gemv=False)
     if cfg.tma:
         reason = tma_unsupported_reason(a, b, c, dtype, out_dtype, device, batched)
+        if reason is None and cfg.warp_specialize:
+            ws_reason = warp_specialized_unsupported_reason(cfg, a, b, c, dtype, out_dtype, device, batched)
+            if ws_reason is None:
+                return cfg, "gluon_ws", "; ".join(fallbacks) or None
+            # The same tile on the TMA kernel, without warp specialization.
+            fallbacks.append(ws_reason)
+            cfg = replace(cfg, warp_specialize=False)
         if reason is None:
             kernel = cfg.kernel
         else:

@@ -29,6 +29,7 @@ from ..semantics import dtype_name
 from .aligned import PaddedLauncher
 from .common import COUNTERS, arrival_counters  # noqa: F401  (tests inspect the counters)
 from .gemv import GemvLauncher
+from .gluon import GluonLauncher
 from .pointer import PointerLauncher
 from .stream_k import StreamKLauncher
 from .tma import TmaLauncher
@@ -40,6 +41,7 @@ LAUNCHERS = {
     "stream_k": StreamKLauncher,
     "tma": TmaLauncher,
     "tma_persistent": TmaLauncher,
+    "gluon_ws": GluonLauncher,
 }
 
 

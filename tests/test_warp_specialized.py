@@ -1,0 +1,186 @@
+"""The warp-specialized Gluon kernel in dispatch: the heuristic's rule, the eligibility predicate, the plan,
+and (on an sm_90 GPU) the public functions running it.
+
+The kernel itself is compiled offline for sm_90 in ``test_gluon_compile.py``; Gluon does not run on the
+interpreter, so on the CPU machines these tests check which kernel a plan names and why.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tritongemm
+from tritongemm import GemmProblem, TileConfig, explain
+from tritongemm.call import NO_REQUEST, Request
+from tritongemm.device import KNOWN_DEVICES, DeviceInfo
+from tritongemm.eligibility import Operand, warp_specialized_unsupported_reason
+from tritongemm.heuristics import WS_NARROW_TILE, WS_WIDE_TILE, heuristic_config, warp_specialized_tile
+from tritongemm.kernels.gemm_gluon import GLUON_AVAILABLE
+from tritongemm.plan import plan
+from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor
+
+H100 = KNOWN_DEVICES["h100"]
+A100 = KNOWN_DEVICES["a100"]
+WS = TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True)
+
+
+@pytest.mark.parametrize(
+    "m,n,k,tile",
+    [
+        (12608, 768, 768, WS_NARROW_TILE),  # encoder width: N < 2048
+        (8192, 8192, 128, WS_NARROW_TILE),  # K < 512
+        (8192, 8192, 256, WS_NARROW_TILE),
+        (12608, 3072, 768, WS_WIDE_TILE),
+    ],
+)
+def test_heuristic_takes_the_warp_specialized_kernel_for_short_k_over_many_tiles(m, n, k, tile):
+    cfg = heuristic_config(GemmProblem(m, n, k, dtype="bf16"), H100)
+    assert cfg.warp_specialize and cfg.tma and cfg.persistent, cfg
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (
+        tile.block_m,
+        tile.block_n,
+        tile.warps,
+        tile.stages,
+    )
+
+
+@pytest.mark.parametrize(
+    "problem,device",
+    [
+        (GemmProblem(4096, 4096, 4096, dtype="bf16"), H100),  # long K: the TMA kernel ties, and stays
+        (GemmProblem(512, 768, 768, dtype="bf16"), H100),  # less than one wave of tiles
+        (GemmProblem(12608, 768, 768, dtype="fp32"), H100),  # 4-byte elements
+        (GemmProblem(12608, 768, 768, batch=4, dtype="bf16"), H100),  # batched
+        (GemmProblem(12608, 768, 768, dtype="bf16"), A100),  # not sm_90
+    ],
+    ids=["long-k", "one-wave", "fp32", "batched", "a100"],
+)
+def test_heuristic_keeps_other_shape_classes_off_it(problem, device):
+    assert warp_specialized_tile(problem, device) is None
+    assert not heuristic_config(problem, device).warp_specialize
+
+
+def _ops(m, n, k, b_transposed=True, elem=2):
+    a = Operand.contiguous(m, k, elem)
+    b = Operand(k, n, 1, k, elem) if b_transposed else Operand.contiguous(k, n, elem)
+    return a, b, Operand.contiguous(m, n, elem)
+
+
+def test_eligibility_names_each_reason():
+    a, b, c = _ops(4096, 4096, 768)
+    ok = warp_specialized_unsupported_reason(WS, a, b, c, torch.bfloat16, torch.bfloat16, H100, False)
+    if GLUON_AVAILABLE:
+        assert ok is None
+    else:
+        assert "Gluon unavailable" in ok
+
+    def why(cfg=WS, a=a, b=b, c=c, dtype=torch.bfloat16, out=torch.bfloat16, device=H100, batched=False):
+        return warp_specialized_unsupported_reason(cfg, a, b, c, dtype, out, device, batched)
+
+    assert "sm_90" in why(device=A100)
+    assert "interpreter" in why(device=DeviceInfo("interp", (9, 0), 132, 232448, interpreter=True))
+    if not GLUON_AVAILABLE:
+        return
+    assert "fp16/bf16" in why(dtype=torch.float32, out=torch.float32)
+    assert "fp16/bf16" in why(out=torch.float32)
+    assert "batch" in why(batched=True)
+    assert "warps" in why(
+        cfg=TileConfig(128, 256, 64, 8, 4, 3, tma=True, persistent=True, warp_specialize=True)
+    )
+    assert "shared memory" in why(
+        cfg=TileConfig(128, 256, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True)
+    )
+    assert "16 bytes" in why(a=Operand(4096, 767, 767, 1, 2))
+    assert "row-major" in why(c=Operand(4096, 4096, 1, 4096, 2))
+
+
+def test_plan_names_the_kernel_or_why_not():
+    problem = GemmProblem(12608, 768, 768, dtype="bf16", layout="NT")
+    a, b, c = _ops(12608, 768, 768)
+    chosen = plan(problem, H100, NO_REQUEST, a, b, c, torch.bfloat16, torch.bfloat16)
+    assert chosen.config.warp_specialize == GLUON_AVAILABLE
+    if GLUON_AVAILABLE:
+        assert chosen.kernel == "gluon_ws" and chosen.fallback is None
+    else:
+        assert chosen.kernel == "tma_persistent" and "Gluon" in chosen.fallback
+    # A config the warp-specialized kernel cannot take: the same tile on the TMA kernel, and the reason.
+    short_step = TileConfig(128, 128, 32, 8, 8, 4, tma=True, persistent=True, warp_specialize=True)
+    fallback = plan(problem, H100, Request(config=short_step), a, b, c, torch.bfloat16, torch.bfloat16)
+    assert fallback.kernel == "tma_persistent" and not fallback.config.warp_specialize
+    assert ("block_k 64" if GLUON_AVAILABLE else "Gluon") in fallback.fallback
+
+
+def test_explain_for_an_h100_from_any_machine():
+    x = torch.empty(12608, 768, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(768, 768, dtype=torch.bfloat16, device="meta")
+    described = explain(x, w.mT, device="h100").describe()
+    assert "warp-specialized" in described and "short K" in described
+
+
+# ----------------------------------------------------------------------------------
+# On an sm_90 GPU: the public functions run it
+# ----------------------------------------------------------------------------------
+def _needs_hopper():
+    if torch.cuda.get_device_capability() != (9, 0) or not GLUON_AVAILABLE:
+        pytest.skip("the warp-specialized Gluon kernel runs on sm_90 with Gluon")
+
+
+def _runs_ws(a, b, **kwargs):
+    return explain(a, b, **kwargs).kernel == "gluon_ws"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k", [(8192, 2304, 256), (5000, 3000, 776), (4200, 8200, 72)])
+def test_matmul_every_layout_and_ragged_edges(layout, dtype, m, n, k, device):
+    _needs_hopper()
+    a, b = make_operands(m, n, k, layout, dtype, device)
+    assert _runs_ws(a, b), explain(a, b).describe()
+    assert_close(tritongemm.matmul(a, b), a.double() @ b.double(), dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu", "gelu_tanh", "silu"])
+def test_fused_epilogue_and_gradients(activation, device):
+    _needs_hopper()
+    dtype = torch.bfloat16
+    x = random_tensor((8192, 512), dtype, device).requires_grad_()
+    w = random_tensor((2048, 512), dtype, device).requires_grad_()
+    bias = random_tensor((2048,), dtype, device).requires_grad_()
+    residual = random_tensor((8192, 2048), dtype, device)
+    assert _runs_ws(x, w.mT, bias=bias, residual=residual, activation=activation)
+    ours = {"activation": activation} if activation != "none" else {}
+    act = tritongemm.semantics.ACTIVATIONS[activation]
+
+    def reference(x, w, bias, residual):
+        return act(F.linear(x, w, bias)) + residual
+
+    def tg(x, w, bias, residual, **kw):
+        return tritongemm.linear(x, w, bias, residual=residual, **kw)
+
+    assert_matches_reference(tg, reference, x, w, bias, residual, ours_kwargs=ours)
+
+
+@pytest.mark.gpu
+def test_addmm_alpha_beta_and_cuda_graph(device):
+    _needs_hopper()
+    dtype = torch.float16
+    a, b = make_operands(8192, 4096, 384, "NT", dtype, device)
+    c = random_tensor((8192, 4096), dtype, device)
+    assert _runs_ws(a, b)
+    out = tritongemm.addmm(c, a, b, beta=0.5, alpha=2.0)
+    assert_close(out, 0.5 * c.double() + 2.0 * (a.double() @ b.double()), dtype=dtype)
+    tritongemm.matmul(a, b)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tritongemm.matmul(a, b)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = tritongemm.matmul(a, b)
+    a.copy_(random_tensor(a.shape, dtype, device))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(captured, a.double() @ b.double(), dtype=dtype)
