@@ -184,3 +184,14 @@ def test_addmm_alpha_beta_and_cuda_graph(device):
     graph.replay()
     torch.cuda.synchronize()
     assert_close(captured, a.double() @ b.double(), dtype=dtype)
+
+
+def test_unaligned_c_is_padded_for_the_warp_specialized_kernel():
+    """Like the TMA kernel, it stores C through a descriptor: a C with an odd leading dimension is copied."""
+    m, n, k = 3001, 5003, 1009
+    problem = GemmProblem(m, n, k, dtype="bf16", layout="NN")
+    a, b, c = Operand.contiguous(m, k, 2), Operand.contiguous(k, n, 2), Operand.contiguous(m, n, 2)
+    cfg = TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True)
+    chosen = plan(problem, H100, Request(config=cfg), a, b, c, torch.bfloat16, torch.bfloat16, "always")
+    assert chosen.kernel == ("gluon_ws" if GLUON_AVAILABLE else "tma_persistent")
+    assert chosen.alignment.padded == ("A", "B", "C"), chosen.describe()

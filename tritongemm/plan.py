@@ -28,6 +28,9 @@ from .eligibility import (
 from .heuristics import padding_estimate
 from .selection import select
 
+#: Kernels that store C through a TMA descriptor (so an unaligned C is padded too).
+TMA_STORE_KERNELS = ("tma", "tma_persistent", "gluon_ws")
+
 #: How unaligned operands are treated: "auto" (the cost model), "always" pad, "never" pad.
 PADDING_POLICIES = ("auto", "always", "never")
 
@@ -173,7 +176,7 @@ def _padded_plan(cfg, problem, device, a, b, c, dtype, out_dtype, padding):
     # C is padded only when the aligned run stores through TMA (the pointer kernel stores any stride).
     pc = c.aligned(row_major=True) if (not c.row_major or tma_operand_reason("C", c)) else c
     padded_cfg, kernel, fallback = _kernel_for(cfg, problem, device, pa, pb, pc, dtype, out_dtype)
-    tma = kernel.startswith("tma")
+    tma = kernel in TMA_STORE_KERNELS
     if tma and pc is not c:
         names.append("C")
     elif not names:
