@@ -359,7 +359,7 @@ def padding_estimate(
 
 
 # The warp-specialized Gluon kernel (``kernels/gemm_gluon.py``) against the
-# TMA kernel, bf16, same run (H100, benchmarks/results/h100/gluon/gluon_device_check.csv,
+# TMA kernel, bf16, same run (H100, benchmarks/results/h100/gluon/gluon_sweep.csv,
 # ratios to cuBLAS, TN / NN): it wins where K is short and tiles are many --
 # 12608x768x768 0.83/0.86 vs 0.65/0.68, 8192x8192x128 1.05/1.06 vs 0.80,
 # 8192x8192x256 0.94/0.96 vs 0.72/0.71, 12608x3072x768 0.99/1.02 vs 0.88/0.90 --
