@@ -93,7 +93,8 @@ def bench(step, pairs) -> float:
 
 def check_problem(dt_name, layout, m, n, k, env) -> tuple[list[dict], dict]:
     """Check every config on one problem, then time the good ones against cuBLAS: (rows, best row)."""
-    from tritongemm.launch.gluon import GluonLauncher, shared_bytes
+    from tritongemm.eligibility import warp_specialized_shared_bytes as shared_bytes
+    from tritongemm.launch.gluon import GluonLauncher
 
     dtype = DTYPES[dt_name]
     rows = []

@@ -127,17 +127,11 @@ class Entry:
 
     def __call__(self, x, w, bias, grad: bool) -> torch.Tensor:
         if self.cuda_index is not None and self.cuda_index != _current_device():
-            with torch.cuda.device(
-                self.cuda_index
-            ):  # the kernel was loaded for, and runs on, the tensors' GPU
-                return self.with_grad(x, w, bias) if grad else self.plain(x, w, bias)
+            # The kernel was loaded for, and runs on, the tensors' GPU.
+            with torch.cuda.device(self.cuda_index):
+                return self(x, w, bias, grad)
         if grad:
             return self.with_grad(x, w, bias)
-        out = alloc_out(self.out_shape, self.dtype, self.device)
-        self.launcher(x, w, out, out if bias is None else bias, out, out, 1.0, self.beta)
-        return out
-
-    def plain(self, x, w, bias) -> torch.Tensor:
         out = alloc_out(self.out_shape, self.dtype, self.device)
         self.launcher(x, w, out, out if bias is None else bias, out, out, 1.0, self.beta)
         return out

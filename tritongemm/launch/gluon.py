@@ -48,12 +48,6 @@ def max_registers(num_warps: int) -> int:
     return min(256, REGISTER_FILE // threads // 8 * 8)
 
 
-def shared_bytes(cfg, elem_bytes: int = 2) -> int:
-    """Shared memory of the ring and the output tile (plus the mbarriers)."""
-    ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem_bytes
-    return ring + cfg.block_m * cfg.block_n * elem_bytes + 16 * cfg.num_stages
-
-
 class GluonLauncher:
     def __init__(self, plan, call, a, b, out, d, r, z, interpreting: bool):
         if not GLUON_AVAILABLE:
