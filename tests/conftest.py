@@ -95,7 +95,8 @@ def plans(monkeypatch):
     Wraps ``launch.gemm`` (where every first call goes) and asks
     ``launch.plan_for`` what it runs (launchers are cached, so a spy on the
     planner itself would miss repeated signatures), and the fast path's
-    ``Entry`` (where repeated calls go), which knows its launcher's plan.
+    ``Entry`` and its gradient launches (where repeated calls and their
+    backward go), which know their launchers' plans.
     """
     records = []
     real_gemm = launch.gemm
@@ -135,6 +136,19 @@ def plans(monkeypatch):
         return real_entry_call(entry, x, w, bias, grad)
 
     monkeypatch.setattr(fastpath.Entry, "__call__", entry_spy)
+
+    # ... and its backward, from the gradient launchers the entry holds.
+    real_grad_call = fastpath._GradLaunch.__call__
+
+    def grad_spy(grad_launch, operands):
+        chosen = grad_launch.launcher.plan
+        p = chosen.problem
+        records.append(
+            dict(config=chosen.config, kernel=chosen.kernel, M=p.m, N=p.n, K=p.k, dtype=grad_launch.dtype)
+        )
+        return real_grad_call(grad_launch, operands)
+
+    monkeypatch.setattr(fastpath._GradLaunch, "__call__", grad_spy)
     return records
 
 

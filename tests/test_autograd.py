@@ -158,7 +158,7 @@ def test_gradient_of_a_transposed_operand_keeps_its_layout(which, device):
     # forward records the layouts: backward may not have the operand saved.)
     from types import SimpleNamespace
 
-    from tritongemm.autograd import _backward_gemms
+    from tritongemm.autograd import backward_gemms
 
     a = random_tensor((24, 40), torch.float32, device)
     b = random_tensor((17, 40), torch.float32, device).mT  # (40, 17), column-major
@@ -177,7 +177,7 @@ def test_gradient_of_a_transposed_operand_keeps_its_layout(which, device):
         b_transposed=which == "weight",
     )
     with torch.no_grad():
-        grad_a, grad_b, _, _ = _backward_gemms(ctx, grad_out, a, b, None)
+        grad_a, grad_b, _, _ = backward_gemms(ctx, grad_out, a, b, None)
     assert_close(grad_a, grad_out.double() @ b.double().mT)
     assert_close(grad_b, a.double().mT @ grad_out.double())
     transposed = grad_b if which == "weight" else grad_a

@@ -416,3 +416,119 @@ def test_generated_direct_launch_places_every_argument(with_descriptors, monkeyp
     direct2 = common.DirectLaunch._generate(raw, compiled, launch_, 3, metas, expand, hooks)
     direct2(*values.values())
     assert len(slow) == 1 and len(calls) == 2
+
+
+# ----------------------------------------------------------------------------------
+# Backward of an entry (``EntryFunction`` / ``Entry.backward``)
+# ----------------------------------------------------------------------------------
+def _upstream(kind: str, shape, dtype, device) -> torch.Tensor:
+    """An incoming gradient of ``shape`` in a layout autograd can hand over."""
+    if kind == "contiguous":
+        return random_tensor(shape, dtype, device)
+    if kind == "transposed":  # column-major (2-D)
+        return random_tensor(shape[::-1], dtype, device).mT
+    if kind == "broadcast":  # what y.sum() sends back: one value, stride 0 everywhere
+        return random_tensor((), dtype, device).expand(shape)
+    raise AssertionError(kind)
+
+
+def _grads_against_float64(fn, ref_fn, tensors, grad_out):
+    ours = torch.autograd.grad(fn(*tensors), [t for t in tensors if t.requires_grad], grad_out)
+    ref_in = [t.detach().double().requires_grad_(t.requires_grad) for t in tensors]
+    refs = torch.autograd.grad(ref_fn(*ref_in), [t for t in ref_in if t.requires_grad], grad_out.double())
+    scale_in = [t.detach().double().abs().requires_grad_(t.requires_grad) for t in tensors]
+    scales = torch.autograd.grad(
+        ref_fn(*scale_in), [t for t in scale_in if t.requires_grad], grad_out.double().abs()
+    )
+    for g, r, s, t in zip(ours, refs, scales, [t for t in tensors if t.requires_grad]):
+        assert g.shape == t.shape
+        assert_close(g, r, scale=s, dtype=t.dtype)
+    return ours
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("upstream", ["contiguous", "transposed", "broadcast"])
+@pytest.mark.parametrize("needs", ["all", "x", "w"])
+def test_entry_backward_of_linear(dtype, upstream, needs, device, monkeypatch):
+    w = random_tensor((24, 20), dtype, device).requires_grad_(needs in ("all", "w"))
+    b = random_tensor((24,), dtype, device).requires_grad_(needs == "all")
+    counter = _WholeWayCounter(monkeypatch)
+    for _ in range(3):
+        x = random_tensor((9, 20), dtype, device).requires_grad_(needs in ("all", "x"))
+        g = _upstream(upstream, (9, 24), dtype, device)
+        _grads_against_float64(tritongemm.linear, F.linear, (x, w, b), g)
+    assert counter.calls == 1
+    (entry,) = fastpath.ENTRIES.values()
+    launches = list(entry.grad_launches.values())
+    assert launches and all(isinstance(v, list) for v in launches), "backward should have used launchers"
+
+
+@pytest.mark.parametrize("x_layout", ["row", "column", "batched"])
+@pytest.mark.parametrize("w_layout", ["row", "column"])
+def test_entry_backward_of_matmul_keeps_layouts(x_layout, w_layout, device, monkeypatch):
+    dtype = torch.float16
+    wk = (
+        random_tensor((20, 28), dtype, device)
+        if w_layout == "row"
+        else random_tensor((28, 20), dtype, device)
+    )
+    w = (wk if w_layout == "row" else wk.mT).detach().requires_grad_()
+    counter = _WholeWayCounter(monkeypatch)
+    for _ in range(2):
+        if x_layout == "row":
+            x = random_tensor((11, 20), dtype, device)
+        elif x_layout == "column":
+            x = random_tensor((20, 11), dtype, device).mT
+        else:
+            x = random_tensor((2, 5, 20), dtype, device)
+        x = x.detach().requires_grad_()
+        out_shape = (*x.shape[:-1], 28)
+        g = random_tensor(out_shape, dtype, device)
+        gx, gw = _grads_against_float64(tritongemm.matmul, torch.matmul, (x, w), g)
+        assert gw.stride() == w.stride(), "the weight's gradient should land in the weight's layout"
+        if x_layout == "column":
+            assert gx.stride() == x.stride()
+    assert counter.calls == 1
+
+
+def test_entry_backward_accumulates_into_contiguous_weight_grad(device):
+    lin = torch.nn.Linear(16, 12, device=device)
+    x = random_tensor((5, 16), torch.float32, device)
+    ref = lin.weight.detach().double()
+    for step in range(3):
+        tritongemm.linear(x, lin.weight, lin.bias).sum().backward()
+        expect = (step + 1) * torch.ones(5, 12, dtype=torch.float64, device=device).T @ x.double()
+        assert_close(lin.weight.grad, expect)
+        assert lin.weight.grad.is_contiguous()
+        assert_close(lin.bias.grad, torch.full((12,), 5.0 * (step + 1), dtype=torch.float64, device=device))
+    assert ref.shape == lin.weight.shape
+
+
+def test_entry_backward_with_create_graph_takes_the_whole_way(device):
+    x = random_tensor((6, 10), torch.float64, device).requires_grad_()
+    w = random_tensor((7, 10), torch.float64, device).requires_grad_()
+    b = random_tensor((7,), torch.float64, device).requires_grad_()
+    for _ in range(2):  # the second call runs from the entry
+        y = tritongemm.linear(x, w, b)
+        (gx,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+        (ggw,) = torch.autograd.grad(gx.sum(), w)
+        xr, wr, br = (t.detach().requires_grad_() for t in (x, w, b))
+        yr = F.linear(xr, wr, br)
+        (gxr,) = torch.autograd.grad((yr * yr).sum(), xr, create_graph=True)
+        (ggwr,) = torch.autograd.grad(gxr.sum(), wr)
+        assert_close(gx, gxr)
+        assert_close(ggw, ggwr)
+    assert len(fastpath.ENTRIES) == 1
+
+
+def test_entry_backward_launches_are_planned_once(device, monkeypatch):
+    w = random_tensor((12, 16), torch.float32, device).requires_grad_()
+    x = random_tensor((4, 16), torch.float32, device).requires_grad_()
+    for _ in range(2):
+        tritongemm.linear(x, w).backward(random_tensor((4, 12), torch.float32, device))
+    planned = []
+    real = launch.launcher_for
+    monkeypatch.setattr(launch, "launcher_for", lambda *a, **k: planned.append(1) or real(*a, **k))
+    for _ in range(2):
+        tritongemm.linear(x, w).backward(random_tensor((4, 12), torch.float32, device))
+    assert planned == [], "repeated backward calls should reuse the entry's gradient launchers"

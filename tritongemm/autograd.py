@@ -122,7 +122,7 @@ def is_tracing(t: torch.Tensor) -> bool:
 # ----------------------------------------------------------------------------------
 # Backward, shared by both doors
 # ----------------------------------------------------------------------------------
-def _backward_gemms(ctx, grad_out, a, b, z):
+def backward_gemms(ctx, grad_out, a, b, z):
     """Gradients of a, b, addend and residual from grad_out."""
     call: GemmCall = ctx.call
     ep = call.epilogue
@@ -221,7 +221,7 @@ class GemmFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         a, b, z = ctx.saved_tensors
-        return (*_backward_gemms(ctx, grad_out, a, b, z), None, None)
+        return (*backward_gemms(ctx, grad_out, a, b, z), None, None)
 
 
 class GemmTransformFunction(torch.autograd.Function):
@@ -245,7 +245,7 @@ class GemmTransformFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_preact):
         a, b, z = ctx.saved_tensors
-        return (*_backward_gemms(ctx, grad_out, a, b, z), None)
+        return (*backward_gemms(ctx, grad_out, a, b, z), None)
 
     @staticmethod
     def vmap(info, in_dims, a, b, addend, residual, call):
@@ -419,7 +419,7 @@ def _setup_context(ctx, inputs, output):
 
 def _custom_op_backward(ctx, grad_out, grad_preact):
     a, b, z = ctx.saved_tensors
-    return (*_backward_gemms(ctx, grad_out, a, b, z), *([None] * 8))
+    return (*backward_gemms(ctx, grad_out, a, b, z), *([None] * 8))
 
 
 _gemm_custom_op.register_autograd(_custom_op_backward, setup_context=_setup_context)

@@ -19,9 +19,14 @@ everything else takes the whole way.
 Entries launch with the tensors the user passed (``x``, ``w``, ``bias``):
 their data pointers are those of the views the first call planned with
 (``x.view(-1, K)``, ``w.mT``, ``bias.expand(M, N)``), and launchers that
-read only pointers (``takes_bases``) are the only ones remembered.  With
-autograd the views are made, as the first call made them, since backward
-reads their shapes.
+read only pointers (``takes_bases``) are the only ones remembered.
+
+With autograd an entry runs its own lean ``autograd.Function``
+(``EntryFunction``): the same launch in forward, and in backward the two
+gradient GEMMs from launchers remembered per layout of the incoming
+gradient -- the same kernels and the same rules (``autograd.backward_gemms``:
+a transposed weight gets its gradient in its own layout) as the whole way,
+which backward still takes under ``create_graph``, a transform or a trace.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ import os
 import torch
 
 from . import launch
-from .autograd import GemmFunction, alloc_out
-from .call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall
+from .autograd import alloc_out, backward_gemms
+from .call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall, Request
 from .semantics import SUPPORTED_DTYPES, dot_precision
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -111,19 +116,33 @@ class Entry:
         "cuda_index",
         "transposed",
         "beta",
+        "grad_call",
+        "grad_launches",
+        "bias_dims",
+        "x_shape",
+        "k",
+        "a_transposed",
+        "b_transposed",
     )
 
-    def __init__(self, launcher, call: GemmCall, out_shape, mn, fold, dtype, device, transposed: bool):
+    def __init__(self, launcher, call: GemmCall, x, a, b, out_shape, fold, transposed: bool):
         self.launcher = launcher
         self.call = call
         self.out_shape = out_shape
-        self.mn = mn
+        self.mn = (a.shape[0], b.shape[1])
         self.fold = fold  # (M, K) when x has batch dims to fold, else None
-        self.dtype = dtype
-        self.device = device
-        self.cuda_index = device.index if device.type == "cuda" else None
+        self.dtype = x.dtype
+        self.device = x.device
+        self.cuda_index = x.device.index if x.device.type == "cuda" else None
         self.transposed = transposed
         self.beta = call.epilogue.beta
+        # What backward needs of the operands' layouts (fixed by the signature), saved or not.
+        self.x_shape, self.k = tuple(x.shape), a.shape[1]
+        self.a_transposed, self.b_transposed = _is_transposed(a), _is_transposed(b)
+        # backward_gemms' gradient call: alpha of the forward (1 here), no epilogue, the same precision.
+        self.grad_call = GemmCall(Epilogue(), Request(), None, call.precision)
+        self.grad_launches: dict = {}  # (grad strides, grad aligned, needs) -> [grad x, grad w] launches
+        self.bias_dims = tuple(range(len(out_shape) - 1))
 
     def __call__(self, x, w, bias, grad: bool) -> torch.Tensor:
         if self.cuda_index is not None and self.cuda_index != _current_device():
@@ -131,17 +150,160 @@ class Entry:
             with torch.cuda.device(self.cuda_index):
                 return self(x, w, bias, grad)
         if grad:
-            return self.with_grad(x, w, bias)
+            return EntryFunction.apply(x, w, bias, self)
         out = alloc_out(self.out_shape, self.dtype, self.device)
         self.launcher(x, w, out, out if bias is None else bias, out, out, 1.0, self.beta)
         return out
 
-    def with_grad(self, x, w, bias) -> torch.Tensor:
-        a = x if self.fold is None else x.view(self.fold)
-        b = w.mT if self.transposed else w
-        d = None if bias is None else bias.expand(self.mn)
-        out = GemmFunction.apply(a, b, d, None, self.call, self.launcher)
-        return out if self.fold is None else out.view(self.out_shape)
+    def backward(self, needs, g, x, w) -> tuple:
+        """(grad x, grad w, grad bias) for ``EntryFunction``, each None where not needed."""
+        grads = None
+        if not _grad_enabled() and type(g) in _PLAIN_TYPES and not _functorch_active():
+            key = (g.stride(), not g.data_ptr() & 15, needs)
+            grads = self.grad_launches.get(key, _MISSING)
+            if grads is _MISSING:
+                grads = self.grad_launches[key] = _grad_launches(self, needs, g, x, w)
+        if grads is None:  # double backward, a transform, or layouts without bases-only launchers
+            return self.slow_backward(needs, g, x, w)
+        operands = (g, x, w)
+        grad_x = grad_w = None
+        if grads[0] is not None:
+            grad_x = grads[0](operands)
+        if grads[1] is not None:
+            grad_w = grads[1](operands)
+        grad_bias = g.sum(self.bias_dims) if needs[2] else None
+        return grad_x, grad_w, grad_bias
+
+    def views(self, x, w) -> tuple:
+        """(a, b): the forward's planned views of ``x`` and ``w`` (None stays None)."""
+        a = x if x is None or self.fold is None else x.view(self.fold)
+        b = w.mT if w is not None and self.transposed else w
+        return a, b
+
+    def slow_backward(self, needs, g, x, w) -> tuple:
+        """The whole way's backward (``autograd.backward_gemms``) on the views the forward planned."""
+        a, b = self.views(x, w)
+        g2 = g if self.fold is None else g.reshape(self.mn)
+        grad_a, grad_b, grad_d, _ = backward_gemms(_BackwardContext(self, needs), g2, a, b, None)
+        grad_x = grad_a if grad_a is None or self.fold is None else grad_a.view(self.x_shape)
+        grad_w = grad_b.mT if grad_b is not None and self.transposed else grad_b
+        grad_bias = grad_d.sum(0) if grad_d is not None else None
+        return grad_x, grad_w, grad_bias
+
+
+class EntryFunction(torch.autograd.Function):
+    """An entry's ``x @ w (+ bias)`` with autograd: the entry's launch, and ``Entry.backward``.
+
+    Takes the user's tensors as they are (no views to make or record), saves
+    only what backward will read, and keeps everything else on the entry.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, bias, entry):
+        out = alloc_out(entry.out_shape, entry.dtype, entry.device)
+        entry.launcher(x, w, out, out if bias is None else bias, out, out, 1.0, entry.beta)
+        ctx.entry = entry
+        needs = ctx.needs_input_grad
+        ctx.save_for_backward(x if needs[1] else None, w if needs[0] else None)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        return (*ctx.entry.backward(needs[:3], g, x, w), None)
+
+
+class _BackwardContext:
+    """What ``autograd.backward_gemms`` reads from an autograd context."""
+
+    def __init__(self, entry: Entry, needs):
+        self.call = entry.call
+        self.needs_input_grad = (needs[0], needs[1], needs[2], False)
+        self.a_transposed, self.b_transposed = entry.a_transposed, entry.b_transposed
+
+
+def _is_transposed(t) -> bool:
+    rows, cols = t.shape
+    return rows > 1 and cols > 1 and t.stride() == (1, rows)
+
+
+class _GradLaunch:
+    """One gradient GEMM of an entry: which of (g, x, w) are its operands, what to allocate, what to return.
+
+    The launcher was planned on views (``g.mT``, ``w.mT``, ...); it reads only
+    data pointers, which the views share with the tensors given here.
+    """
+
+    __slots__ = ("launcher", "a", "b", "shape", "dtype", "device", "transpose")
+
+    def __init__(self, launcher, a: int, b: int, shape, like: torch.Tensor, transpose: bool):
+        self.launcher, self.a, self.b = launcher, a, b
+        self.shape, self.dtype, self.device = shape, like.dtype, like.device
+        self.transpose = transpose
+
+    def __call__(self, operands) -> torch.Tensor:
+        out = alloc_out(self.shape, self.dtype, self.device)
+        self.launcher(operands[self.a], operands[self.b], out, out, out, out, 1.0, 0.0)
+        return out.mT if self.transpose else out
+
+
+def _grad_launches(entry: Entry, needs, g, x, w):
+    """[grad-x launch, grad-w launch] for gradients of ``g``'s layout, or None (take the whole way).
+
+    Views of the forward's operands: ``a`` (x, folded) and ``b`` (``w.mT`` for linear, else ``w``).
+
+    The operand order and orientation follow ``autograd.backward_gemms``, so the
+    same kernels run as there: dA = dZ B^T (or dA^T = B dZ^T for a column-major
+    A), dB = A^T dZ (or dB^T = dZ^T A for a column-major B, e.g. ``w.mT``).
+    """
+    if g.dtype != entry.dtype:
+        return None
+    m, n = entry.mn
+    try:
+        g2 = g if entry.fold is None else g.view(m, n)
+    except RuntimeError:
+        return None  # strides that do not fold (the whole way copies)
+    a, b = entry.views(x, w)
+    G, X, W = 0, 1, 2
+    views = {G: g2, X: a, W: b}
+
+    def plan(first, second, out_shape, transpose):
+        def view(which, t):
+            return views[which] if t is None else views[which].mT
+
+        lhs, rhs = view(*first), view(*second)
+        out = torch.empty(out_shape, dtype=entry.dtype, device=entry.device)
+        launcher = launch.launcher_for(entry.grad_call, lhs, rhs, out)
+        if not getattr(launcher, "takes_bases", False):
+            raise _NoBases
+        return launcher
+
+    grads = [None, None]
+    try:
+        if needs[0]:
+            k = entry.k
+            if entry.a_transposed:  # dA^T = B dZ^T, stored (K, M), returned transposed
+                launcher = plan((W, None), (G, "mT"), (k, m), True)
+                grads[0] = _GradLaunch(launcher, W, G, (k, m), g, True)
+            else:  # dA = dZ B^T, written straight into x's shape
+                launcher = plan((G, None), (W, "mT"), (m, k), False)
+                grads[0] = _GradLaunch(launcher, G, W, entry.x_shape, g, False)
+        if needs[1]:
+            k = entry.k
+            if entry.b_transposed:  # dB^T = dZ^T A, stored (N, K): w's own layout
+                launcher = plan((G, "mT"), (X, None), (n, k), False)
+                grads[1] = _GradLaunch(launcher, G, X, (n, k), g, not entry.transposed)
+            else:  # dB = A^T dZ, stored (K, N)
+                launcher = plan((X, "mT"), (G, None), (k, n), False)
+                grads[1] = _GradLaunch(launcher, X, G, (k, n), g, entry.transposed)
+    except _NoBases:
+        return None
+    return grads
+
+
+class _NoBases(Exception):
+    pass
 
 
 def build(kind: str, key, x, w, bias) -> None:
@@ -184,7 +346,7 @@ def _entry(kind: str, x, w, bias) -> Entry | None:
     launcher = launch.launcher_for(call, a, b, out, d)
     if not getattr(launcher, "takes_bases", False):
         return None
-    return Entry(launcher, call, (*x.shape[:-1], n), (m, n), fold, x.dtype, x.device, transposed)
+    return Entry(launcher, call, x, a, b, (*x.shape[:-1], n), fold, transposed)
 
 
-__all__ = ["ENTRIES", "Entry", "build", "lookup", "signature"]
+__all__ = ["ENTRIES", "Entry", "EntryFunction", "build", "lookup", "signature"]
