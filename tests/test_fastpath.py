@@ -532,3 +532,10 @@ def test_entry_backward_launches_are_planned_once(device, monkeypatch):
     for _ in range(2):
         tritongemm.linear(x, w).backward(random_tensor((4, 12), torch.float32, device))
     assert planned == [], "repeated backward calls should reuse the entry's gradient launchers"
+
+
+def test_entry_function_apply_falls_back_to_the_python_wrapper(monkeypatch):
+    raw = fastpath._raw_apply(fastpath.EntryFunction)
+    assert raw != fastpath.EntryFunction.apply, "torch has the C method: the wrapper should be skipped"
+    monkeypatch.delattr(torch._C, "_FunctionBase")
+    assert fastpath._raw_apply(fastpath.EntryFunction) == fastpath.EntryFunction.apply
