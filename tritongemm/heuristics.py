@@ -322,6 +322,31 @@ POINTER_ALIGNED_RATE = 590e12
 POINTER_RATE_BY_VECTOR = {2: 90e12, 4: 180e12, 8: 360e12, 16: POINTER_ALIGNED_RATE}
 
 
+# Operands loaded element by element (a 2-byte dtype on an odd leading
+# dimension: no vector loads, no cp.async, so no pipeline) when the problem is
+# too small to repay a copy.  Each K step then costs a full round trip to
+# memory, so what pays is many small programs with a long K step (many
+# independent loads in flight per step), not large tiles.  Measured on the
+# H100, bf16 NN, against cuBLAS in the same run (results/h100/unaligned/
+# small_sweep.json, 84 pointer configs): 32x32 tiles with a K step of 256
+# ran 255^3 in 8.2 us (cuBLAS 10.9), 257^3 9.5 (12.3), 511^3 12.8 (16.5), and
+# with a K step of 128 513^3 17.5 (18.9); the 64x128x64 tile the general rule
+# picks took 27-43 us there.  From about 1000^3 (1024 tiles of 32x32) larger
+# tiles win again (64x64: 39 us at 1023^3) and copying to aligned workspaces
+# (the padded path) wins outright, so the rule stops at 4 waves of tiles.
+ELEMENTWISE_TILE = Tile(32, 32, 256, 4, 3)
+ELEMENTWISE_MAX_WAVES = 4
+
+
+def elementwise_tile(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None:
+    """The tile for element-wise loads on a small problem (at most a few waves of 32x32 tiles), else None."""
+    tile = ELEMENTWISE_TILE
+    if tiles_of(problem, tile.block_m, tile.block_n) > ELEMENTWISE_MAX_WAVES * device.sm_count:
+        return None
+    block_k = min(tile.block_k if problem.k <= 512 else 128, pow2_at_least(problem.k, 16, tile.block_k))
+    return split_k_config(tile._replace(block_k=block_k), problem, device)
+
+
 class PaddingEstimate(NamedTuple):
     """What copying into aligned workspaces costs and saves, in microseconds."""
 

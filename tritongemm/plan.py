@@ -25,7 +25,7 @@ from .eligibility import (
     vector_bytes,
     warp_specialized_unsupported_reason,
 )
-from .heuristics import padding_estimate
+from .heuristics import elementwise_tile, padding_estimate
 from .selection import select
 
 #: Kernels that store C through a TMA descriptor (so an unaligned C is padded too).
@@ -106,7 +106,22 @@ def plan(
             (cfg, kernel, fallback), alignment = padded
         else:
             alignment = _unpadded_alignment(a, b, kernel, padded)
+            small = _elementwise_config(problem, device, request, source, a, b)
+            if small is not None:
+                cfg, kernel, fallback = _kernel_for(small, problem, device, a, b, c, dtype, out_dtype)
+                source += "; element-wise loads: small tiles, a long K step (heuristics.elementwise_tile)"
     return Plan(cfg, source, kernel, fallback, problem, device, alignment)
+
+
+def _elementwise_config(problem, device, request: Request, source: str, a: Operand, b: Operand):
+    """The heuristic's own tile for operands loaded element by element, where the heuristic chose."""
+    if request.config is not None or request.pipeline is not None or request.decomposition is not None:
+        return None
+    if not source.startswith("heuristic") or problem.elem_size != 2 or device.interpreter:
+        return None  # (the interpreter keeps its own small tiles: there only its speed matters)
+    if min(vector_bytes(a), vector_bytes(b)) > problem.elem_size:
+        return None  # vector loads remain (path (b)): the heuristic's tile stands
+    return elementwise_tile(problem, device)
 
 
 def _kernel_for(
