@@ -63,8 +63,6 @@ class Workspace:
             batch_strides.insert(0, self.numel)
             self.numel *= size
         matrix = (lead, 1) if self.row_major else (1, lead)
-        self.kept_shape = (*kept, rows, cols)
-        self.kept_strides = (*batch_strides[:-2], *matrix)
         self.strides = (*(0 if bc else st for st, bc in zip(batch_strides, self.broadcast)), *matrix)
         #: Indexes a tensor of the operand's shape down to the batch entries that are stored.
         self.kept_index = tuple(slice(0, 1) if bc else slice(None) for bc in self.broadcast)
