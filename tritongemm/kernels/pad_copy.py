@@ -6,8 +6,8 @@ torch copy per operand costs a launch and several microseconds of host time
 each; here one launch copies A and B together (or C and the pre-activation):
 programs ``[0, tiles of matrix 0)`` copy matrix 0 and the rest matrix 1.
 
-Each program copies one ``BLOCK_OUTER x BLOCK_INNER`` tile, masked at the
-edges.  The inner axis is the source's unit-stride one where it has one
+Each program copies one ``BLOCK_OUTER x BLOCK_INNER`` tile, masked only at
+the edges.  The inner axis is the source's unit-stride one where it has one
 (``ROWS_FAST_*`` says it is the rows), so consecutive lanes load consecutive
 addresses; the padding columns of a destination are never written (the GEMM
 kernels mask, and TMA zero-fills, everything past the logical shape).
@@ -57,10 +57,16 @@ def _copy_tile(
         pid_inner = pid_inner.to(tl.int64)
     offs_o = pid_outer * BLOCK_OUTER + tl.arange(0, BLOCK_OUTER)
     offs_i = pid_inner * BLOCK_INNER + tl.arange(0, BLOCK_INNER)
-    mask = (offs_o[:, None] < outer) & (offs_i[None, :] < inner)
     src = src_ptr + b * src_batch + offs_o[:, None] * src_outer + offs_i[None, :] * src_inner
     dst = dst_ptr + b * dst_batch + offs_o[:, None] * dst_outer + offs_i[None, :] * dst_inner
-    tl.store(dst, tl.load(src, mask=mask), mask=mask)
+    if (pid_outer + 1) * BLOCK_OUTER <= outer and (pid_inner + 1) * BLOCK_INNER <= inner:
+        # Interior tiles unmasked: the stores into the aligned side then vectorize (a mask against a
+        # runtime size keeps every access scalar).  H100, bf16, odd leading dimension: 2047^2 in
+        # 5.8 us against 17.9 masked (torch's copy_ 8.2), 8191x1023 10.6 against 31.8 (17.3).
+        tl.store(dst, tl.load(src))
+    else:
+        mask = (offs_o[:, None] < outer) & (offs_i[None, :] < inner)
+        tl.store(dst, tl.load(src, mask=mask), mask=mask)
 
 
 @triton.jit
