@@ -18,14 +18,15 @@ import torch
 
 import tritongemm
 from tritongemm import KNOWN_DEVICES, TileConfig, explain, launch
-from tritongemm.call import GemmCall, Request
+from tritongemm.call import Epilogue, GemmCall, Request
 from tritongemm.configs import GemmProblem
 from tritongemm.eligibility import Operand, stride_hint, vector_bytes
 from tritongemm.heuristics import padding_estimate
-from tritongemm.launch.aligned import PaddedLauncher
+from tritongemm.launch.aligned import MatrixCopy, PadCopy, PaddedLauncher, rows_fast
+from tritongemm.launch.common import Launch
 from tritongemm.launch.pointer import stride_hints
 from tritongemm.plan import TMA_STORE_KERNELS, layout_letters, plan
-from tritongemm.testing import assert_close, make_operands, random_tensor
+from tritongemm.testing import assert_close, make_matrix, make_operands, nan_tensor, random_tensor
 
 H100 = KNOWN_DEVICES["h100"]
 TMA = TileConfig(16, 16, 16, 2, 4, 2, tma=True, persistent=True)
@@ -355,6 +356,217 @@ def _tensors_in(obj, depth=0, seen=None) -> list:
     else:
         return []
     return [t for item in items for t in _tensors_in(item, depth + 1, seen)]
+
+
+# ----------------------------------------------------------------------------------
+# The copy kernel (kernels/pad_copy.py) and the pointer-only padded launcher
+# ----------------------------------------------------------------------------------
+def _source(rows, cols, layout, dtype, device):
+    """A (*batch, rows, cols) source: "N" row-major, "T" column-major, "S" no unit stride,
+    "B" batched (3, ...), "P" a batch of column-major matrices, "X" broadcast over a batch of 4."""
+    if layout in "NTS":
+        return make_matrix(rows, cols, layout, dtype, device)
+    if layout == "B":
+        return make_matrix(rows, cols, "N", dtype, device, batch=(3,))
+    if layout == "P":
+        return make_matrix(rows, cols, "T", dtype, device, batch=(2,))
+    return make_matrix(rows, cols, "N", dtype, device, batch=(1,)).expand(4, rows, cols)
+
+
+def _padded_dest(src, row_major: bool):
+    """A NaN-filled, 16-byte-aligned destination for ``src`` (each batch entry its own), the buffer
+    behind it (with a guard row after it), and the view."""
+    *batch, rows, cols = src.shape
+    per = 16 // src.element_size()
+    lead = -(-(cols if row_major else rows) // per) * per
+    inner = (rows, lead) if row_major else (cols, lead)
+    buf = nan_tensor((*batch, inner[0] + 1, lead), src.dtype, src.device)
+    view = buf[..., : inner[0], : (cols if row_major else rows)]
+    return buf, (view if row_major else view.mT)
+
+
+def _check_copied(buf, dst, src):
+    assert torch.equal(dst, src), "the copy differs from its source"
+    written = torch.zeros(buf.shape, dtype=torch.bool)
+    written.view(-1)[
+        torch.as_strided(torch.arange(buf.numel()), dst.shape, dst.stride(), dst.storage_offset()).reshape(-1)
+    ] = True
+    assert buf[~written].isnan().all(), "the copy wrote outside the destination's logical elements"
+
+
+PAD_SHAPES = [(1, 1), (1, 7), (13, 1), (37, 29), (8, 16), (20, 33)]
+
+
+@pytest.mark.parametrize("rows, cols", PAD_SHAPES, ids=[f"{r}x{c}" for r, c in PAD_SHAPES])
+@pytest.mark.parametrize("layout", ["N", "T", "S", "B", "P", "X"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"]
+)
+def test_pad_copy_kernel(device, dtype, layout, rows, cols):
+    """Bit-exact copies into poisoned aligned destinations; 16 x 16 tiles so the shapes span several,
+    ragged at both edges."""
+    src = _source(rows, cols, layout, dtype, device)
+    for row_major in (True, False):
+        buf, dst = _padded_dest(src, row_major)
+        m = MatrixCopy.of(src, dst)
+        assert m is not None and m.batch == (src.shape[0] if src.dim() == 3 else 1)
+        PadCopy(m, block=(16, 16))(src, dst, src, dst)
+        _check_copied(buf, dst, src)
+
+
+def test_pad_copy_kernel_two_matrices_in_one_launch(device, monkeypatch):
+    """Programs [0, tiles of matrix 0) copy matrix 0, the rest matrix 1: one launch for both."""
+    a = _source(37, 13, "T", torch.float16, device)
+    b = _source(13, 29, "X", torch.float16, device)
+    buf_a, dst_a = _padded_dest(a, row_major=False)
+    buf_b, dst_b = _padded_dest(b, row_major=True)
+    first, second = MatrixCopy.of(a, dst_a), MatrixCopy.of(b, dst_b)
+    copy = PadCopy(first, second, block=(16, 16))
+    assert copy.launch.grid[0] == first.tiles((16, 16)) + second.tiles((16, 16)) == 3 * 1 + 4 * 1 * 2
+    launches = []
+    real = Launch.__call__
+    monkeypatch.setattr(Launch, "__call__", lambda self, *v: (launches.append(self), real(self, *v)))
+    copy(a, dst_a, b, dst_b)
+    assert len(launches) == 1
+    _check_copied(buf_a, dst_a, a)
+    _check_copied(buf_b, dst_b, b)
+
+
+def test_pad_copy_tile_axis_follows_the_unit_stride():
+    x = torch.empty(8, 12)
+    assert not rows_fast(x, x) and rows_fast(x.mT, x.mT)
+    assert rows_fast(x.mT, torch.empty(12, 8))  # coalesced loads; the stores are strided
+    assert rows_fast(x[::2, ::2], torch.empty(6, 4).mT)  # no unit stride: the destination's axis
+    assert not rows_fast(torch.empty(1, 9), torch.empty(1, 9))
+    assert rows_fast(torch.empty(9, 1), torch.empty(9, 1))  # a column: its rows are the contiguous axis
+
+
+def test_pad_copy_describes_only_collapsible_batches():
+    src = torch.empty(3, 2, 5, 7).transpose(0, 1)  # (2, 3) batch dims with strides (35, 70)
+    assert MatrixCopy.of(src, torch.empty(2, 3, 5, 7)) is None
+    m = MatrixCopy.of(torch.empty(2, 3, 5, 7), torch.empty(2, 3, 5, 8)[..., :7])
+    assert (m.batch, m.src_strides, m.dst_strides) == (6, (35, 7, 1), (40, 8, 1))
+
+
+def _copy_launches(monkeypatch) -> list:
+    """The matrices each ``PadCopy`` launch copies, in order."""
+    launches = []
+    real = PadCopy.__call__
+
+    def spy(self, *tensors):
+        launches.append(2 if self.launch.args.template[self.launch.args.names.index("HAS_1")] else 1)
+        return real(self, *tensors)
+
+    monkeypatch.setattr(PadCopy, "__call__", spy)
+    return launches
+
+
+@pytest.mark.parametrize("m, n, k", [(37, 29, 13), (1, 23, 7), (19, 1, 11), (13, 7, 1)], ids=SHAPE_IDS)
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("config", [TMA, POINTER], ids=["tma", "pointer"])
+def test_padded_launcher_takes_bases_and_copies_in_one_launch(
+    device, padding, monkeypatch, config, layout, m, n, k
+):
+    """A and B go through one copy launch, C through one more; the launcher reads only pointers."""
+    if config.tma:
+        _needs_tma(device)
+    padding("always")
+    launch.clear_plan_cache()
+    a, b = make_operands(m, n, k, layout, torch.float16, device)
+    launches = _copy_launches(monkeypatch)
+    out = tritongemm.matmul(a, b, config=config)
+    assert_close(out, a.double() @ b.double())
+    (launcher,) = launch._CACHE.values()
+    assert isinstance(launcher, PaddedLauncher) and launcher.takes_bases
+    padded = launcher.plan.alignment.padded
+    copied_in = sum(name in padded for name in "AB")
+    assert launches == ([copied_in] if copied_in else []) + ([1] if "C" in padded else []), (padded, launches)
+    assert len(launcher.pools) == 1  # one allocation per call
+
+
+def test_padded_launcher_given_another_tensor_over_the_same_memory(device, padding):
+    """The fast path's contract: built on ``w.mT`` (K, N), called with ``w`` (N, K) and a 3-D ``x``."""
+    padding("always")
+    x = random_tensor((2, 5, 13), torch.bfloat16, device)
+    w = random_tensor((11, 13), torch.bfloat16, device)
+    bias = random_tensor((11,), torch.bfloat16, device)
+    a = x.view(-1, 13)
+    call = GemmCall(Epilogue(beta=1.0, addend=True))
+    out = torch.empty(10, 11, dtype=torch.bfloat16, device=device)
+    launcher = launch.launcher_for(call, a, w.mT, out, bias.expand(10, 11))
+    assert isinstance(launcher, PaddedLauncher) and launcher.takes_bases
+    assert launcher.plan.alignment.padded[:2] == ("A", "B"), launcher.plan.describe()
+    for _ in range(2):
+        x.copy_(random_tensor(x.shape, x.dtype, device))
+        got = torch.full((2, 5, 11), float("nan"), dtype=torch.bfloat16, device=device)
+        launcher(x, w, got, bias, got, got, 1.0, 1.0)
+        assert_close(got, x.double() @ w.double().mT + bias.double())
+
+
+def test_fast_path_keeps_padded_calls(device, padding, monkeypatch):
+    """A repeated padded ``linear`` takes its fast-path entry (the launcher reads only pointers)."""
+    from tritongemm import fastpath
+
+    padding("always")
+    fastpath.ENTRIES.clear()
+    w = random_tensor((11, 13), torch.float16, device)
+    bias = random_tensor((11,), torch.float16, device)
+    launches = _copy_launches(monkeypatch)
+    for _ in range(3):
+        x = random_tensor((7, 13), torch.float16, device)
+        assert_close(tritongemm.linear(x, w, bias), x.double() @ w.double().T + bias.double())
+    (entry,) = fastpath.ENTRIES.values()
+    assert entry is not None and isinstance(entry.launcher, PaddedLauncher)
+    assert launches == [2, 2, 2]
+    fastpath.ENTRIES.clear()
+
+
+def test_padded_preactivation_copied_out_with_c(device, padding, monkeypatch):
+    """With an activation under autograd the pre-activation is stored too, with C's strides: both are
+    copied out of their workspaces in one launch."""
+    _needs_tma(device)
+    padding("always")
+    launch.clear_plan_cache()
+    launches = _copy_launches(monkeypatch)
+    x = random_tensor((19, 13), torch.float16, device).requires_grad_()
+    w = random_tensor((11, 13), torch.float16, device).requires_grad_()
+    y = tritongemm.linear(x, w, activation="relu", config=TMA)
+    assert launches[:2] == [2, 2], launches  # A and B in, C and the pre-activation out
+    grad = random_tensor(y.shape, torch.float16, device)
+    y.backward(grad)
+    xd, wd = (t.detach().double().requires_grad_() for t in (x, w))
+    ref = torch.relu(xd @ wd.T)
+    ref.backward(grad.double())
+    assert_close(y, ref)
+    assert_close(x.grad, xd.grad)
+    assert_close(w.grad, wd.grad)
+
+
+def test_padded_batches_that_do_not_collapse_take_torch_copies(device, padding, monkeypatch):
+    """Batch dims with no single stride (a permuted batch) are copied by torch, on views."""
+    padding("always")
+    launch.clear_plan_cache()
+    a = random_tensor((3, 2, 21, 11), torch.float16, device).transpose(0, 1)
+    b = random_tensor((2, 3, 11, 19), torch.float16, device)
+    launches = _copy_launches(monkeypatch)
+    out = tritongemm.matmul(a, b, config=POINTER)
+    assert_close(out, a.double() @ b.double())
+    (launcher,) = launch._CACHE.values()
+    assert isinstance(launcher, PaddedLauncher) and not launcher.takes_bases
+    assert launcher.copy_in.by_torch and launches == [1]  # A by torch; B by the kernel
+
+
+def test_padded_broadcast_batch_copied_once(device, padding):
+    """A broadcast batch dim of A (stride 0) is stored once; B's batch of 3 is one batch stride."""
+    padding("always")
+    launch.clear_plan_cache()
+    a = random_tensor((1, 21, 11), torch.bfloat16, device).expand(3, 21, 11)
+    b = random_tensor((3, 19, 11), torch.bfloat16, device).mT
+    out = tritongemm.matmul(a, b, config=POINTER)
+    assert_close(out, a.double() @ b.double())
+    (launcher,) = launch._CACHE.values()
+    assert launcher.takes_bases and launcher.a_ws.buffer_shape == (1, 21, 16)
+    assert launcher.b_ws.buffer_shape == (3, 19, 16)  # column-major as B was
 
 
 # ----------------------------------------------------------------------------------

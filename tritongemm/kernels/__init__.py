@@ -8,6 +8,7 @@ from .gemm import gemm_kernel, splitk_reduce_kernel
 from .gemm_streamk import streamk_kernel
 from .gemm_tma import gemm_tma_kernel
 from .gemv import gemv_kernel
+from .pad_copy import pad_copy_kernel
 
 # Triton decides at decoration time whether a kernel runs compiled or on the
 # CPU interpreter (TRITON_INTERPRET=1 must be set before tritongemm is imported).
@@ -17,6 +18,7 @@ __all__ = [
     "gemm_kernel",
     "gemm_tma_kernel",
     "gemv_kernel",
+    "pad_copy_kernel",
     "splitk_reduce_kernel",
     "streamk_kernel",
     "KERNELS_INTERPRETED",
