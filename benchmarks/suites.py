@@ -238,8 +238,21 @@ def _heuristic(a: torch.Tensor, b: torch.Tensor) -> TileConfig:
     return cfg
 
 
+def _planned(a: torch.Tensor, b: torch.Tensor) -> TileConfig:
+    return tritongemm.explain(a, b).config
+
+
 def tritongemm_heuristic() -> Impl:
-    """The untuned dispatch: the heuristic's config even when the tuning cache has an entry."""
+    """The untuned dispatch, as a user without a tuning cache gets it.
+
+    Plain ``tritongemm.matmul`` when the tuning cache is empty: the plan's own
+    refinements (the element-wise tile for odd leading dimensions, the
+    warp-specialized kernel) and the repeated-call fast path apply as they do
+    for users.  With a tuning cache present, the heuristic's config is passed
+    explicitly (which those refinements, made for the heuristic's own choice, leave alone).
+    """
+    if not tuning_cache_has_entries():
+        return Impl("tritongemm", "tritongemm", tritongemm.matmul, variant="heuristic", config_of=_planned)
     return Impl(
         "tritongemm",
         "tritongemm",

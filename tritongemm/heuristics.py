@@ -301,15 +301,18 @@ def prefers_tma_stream_k(problem: GemmProblem, device: DeviceInfo) -> bool:
 #: Device-to-device copy, bytes read + written per second: the 1 GiB copy_
 #: ceiling, 3000 GB/s (results/h100/hierarchy/hierarchy.csv, "ceiling" rows).
 COPY_BANDWIDTH = 3.0e12
-#: Fixed cost of each copy: a kernel of its own plus the host's torch.empty +
-#: copy_.  Measured on the H100 (unaligned suite, bf16, 2026-11-23): at 1023^3
-#: the padded path (3 copies) took 100 us against 44 us unpadded, ~19 us a copy
-#: once the copies' bandwidth is counted; padding wins from 2047^3 up (138 vs 96
-#: TFLOP/s).  An early 4 us estimate padded 255^3-1025^3 and lost 2-3x there.
-COPY_OVERHEAD_S = 19e-6
+#: Fixed cost of each copy launch (``kernels/pad_copy.py``: A and B in one
+#: launch, C out in another).  Measured on the H100 (bf16, 2026-11-23): about
+#: 2 us of GPU time per launch beyond its bandwidth (1023^3: A and B in 4.0 us),
+#: and 20-30 us of host time per padded call over the unpadded one, which a
+#: busy GPU hides and an idle one does not; 6 us a launch counts part of it.
+#: (The first path, a torch.empty + copy_ per operand, cost ~19 us a copy.)
+COPY_OVERHEAD_S = 6e-6
 #: The TMA kernel on aligned operands: 703-761 TFLOP/s at 4096^3-8192^3 fp16
-#: (results/h100/hierarchy, square); 700 with some margin for smaller shapes.
-TMA_RATE = 700e12
+#: (results/h100/hierarchy, square), but 622 on 4096x4097x4096 NT with C in a
+#: workspace (results/h100/unaligned, 2026-11-23 second run: padding only C
+#: then lost 2% to the pointer kernel's 567); 650 keeps such C-only copies out.
+TMA_RATE = 650e12
 #: The pointer kernel on aligned operands (16-byte vectors, cp.async): 585-656
 #: TFLOP/s at 2048^3-8192^3 fp16 (results/h100/stages, hierarchy).
 POINTER_ALIGNED_RATE = 590e12
@@ -367,7 +370,7 @@ def padding_estimate(
     """Cost and gain of running ``problem`` on aligned copies rather than on the operands' own strides.
 
     ``copied_elems`` elements are each read and written once, in ``copies``
-    kernels; ``vector_bytes`` is the widest load the unaligned pointer kernel
+    launches; ``vector_bytes`` is the widest load the unaligned pointer kernel
     could use (``eligibility.vector_bytes``), ``padded_tma`` whether the aligned
     run is the TMA kernel.  Both runs are at least as slow as moving the
     GEMM's own operands once (a skinny problem is bound by memory either way,

@@ -200,7 +200,9 @@ def _padded_plan(cfg, problem, device, a, b, c, dtype, out_dtype, padding):
         return "the GEMV kernel streams B once: a copy would double its traffic"
     shapes = {"A": problem.m * problem.k, "B": problem.k * problem.n, "C": problem.m * problem.n}
     elems = problem.batch * sum(shapes[n] for n in names)
-    estimate = padding_estimate(problem, elems, len(names), min(vector_bytes(a), vector_bytes(b)), tma)
+    # One copy launch takes A and B in, one more takes C out (launch/aligned.py).
+    launches = int("A" in names or "B" in names) + int("C" in names)
+    estimate = padding_estimate(problem, elems, launches, min(vector_bytes(a), vector_bytes(b)), tma)
     target = "the TMA kernel" if tma else "the pointer kernel's 16-byte loads"
     if padding == "always":
         return (padded_cfg, kernel, fallback), Alignment(
