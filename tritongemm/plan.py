@@ -109,7 +109,7 @@ def plan(
             small = _elementwise_config(problem, device, request, source, a, b)
             if small is not None:
                 cfg, kernel, fallback = _kernel_for(small, problem, device, a, b, c, dtype, out_dtype)
-                source += "; element-wise loads: small tiles, a long K step (heuristics.elementwise_tile)"
+                source += "; element-wise loads: instead, small tiles with a long K step (heuristics.elementwise_tile)"
     return Plan(cfg, source, kernel, fallback, problem, device, alignment)
 
 
@@ -221,9 +221,11 @@ def _on_tma(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> TileCo
     The pointer kernel masks K on every step when K is not a multiple of 8,
     which keeps its loads element-wise even on padded strides (H100, 1023^3
     padded: 39 us on 64x128 pointer tiles, cuBLAS 31 us), while TMA clips
-    out-of-bounds reads in hardware.  Only plain sliced-K tiles of one batch move over.
+    out-of-bounds reads in hardware.  Only the general menu's sliced-K tiles (64x128 and up; the
+    skinny and element-wise tiles were measured on the pointer kernel) of one batch move over.
     """
-    plain = cfg.split_k == 1 and not cfg.stream_k and not cfg.gemv and problem.batch == 1
+    menu_tile = cfg.block_m >= 64 and cfg.block_n >= 128
+    plain = menu_tile and cfg.split_k == 1 and not cfg.stream_k and not cfg.gemv and problem.batch == 1
     if cfg.tma or not plain or device.capability < (9, 0) or device.interpreter:
         return cfg
     return replace(cfg, tma=True, persistent=True)
