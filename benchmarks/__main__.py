@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--suite",
         required=True,
-        help="comma-separated: square, llm, decode, stages, hierarchy, backward, unaligned, models, host",
+        help="comma-separated: square, llm, decode, families, shortk, stages, hierarchy, backward, decomposition, unaligned, models, host",
     )
     r.add_argument("--dtype", help="comma-separated: fp16, bf16, fp32 (default: the suite's)")
     r.add_argument("--out", help="results folder (default benchmarks/results/<gpu-name>/)")

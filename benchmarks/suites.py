@@ -41,33 +41,11 @@ from tritongemm.launch import problem_of, set_padding
 
 from . import harness
 from .harness import Case, Impl
+from .shape_classes import LlamaDims, family_cases, shortk_cases
 
 # ----------------------------------------------------------------------------------
 # Model presets
 # ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LlamaDims:
-    hidden: int
-    intermediate: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int = 128
-
-    @property
-    def qkv(self) -> int:
-        """Fused Q, K, V output width: all query heads plus the (grouped) key and value heads."""
-        return self.n_heads * self.head_dim + 2 * self.n_kv_heads * self.head_dim
-
-    def projections(self) -> list[tuple[str, int, int]]:
-        """(name, N, K) of each linear layer of a decoder block: y[M, N] = x[M, K] @ W[N, K].T"""
-        return [
-            ("qkv", self.qkv, self.hidden),
-            ("o", self.hidden, self.hidden),
-            ("gate_up", 2 * self.intermediate, self.hidden),  # gate and up fused into one GEMM
-            ("down", self.hidden, self.intermediate),
-        ]
 
 
 #: Llama 3 configurations (config.json of Meta-Llama-3-8B / -70B).
@@ -78,7 +56,7 @@ LLAMA3: dict[str, LlamaDims] = {
 
 PREFILL_TOKENS = (1024, 4096, 8192)
 DECODE_TOKENS = (1, 8, 16, 32, 64, 128)
-SQUARE_SIZES = tuple(2**p for p in range(8, 14))  # 256 .. 8192
+SQUARE_SIZES = (256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192)  # powers of two and in between
 STAGES_SIZES = (2048, 4096, 8192)
 STAGES_RANGE = (1, 2, 3, 4, 5)
 HIERARCHY_SIZES = (4096, 8192)
@@ -443,6 +421,15 @@ SUITES: dict[str, Suite] = {
             ("fp16",),
         ),
         Suite("backward", "autograd forward + backward", backward_cases, lambda d: []),
+        Suite(
+            "families", "decoder linears of Qwen2.5/Phi-3/Gemma-2/Mistral-Nemo", family_cases, lambda d: []
+        ),
+        Suite(
+            "shortk",
+            "many tiles, short K: encoder widths at M >= 8k, K = 128-256",
+            shortk_cases,
+            lambda d: [],
+        ),
         Suite(
             "decomposition",
             "sliced-K, split-K and Stream-K on long-K and wave-quantized shapes",

@@ -248,7 +248,7 @@ def test_tflops_figure_draws_lines_only_along_one_swept_size(synthetic_csv):
     axes = _visible_axes(fig)
     assert [ax.get_title() for ax in axes] == ["fp16", "bf16"]
     assert "5120x5120x4096 NT" in fig.get_suptitle()
-    assert all(len(line.get_xdata()) == 6 for ax in axes for line in ax.get_lines())
+    assert all(len(line.get_xdata()) == len(suites.SQUARE_SIZES) for ax in axes for line in ax.get_lines())
     # decomposition: four unrelated shapes (K is not the only thing that changes): bars, no joining lines
     (ax,) = _visible_axes(plots.fig_tflops(df, "decomposition"))
     assert not ax.get_lines() and len(ax.patches) == 4 * 5
@@ -550,7 +550,8 @@ def test_llm_and_decode_cases():
 
 def test_square_stages_hierarchy_backward_cases():
     sq = suites.square_cases()
-    assert [c.m for c in sq if c.layout == "NN"] == [256, 512, 1024, 2048, 4096, 8192]
+    assert [c.m for c in sq if c.layout == "NN"] == list(suites.SQUARE_SIZES)
+    assert suites.SQUARE_SIZES == (256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
     assert all(c.m == c.n == c.k for c in sq if c.layout == "NN")
     (nt,) = [c for c in sq if c.layout == "NT"]
     assert (nt.m, nt.n, nt.k) == (5120, 5120, 4096)
@@ -662,3 +663,24 @@ def test_a_plotting_failure_does_not_lose_the_run(tmp_path, capsys):
     bad.write_text("not,a,results,file\n1,2,3,4\n")
     assert harness.plot_safely(bad, tmp_path) == []
     assert "benchmarks plot" in capsys.readouterr().err
+
+
+def test_shape_class_suites_cover_issue_17s_classes():
+    """Four decoder families besides Llama-3 at the issue's token counts; encoder widths and K = 128-256."""
+    from benchmarks import shape_classes
+
+    fam = suites.SUITES["families"].cases()
+    assert len({c.label for c in fam}) == len(fam) == 4 * 4 * 5
+    assert {c.m for c in fam} == {256, 512, 1024, 2048, 6000}
+    assert not set(shape_classes.FAMILIES) & set(suites.LLAMA3)
+    qwen = dict((p, (n, k)) for p, n, k in shape_classes.FAMILIES["qwen2.5-7b"].projections())
+    assert qwen == {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
+    gemma = dict((p, (n, k)) for p, n, k in shape_classes.FAMILIES["gemma-2-9b"].projections())
+    assert gemma["o"] == (3584, 4096) and gemma["qkv"] == (8192, 3584)  # 16 heads of 256
+    short = suites.SUITES["shortk"].cases()
+    assert len({c.label for c in short}) == len(short)
+    assert all(
+        c.k <= 1280 and c.m >= 8192 for c in short if c.group.startswith("encoder") and "down" not in c.label
+    )
+    assert {c.k for c in short if not c.group.startswith("encoder")} == {128, 256}
+    assert {1536, 3072, 6144} <= {c.m for c in suites.square_cases()}
