@@ -36,7 +36,7 @@ import os
 import torch
 
 from . import launch
-from .autograd import alloc_out, backward_gemms
+from .autograd import _is_transposed_view, alloc_out, backward_gemms
 from .call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall, Request
 from .semantics import SUPPORTED_DTYPES, dot_precision
 
@@ -138,7 +138,7 @@ class Entry:
         self.beta = call.epilogue.beta
         # What backward needs of the operands' layouts (fixed by the signature), saved or not.
         self.x_shape, self.k = tuple(x.shape), a.shape[1]
-        self.a_transposed, self.b_transposed = _is_transposed(a), _is_transposed(b)
+        self.a_transposed, self.b_transposed = _is_transposed_view(a), _is_transposed_view(b)
         # backward_gemms' gradient call: alpha of the forward (1 here), no epilogue, the same precision.
         self.grad_call = GemmCall(Epilogue(), Request(), None, call.precision)
         self.grad_launches: dict = {}  # (grad strides, grad aligned, needs) -> [grad x, grad w] launches
@@ -238,11 +238,6 @@ class _BackwardContext:
         self.a_transposed, self.b_transposed = entry.a_transposed, entry.b_transposed
 
 
-def _is_transposed(t) -> bool:
-    rows, cols = t.shape
-    return rows > 1 and cols > 1 and t.stride() == (1, rows)
-
-
 class _GradLaunch:
     """One gradient GEMM of an entry: which of (g, x, w) are its operands, what to allocate, what to return.
 
@@ -266,59 +261,40 @@ class _GradLaunch:
 def _grad_launches(entry: Entry, needs, g, x, w):
     """[grad-x launch, grad-w launch] for gradients of ``g``'s layout, or None (take the whole way).
 
-    Views of the forward's operands: ``a`` (x, folded) and ``b`` (``w.mT`` for linear, else ``w``).
-
-    The operand order and orientation follow ``autograd.backward_gemms``, so the
-    same kernels run as there: dA = dZ B^T (or dA^T = B dZ^T for a column-major
-    A), dB = A^T dZ (or dB^T = dZ^T A for a column-major B, e.g. ``w.mT``).
+    The operand order and orientation follow ``autograd.backward_gemms`` on the
+    forward's views (``a``: x, folded; ``b``: ``w.mT`` for linear, else ``w``), so
+    the same kernels run as there: dA = dZ B^T (or dA^T = B dZ^T for a
+    column-major A), dB = A^T dZ (or dB^T = dZ^T A for a column-major B, e.g. ``w.mT``).
     """
     if g.dtype != entry.dtype:
         return None
-    m, n = entry.mn
+    (m, n), k = entry.mn, entry.k
     try:
         g2 = g if entry.fold is None else g.view(m, n)
     except RuntimeError:
         return None  # strides that do not fold (the whole way copies)
     a, b = entry.views(x, w)
-    G, X, W = 0, 1, 2
-    views = {G: g2, X: a, W: b}
-
-    def plan(first, second, out_shape, transpose):
-        def view(which, t):
-            return views[which] if t is None else views[which].mT
-
-        lhs, rhs = view(*first), view(*second)
-        out = torch.empty(out_shape, dtype=entry.dtype, device=entry.device)
+    G, X, W = 0, 1, 2  # places in the (g, x, w) a gradient launch is called with
+    # (slot, lhs place, lhs view, rhs place, rhs view, planned output, allocated shape, returned transposed)
+    specs = []
+    if needs[0]:
+        if entry.a_transposed:  # dA^T = B dZ^T, stored (K, M)
+            specs.append((0, W, b, G, g2.mT, (k, m), (k, m), True))
+        else:  # dA = dZ B^T, written straight into x's shape
+            specs.append((0, G, g2, W, b.mT, (m, k), entry.x_shape, False))
+    if needs[1]:
+        if entry.b_transposed:  # dB^T = dZ^T A, stored (N, K): w's own layout
+            specs.append((1, G, g2.mT, X, a, (n, k), (n, k), not entry.transposed))
+        else:  # dB = A^T dZ, stored (K, N)
+            specs.append((1, X, a.mT, G, g2, (k, n), (k, n), entry.transposed))
+    grads = [None, None]
+    for slot, lhs_at, lhs, rhs_at, rhs, planned, shape, transpose in specs:
+        out = torch.empty(planned, dtype=entry.dtype, device=entry.device)
         launcher = launch.launcher_for(entry.grad_call, lhs, rhs, out)
         if not getattr(launcher, "takes_bases", False):
-            raise _NoBases
-        return launcher
-
-    grads = [None, None]
-    try:
-        if needs[0]:
-            k = entry.k
-            if entry.a_transposed:  # dA^T = B dZ^T, stored (K, M), returned transposed
-                launcher = plan((W, None), (G, "mT"), (k, m), True)
-                grads[0] = _GradLaunch(launcher, W, G, (k, m), g, True)
-            else:  # dA = dZ B^T, written straight into x's shape
-                launcher = plan((G, None), (W, "mT"), (m, k), False)
-                grads[0] = _GradLaunch(launcher, G, W, entry.x_shape, g, False)
-        if needs[1]:
-            k = entry.k
-            if entry.b_transposed:  # dB^T = dZ^T A, stored (N, K): w's own layout
-                launcher = plan((G, "mT"), (X, None), (n, k), False)
-                grads[1] = _GradLaunch(launcher, G, X, (n, k), g, not entry.transposed)
-            else:  # dB = A^T dZ, stored (K, N)
-                launcher = plan((X, "mT"), (G, None), (k, n), False)
-                grads[1] = _GradLaunch(launcher, X, G, (k, n), g, entry.transposed)
-    except _NoBases:
-        return None
+            return None
+        grads[slot] = _GradLaunch(launcher, lhs_at, rhs_at, shape, g, transpose)
     return grads
-
-
-class _NoBases(Exception):
-    pass
 
 
 def build(kind: str, key, x, w, bias) -> None:

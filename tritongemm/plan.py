@@ -115,8 +115,8 @@ def plan(
 
 def _elementwise_config(problem, device, request: Request, source: str, a: Operand, b: Operand):
     """The heuristic's own tile for operands loaded element by element, where the heuristic chose."""
-    if request.config is not None or request.pipeline is not None or request.decomposition is not None:
-        return None
+    if request.pipeline is not None or request.decomposition is not None:
+        return None  # (an explicit config or a tuned one: ``source`` says so below)
     if not source.startswith("heuristic") or problem.elem_size != 2 or device.interpreter:
         return None  # (the interpreter keeps its own small tiles: there only its speed matters)
     if min(vector_bytes(a), vector_bytes(b)) > problem.elem_size:

@@ -86,7 +86,7 @@ def allocate_pools(workspaces) -> list[tuple[int, torch.dtype]]:
         if pool is None:
             pool = len(pools)
             pools.append([0, ws.dtype])
-        step = max(ALIGN_BYTES // torch.empty((), dtype=ws.dtype).element_size(), 1)
+        step = max(ALIGN_BYTES // ws.dtype.itemsize, 1)
         ws.pool, ws.offset = pool, round_up(pools[pool][0], step)
         pools[pool][0] = ws.offset + ws.numel
     return [(n, dtype) for n, dtype in pools]
