@@ -32,7 +32,7 @@ def _plan(m, n, k, lead_a=None, lead_b=None, request=NO_REQUEST, dtype=torch.bfl
 
 
 @pytest.mark.parametrize(
-    "n, block_k", [(255, 256), (257, 256), (511, 256), (513, 128), (101, 128), (33, 64), (7, 16)]
+    "n, block_k", [(255, 256), (257, 128), (511, 256), (513, 128), (101, 128), (33, 64), (7, 16)]
 )
 def test_small_odd_squares_take_the_elementwise_tile(n, block_k):
     p = _plan(n, n, n)
@@ -46,6 +46,13 @@ def test_few_tiles_with_a_long_k_split_it():
     cfg = elementwise_tile(GemmProblem(65, 65, 8191, 1, "bfloat16", "NN"), H100)
     assert (cfg.block_m, cfg.block_n, cfg.block_k) == (32, 32, 128)
     assert cfg.split_k > 1  # 9 tiles on 132 SMs
+
+
+def test_one_wave_with_more_than_one_k_step_gets_a_slice_per_step():
+    cfg = _plan(257, 257, 257).config  # 81 tiles of 32x32 on 132 SMs; K = 257 would walk two steps of 256
+    assert (cfg.block_k, cfg.split_k, cfg.split_k_inline) == (128, 3, True)
+    assert _plan(255, 255, 255).config.split_k == 1  # one step of 256 already
+    assert _plan(511, 511, 511).config.split_k == 1  # 256 tiles: two waves, no split
 
 
 def test_larger_problems_keep_the_general_rule():
@@ -69,7 +76,7 @@ def test_requests_and_vector_strides_keep_their_tiles():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("m, n, k", [(33, 31, 47), (1, 29, 61), (37, 3, 255), (45, 17, 601)])
+@pytest.mark.parametrize("m, n, k", [(33, 31, 47), (1, 29, 61), (37, 3, 255), (45, 17, 601), (65, 70, 387)])
 def test_elementwise_tile_runs_correctly(dtype, m, n, k, device):
     """The rule's configs (as an H100 would get them) on the kernel, odd strides, ragged edges."""
     a = random_tensor((m, k), dtype, device)

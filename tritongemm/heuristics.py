@@ -339,13 +339,23 @@ POINTER_RATE_BY_VECTOR = {2: 90e12, 4: 180e12, 8: 360e12, 16: POINTER_ALIGNED_RA
 # (the padded path) wins outright, so the rule stops at 4 waves of tiles.
 ELEMENTWISE_TILE = Tile(32, 32, 256, 4, 3)
 ELEMENTWISE_MAX_WAVES = 4
+# Within one wave, a K longer than one step is a chain of round trips that
+# nothing else on the SM hides: one slice per 128-deep step (split-K, reduced
+# inline) runs them side by side.  Same sweep: 257^3 (81 tiles) 8.8 us with
+# three slices of 128 against 9.2-9.5 walking K in one program; from two
+# waves (511^3, 513^3) the unsplit tiles won.
+ELEMENTWISE_SLICE_K = 128
 
 
 def elementwise_tile(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None:
     """The tile for element-wise loads on a small problem (at most a few waves of 32x32 tiles), else None."""
     tile = ELEMENTWISE_TILE
-    if tiles_of(problem, tile.block_m, tile.block_n) > ELEMENTWISE_MAX_WAVES * device.sm_count:
+    tiles = tiles_of(problem, tile.block_m, tile.block_n)
+    if tiles > ELEMENTWISE_MAX_WAVES * device.sm_count:
         return None
+    if tiles <= device.sm_count and tile.block_k < problem.k <= 512:
+        split = cdiv(problem.k, ELEMENTWISE_SLICE_K)
+        return tile._replace(block_k=ELEMENTWISE_SLICE_K).config(split_k=split, split_k_inline=True)
     block_k = min(tile.block_k if problem.k <= 512 else 128, pow2_at_least(problem.k, 16, tile.block_k))
     return split_k_config(tile._replace(block_k=block_k), problem, device)
 
