@@ -105,7 +105,13 @@ class _Cases:
         """Forward and backward of both models on the same input: outputs, input and weight gradients."""
         x_ref = x.detach().clone().requires_grad_(True)
         x_tg = x.detach().clone().requires_grad_(True)
-        y_ref = ref_model(x_ref)
+        try:
+            y_ref = ref_model(x_ref)
+        except RuntimeError as exc:  # torch's own DTensor rules, e.g. torch 2.11 on a head-sharded 4-D matmul
+            self.note(
+                case, "reference_unsupported", f"torch {torch.__version__} cannot run the reference: {exc}"
+            )
+            return
         start = self.launches
         y_tg = tg_model(x_tg)
         self.note(case, "forward_launches", self.launches - start)
@@ -496,8 +502,13 @@ def _launch(tmp_dir: str, backend: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def cpu_results(tmp_path_factory):
-    reason = _missing_feature()
-    if reason is not None:
+    import numpy
+    import triton
+
+    from tritongemm._compat import interpreter_numpy_problem
+
+    reason = _missing_feature() or interpreter_numpy_problem(triton.__version__, numpy.__version__)
+    if reason is not None:  # (the GPU image: Triton 3.6 with numpy 2.5)
         pytest.skip(reason)
     return _launch(str(tmp_path_factory.mktemp("dtensor-gloo")), "gloo")
 
@@ -515,6 +526,9 @@ def gpu_results(tmp_path_factory):
 def _case(results: list[dict], name: str) -> list[dict]:
     """The case's result on every rank, with its comparisons checked."""
     per_rank = [r[name] for r in results]
+    unsupported = [r["reference_unsupported"] for r in per_rank if r.get("reference_unsupported")]
+    if unsupported:
+        pytest.skip(unsupported[0][:500])
     for rank, r in enumerate(per_rank):
         assert r["error"] is None, f"rank {rank}:\n{r['error']}"
         assert r["checks"] or name in ("fallbacks", "tp_benchmark"), f"rank {rank}: nothing compared"

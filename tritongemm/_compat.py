@@ -87,5 +87,23 @@ def check_versions(torch_version: str | None = None, triton_version: str | None 
         )
 
 
+def interpreter_numpy_problem(triton_version: str, numpy_version: str) -> str | None:
+    """Why Triton's CPU interpreter cannot run with this numpy (None when it can, or when unknown).
+
+    Triton 3.6's interpreter converts 1-element arrays to Python ints, which
+    numpy 2.4 made an error; Triton 3.9's runs (3.7 and 3.8 are unchecked).
+    """
+    triton_release, numpy_release = _release(triton_version), _release(numpy_version)
+    if triton_release is None or numpy_release is None:
+        return None
+    if triton_release <= (3, 6) and numpy_release >= (2, 4):
+        return (
+            f"Triton {triton_version}'s interpreter cannot run with numpy {numpy_version}: it converts "
+            "1-element arrays to Python ints, which numpy 2.4 made an error. Install numpy<2.4 or a "
+            "newer triton (3.9 works) to use TRITON_INTERPRET=1."
+        )
+    return None
+
+
 # Run on import (tritongemm/__init__.py imports this module first).
 check_versions()
