@@ -31,9 +31,7 @@ def _plan(m, n, k, lead_a=None, lead_b=None, request=NO_REQUEST, dtype=torch.bfl
     return plan(problem, H100, request, a, b, c, dtype, dtype, padding)
 
 
-@pytest.mark.parametrize(
-    "n, block_k", [(255, 256), (257, 128), (511, 256), (513, 128), (101, 128), (33, 64), (7, 16)]
-)
+@pytest.mark.parametrize("n, block_k", [(255, 256), (511, 256), (513, 128), (101, 128), (33, 64), (7, 16)])
 def test_small_odd_squares_take_the_elementwise_tile(n, block_k):
     p = _plan(n, n, n)
     assert p.alignment is not None and p.alignment.path == "plain"
@@ -48,11 +46,12 @@ def test_few_tiles_with_a_long_k_split_it():
     assert cfg.split_k > 1  # 9 tiles on 132 SMs
 
 
-def test_one_wave_with_more_than_one_k_step_gets_a_slice_per_step():
+def test_one_wave_with_more_than_one_k_step_takes_narrow_tiles():
     cfg = _plan(257, 257, 257).config  # 81 tiles of 32x32 on 132 SMs; K = 257 would walk two steps of 256
-    assert (cfg.block_k, cfg.split_k, cfg.split_k_inline) == (128, 3, True)
-    assert _plan(255, 255, 255).config.split_k == 1  # one step of 256 already
-    assert _plan(511, 511, 511).config.split_k == 1  # 256 tiles: two waves, no split
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k) == (32, 16, 128, 1)
+    assert "elementwise_tile" in _plan(257, 257, 257).source
+    assert _plan(255, 255, 255).config.block_n == 32  # one step of 256 already
+    assert _plan(511, 511, 511).config.block_n == 32  # 256 tiles: two waves
 
 
 def test_larger_problems_keep_the_general_rule():
@@ -82,7 +81,7 @@ def test_elementwise_tile_runs_correctly(dtype, m, n, k, device):
     a = random_tensor((m, k), dtype, device)
     b = random_tensor((k, n), dtype, device)
     cfg = elementwise_tile(GemmProblem(m, n, k, 1, str(dtype).removeprefix("torch."), "NN"), H100)
-    assert (cfg.block_m, cfg.block_n) == (32, 32)
+    assert (cfg.block_m, cfg.block_n) == ((32, 16) if 256 < k <= 512 else (32, 32))
     out = tritongemm.matmul(a, b, config=cfg)
     assert_close(out, a.double() @ b.double(), dtype=dtype)
     if m > 1 and device.type == "cuda" and torch.cuda.get_device_capability() == (9, 0):  # (M = 1: GEMV)

@@ -44,13 +44,22 @@ class Tile(NamedTuple):
 # CTA tiles the heuristic picks from on a GPU, per element size, with the
 # throughput of one such tile relative to the largest (measured on an H100,
 # fp16, sweeps/sweep_*.csv): bigger tiles reuse each loaded byte more,
-# smaller ones fill more SMs.
+# smaller ones fill more SMs.  The 2-byte tiles below 128x256 run as deep a
+# ring as shared memory holds (6 stages of 32 / 24 KiB + the TMA store
+# buffer): sweeps/shape_class_sweep.json (H100, bf16 TN, 18 shapes, 2026-11-23)
+# measured 128x128 at 6 stages 0.73-0.98 of cuBLAS where 4 stages gave
+# 0.63-0.85 (512x4096x4096: 0.85 -> 0.98), and 64x128 on TMA at 6 stages 0.98
+# at 1024^3 (the pointer kernel's 4 stages: 0.80).  Their speeds: 128x128 at
+# 0.88-0.92 of 128x256 on >= 3 waves of both (2048x6144x5120), 64x128 fit to
+# lose to 128x256 at 1536^3 (2.2 waves: 0.66 against 0.74) and win below a wave.
 TILE_MENU: dict[int, list[Tile]] = {
     2: [
         Tile(128, 256, 64, 8, 3, 1.00, tma=True),  # 48 KiB a stage: 3 stages + 64 KiB TMA store buffer
-        Tile(128, 128, 64, 8, 4, 0.90, tma=True),
-        Tile(64, 128, 64, 4, 4, 0.75),
-        Tile(128, 64, 64, 4, 4, 0.75),
+        Tile(128, 128, 64, 8, 6, 0.92, tma=True),
+        Tile(64, 128, 64, 4, 6, 0.74, tma=True),
+        Tile(
+            128, 64, 64, 4, 4, 0.60
+        ),  # pointer, 4 stages: as the pointer 64x128 at 4 stages (1024^3 0.80 vs 0.98)
         Tile(64, 64, 64, 4, 4, 0.30),
     ],
     4: [
@@ -245,8 +254,14 @@ def stream_k_schedule(
 # sweeps/sweep_wave.csv): 0.63, the cost of restarting the pipeline per
 # segment and of the fix-up.  Below about 32 K-steps a program that cost
 # dominates (1024^3: 8 K-steps each, 1.7x slower than sliced-K).
-STREAM_K_TILE = Tile(128, 128, 64, 8, 4, 0.90)
+STREAM_K_TILE = Tile(128, 128, 64, 8, 4, 0.92)
 STREAM_K_EFFICIENCY = 0.63
+# On sm_90 the TMA kernel's Stream-K, 5 stages deep: against the pointer
+# kernel's above, 1664x1408x4096 0.75 of cuBLAS (0.66-0.70), 512x4608x3584
+# 0.78 (0.73), 512x5120x4096 0.75 (0.74) (sweeps/shape_class_sweep.json);
+# 0.70 lets it take 1664x1408x4096 from 78 tiles of 128x256 (score 0.59).
+TMA_STREAM_K_128 = Tile(128, 128, 64, 8, 5, 0.92, tma=True)
+TMA_STREAM_K_128_EFFICIENCY = 0.70
 STREAM_K_MIN_STEPS = 32
 # Only for one wave of its tiles plus a sliver: below one wave the sliced-K
 # tiles run faster than the wave-efficiency model says (Llama-3-70B QKV at
@@ -269,7 +284,15 @@ def prefers_stream_k(problem: GemmProblem, device: DeviceInfo, sliced_score: flo
         return False
     if tiles * cdiv(problem.k, tile.block_k) / device.sm_count < STREAM_K_MIN_STEPS:
         return False
-    return tile.speed * STREAM_K_EFFICIENCY > sliced_score
+    efficiency = TMA_STREAM_K_128_EFFICIENCY if device.capability >= (9, 0) else STREAM_K_EFFICIENCY
+    return tile.speed * efficiency > sliced_score
+
+
+def stream_k_config(device: DeviceInfo) -> TileConfig:
+    """Stream-K's 128x128 tile: on the TMA kernel where the device has it, else on the pointer kernel."""
+    if device.capability >= (9, 0):
+        return TMA_STREAM_K_128.config(tma=True, persistent=True, stream_k=True)
+    return STREAM_K_TILE.config(stream_k=True)
 
 
 # Stream-K on the TMA kernel's 128x256 tiles, for problems of at least two
@@ -339,12 +362,14 @@ POINTER_RATE_BY_VECTOR = {2: 90e12, 4: 180e12, 8: 360e12, 16: POINTER_ALIGNED_RA
 # (the padded path) wins outright, so the rule stops at 4 waves of tiles.
 ELEMENTWISE_TILE = Tile(32, 32, 256, 4, 3)
 ELEMENTWISE_MAX_WAVES = 4
-# Within one wave, a K longer than one step is a chain of round trips that
-# nothing else on the SM hides: one slice per 128-deep step (split-K, reduced
-# inline) runs them side by side.  Same sweep: 257^3 (81 tiles) 8.8 us with
-# three slices of 128 against 9.2-9.5 walking K in one program; from two
-# waves (511^3, 513^3) the unsplit tiles won.
-ELEMENTWISE_SLICE_K = 128
+# Within one wave of 32x32 tiles, a K longer than one step of 256 leaves
+# SMs idle and walks a nearly empty second step (K = 257): 32x16 tiles with a
+# K step of 128 fill more SMs with shorter steps.  Measured on the H100 at
+# 257^3 NN (results/h100/unaligned/small_257.json, 40 pointer configs a dtype, same
+# run): fp16 8.4 us (cuBLAS 9.2; 32x32x256 9.5-9.9, split-K into 128-deep
+# slices 8.8-9.0), bf16 8.0 (cuBLAS 12.2).  From two waves of 32x32 tiles
+# (511^3, 513^3) the rule's own tile wins (small_sweep.json).
+ELEMENTWISE_NARROW_TILE = Tile(32, 16, 128, 4, 2)
 
 
 def elementwise_tile(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None:
@@ -354,8 +379,7 @@ def elementwise_tile(problem: GemmProblem, device: DeviceInfo) -> TileConfig | N
     if tiles > ELEMENTWISE_MAX_WAVES * device.sm_count:
         return None
     if tiles <= device.sm_count and tile.block_k < problem.k <= 512:
-        split = cdiv(problem.k, ELEMENTWISE_SLICE_K)
-        return tile._replace(block_k=ELEMENTWISE_SLICE_K).config(split_k=split, split_k_inline=True)
+        return ELEMENTWISE_NARROW_TILE.config()
     block_k = min(tile.block_k if problem.k <= 512 else 128, pow2_at_least(problem.k, 16, tile.block_k))
     return split_k_config(tile._replace(block_k=block_k), problem, device)
 
@@ -405,6 +429,12 @@ def padding_estimate(
 WS_MAX_K = 1024
 WS_WIDE_TILE = Tile(128, 256, 64, 8, 3)  # N >= 2048 and K >= 512 (12608x3072x768)
 WS_NARROW_TILE = Tile(64, 256, 64, 4, 4)  # N < 2048 or K < 512 (12608x768x768, 8192x8192x128/256)
+# Where the menu picks 128x128 on sm_90: one consumer warpgroup holding the
+# whole 128x128 accumulator, 6 stages.  sweeps/shape_class_sweep.json, against
+# the TMA kernel at 6 stages: 2048x3072x3072 0.97 (0.89), 3072^3 0.85 (0.77),
+# 1024x4608x3584 0.78 (0.73), 1024x5120x4096 0.82 (0.80), equal (+-0.01)
+# below one wave; two consumer warpgroups (8 warps) were within 0.01 of one.
+WS_DEEP_TILE = Tile(128, 128, 64, 4, 6)
 
 
 def warp_specialized_tile(problem: GemmProblem, device: DeviceInfo) -> Tile | None:
@@ -486,12 +516,23 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
             "hide what a short K loop cannot"
         )
     if prefers_stream_k(problem, device, score):
-        return STREAM_K_TILE.config(stream_k=True), "one wave of 128x128 tiles plus a sliver: Stream-K"
+        return stream_k_config(device), "one wave of 128x128 tiles plus a sliver: Stream-K"
     tma = tile.tma and device.capability >= (9, 0)
-    if tma and prefers_tma_stream_k(problem, device):
+    if tma and (tile.block_m, tile.block_n) == (128, 256) and prefers_tma_stream_k(problem, device):
         return (
             TMA_STREAM_K_TILE.config(tma=True, persistent=True, stream_k=True),
             "two or more waves of 128x256 tiles, the last nearly empty: Stream-K on the TMA kernel",
+        )
+    if (
+        tma
+        and (tile.block_m, tile.block_n) == (128, 128)
+        and device.capability == (9, 0)
+        and problem.batch == 1
+    ):
+        ws = WS_DEEP_TILE
+        return ws.config(tma=True, persistent=True, warp_specialize=True), (
+            rule + "; 128x128 tiles on the warp-specialized kernel, one consumer warpgroup, a 6-deep ring "
+            "(sm_90: at or above the TMA kernel's 6 stages on every shape swept)"
         )
     # Persistent even for a single wave: measured on the H100, the data-parallel
     # TMA grid loses up to 40% with a transposed A at 2048^3 (sweeps/sweep_layouts.csv).
