@@ -14,7 +14,7 @@ from tritongemm import GemmProblem, TileConfig, explain
 from tritongemm.call import NO_REQUEST, Request
 from tritongemm.device import KNOWN_DEVICES, DeviceInfo
 from tritongemm.eligibility import Operand, warp_specialized_unsupported_reason
-from tritongemm.heuristics import WS_NARROW_TILE, WS_WIDE_TILE, heuristic_config, warp_specialized_tile
+from tritongemm.heuristics import WS_DEEP_TILE, WS_NARROW_TILE, heuristic_config, warp_specialized_tile
 from tritongemm.kernels.gemm_gluon import GLUON_AVAILABLE
 from tritongemm.plan import plan
 from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor
@@ -27,10 +27,11 @@ WS = TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specializ
 @pytest.mark.parametrize(
     "m,n,k,tile",
     [
-        (12608, 768, 768, WS_NARROW_TILE),  # encoder width: N < 2048
+        (12608, 768, 768, WS_DEEP_TILE),  # encoder width
         (8192, 8192, 128, WS_NARROW_TILE),  # K < 512
         (8192, 8192, 256, WS_NARROW_TILE),
-        (12608, 3072, 768, WS_WIDE_TILE),
+        (12608, 3072, 768, WS_DEEP_TILE),
+        (12608, 3840, 1280, WS_DEEP_TILE),
     ],
 )
 def test_heuristic_takes_the_warp_specialized_kernel_for_short_k_over_many_tiles(m, n, k, tile):

@@ -424,11 +424,14 @@ def padding_estimate(
 # TMA kernel, bf16, same run (H100, benchmarks/results/h100/gluon/gluon_sweep.csv,
 # ratios to cuBLAS, TN / NN): it wins where K is short and tiles are many --
 # 12608x768x768 0.83/0.86 vs 0.65/0.68, 8192x8192x128 1.05/1.06 vs 0.80,
-# 8192x8192x256 0.94/0.96 vs 0.72/0.71, 12608x3072x768 0.99/1.02 vs 0.88/0.90 --
-# and ties (within 3%) on long-K squares and LLM shapes, where the TMA kernel stays.
-WS_MAX_K = 1024
-WS_WIDE_TILE = Tile(128, 256, 64, 8, 3)  # N >= 2048 and K >= 512 (12608x3072x768)
-WS_NARROW_TILE = Tile(64, 256, 64, 4, 4)  # N < 2048 or K < 512 (12608x768x768, 8192x8192x128/256)
+# 8192x8192x256 0.94/0.96 vs 0.72/0.71, 12608x3072x768 0.99/1.02 vs 0.88/0.90.
+# Its deep 128x128 tile (below) then beat the wider tiles from K = 512 on
+# (sweeps/shape_class_sweep_shortk.json, TN): 8192x768x768 0.96 (64x256: 0.89),
+# 4096x3072x768 1.02 (128x256: 0.99), 12608x3840x1280 0.95 (TMA 128x256: 0.86,
+# warp-specialized 128x256: 0.93); at K >= 3584 128x256 on TMA wins again
+# (2048x6144x5120 0.96 against 0.88), so the rule stops at K = 1280.
+WS_MAX_K = 1280
+WS_NARROW_TILE = Tile(64, 256, 64, 4, 4)  # K < 512 (8192x8192x128/256)
 # Where the menu picks 128x128 on sm_90: one consumer warpgroup holding the
 # whole 128x128 accumulator, 6 stages.  sweeps/shape_class_sweep.json, against
 # the TMA kernel at 6 stages: 2048x3072x3072 0.97 (0.89), 3072^3 0.85 (0.77),
@@ -443,7 +446,7 @@ def warp_specialized_tile(problem: GemmProblem, device: DeviceInfo) -> Tile | No
         return None
     if problem.k > WS_MAX_K or tiles_of(problem, 128, 256) < device.sm_count:
         return None
-    return WS_WIDE_TILE if problem.n >= 2048 and problem.k >= 512 else WS_NARROW_TILE
+    return WS_NARROW_TILE if problem.k < 512 else WS_DEEP_TILE
 
 
 def fit_shared_memory(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> TileConfig:
