@@ -97,12 +97,17 @@ def interpreter_numpy_problem(triton_version: str, numpy_version: str) -> str | 
     if triton_release is None or numpy_release is None:
         return None
     if triton_release <= (3, 6) and numpy_release >= (2, 4):
-        return (
-            f"Triton {triton_version}'s interpreter cannot run with numpy {numpy_version}: it converts "
-            "1-element arrays to Python ints, which numpy 2.4 made an error. Install numpy<2.4 or a "
-            "newer triton (3.9 works) to use TRITON_INTERPRET=1."
-        )
+        return interpreter_numpy_message(triton_version, numpy_version)
     return None
+
+
+def interpreter_numpy_message(triton_version: str, numpy_version: str) -> str:
+    """The words for that failure (also raised when a launch hits it on an unchecked Triton)."""
+    return (
+        f"Triton {triton_version}'s interpreter cannot run with numpy {numpy_version}: it converts "
+        "1-element arrays to Python ints, which numpy 2.4 made an error. Install numpy<2.4 or a "
+        "newer triton (3.9 works) to use TRITON_INTERPRET=1."
+    )
 
 
 # Run on import (tritongemm/__init__.py imports this module first).

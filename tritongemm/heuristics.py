@@ -57,9 +57,8 @@ TILE_MENU: dict[int, list[Tile]] = {
         Tile(128, 256, 64, 8, 3, 1.00, tma=True),  # 48 KiB a stage: 3 stages + 64 KiB TMA store buffer
         Tile(128, 128, 64, 8, 6, 0.92, tma=True),
         Tile(64, 128, 64, 4, 6, 0.74, tma=True),
-        Tile(
-            128, 64, 64, 4, 4, 0.60
-        ),  # pointer, 4 stages: as the pointer 64x128 at 4 stages (1024^3 0.80 vs 0.98)
+        # pointer, 4 stages: rated as the pointer 64x128 at 4 stages (1024^3: 0.80 against 0.98 at 6 on TMA)
+        Tile(128, 64, 64, 4, 4, 0.60),
         Tile(64, 64, 64, 4, 4, 0.30),
     ],
     4: [
@@ -260,7 +259,7 @@ STREAM_K_EFFICIENCY = 0.63
 # kernel's above, 1664x1408x4096 0.75 of cuBLAS (0.66-0.70), 512x4608x3584
 # 0.78 (0.73), 512x5120x4096 0.75 (0.74) (sweeps/shape_class_sweep.json);
 # 0.70 lets it take 1664x1408x4096 from 78 tiles of 128x256 (score 0.59).
-TMA_STREAM_K_128 = Tile(128, 128, 64, 8, 5, 0.92, tma=True)
+TMA_STREAM_K_128 = STREAM_K_TILE._replace(stages=5, tma=True)
 TMA_STREAM_K_128_EFFICIENCY = 0.70
 STREAM_K_MIN_STEPS = 32
 # Only for one wave of its tiles plus a sliver: below one wave the sliced-K
@@ -440,9 +439,14 @@ WS_NARROW_TILE = Tile(64, 256, 64, 4, 4)  # K < 512 (8192x8192x128/256)
 WS_DEEP_TILE = Tile(128, 128, 64, 4, 6)
 
 
+def warp_specialized_fits(problem: GemmProblem, device: DeviceInfo) -> bool:
+    """Can the warp-specialized kernel take this problem class (sm_90, one 2-byte matrix)?"""
+    return device.capability == (9, 0) and problem.batch == 1 and problem.elem_size == 2
+
+
 def warp_specialized_tile(problem: GemmProblem, device: DeviceInfo) -> Tile | None:
     """The warp-specialized kernel's tile for a short-K problem of at least one full wave on sm_90, else None."""
-    if device.capability != (9, 0) or problem.batch != 1 or problem.elem_size != 2:
+    if not warp_specialized_fits(problem, device):
         return None
     if problem.k > WS_MAX_K or tiles_of(problem, 128, 256) < device.sm_count:
         return None
@@ -526,14 +530,8 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
             TMA_STREAM_K_TILE.config(tma=True, persistent=True, stream_k=True),
             "two or more waves of 128x256 tiles, the last nearly empty: Stream-K on the TMA kernel",
         )
-    if (
-        tma
-        and (tile.block_m, tile.block_n) == (128, 128)
-        and device.capability == (9, 0)
-        and problem.batch == 1
-    ):
-        ws = WS_DEEP_TILE
-        return ws.config(tma=True, persistent=True, warp_specialize=True), (
+    if tma and (tile.block_m, tile.block_n) == (128, 128) and warp_specialized_fits(problem, device):
+        return WS_DEEP_TILE.config(tma=True, persistent=True, warp_specialize=True), (
             rule + "; 128x128 tiles on the warp-specialized kernel, one consumer warpgroup, a 6-deep ring "
             "(sm_90: at or above the TMA kernel's 6 stages on every shape swept)"
         )

@@ -8,6 +8,7 @@ import threading
 import torch
 import triton
 
+from .._compat import interpreter_numpy_message
 from ..device import interpreter_enabled
 
 INT32_MAX = 2**31 - 1
@@ -112,11 +113,7 @@ class Launch:
             if interpreter_enabled() and "only 0-dimensional arrays can be converted" in str(exc):
                 import numpy
 
-                raise RuntimeError(
-                    f"Triton {triton.__version__}'s interpreter cannot run with numpy {numpy.__version__}: it "
-                    f"converts 1-element arrays to Python ints, which numpy 2.4 made an error. Install "
-                    f"numpy<2.4 or a newer triton (3.9 works) to use TRITON_INTERPRET=1."
-                ) from exc
+                raise RuntimeError(interpreter_numpy_message(triton.__version__, numpy.__version__)) from exc
             raise
         if (
             FAST_LAUNCH
