@@ -13,7 +13,13 @@ import torch.nn.functional as F
 
 import tritongemm
 from tritongemm import api, fastpath, launch
-from tritongemm.testing import assert_close, assert_matches_reference, make_matrix, random_tensor
+from tritongemm.testing import (
+    assert_close,
+    assert_matches_reference,
+    make_matrix,
+    random_tensor,
+    tolerance,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -148,17 +154,45 @@ def test_grad_mode_and_requires_grad_switch_within_one_entry(device):
     assert len(fastpath.ENTRIES) == 1
 
 
-def test_autocast_takes_the_whole_way(device, monkeypatch):
-    x = random_tensor((4, 16), torch.float32, device)
-    w = random_tensor((8, 16), torch.float32, device)
-    tritongemm.linear(x, w)
-    tritongemm.linear(x, w)
+@pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_autocast_calls_use_entries_of_the_cast_operands(amp_dtype, device, monkeypatch):
+    """Under autocast a repeated call is served from the entry of its operands as autocast casts them:
+    the result in the autocast dtype, equal to the whole way's, and fp32 leaves get fp32 gradients."""
+    if device.type == "cpu" and amp_dtype == torch.float16 and not _cpu_autocast_takes(amp_dtype):
+        pytest.skip("this torch's CPU autocast does not take float16")
+    w = random_tensor((8, 16), torch.float32, device).requires_grad_()
+    b = random_tensor((8,), torch.float32, device).requires_grad_()
+    tritongemm.linear(random_tensor((4, 16), torch.float32, device), w.detach())  # an fp32 entry
     counter = _WholeWayCounter(monkeypatch)
-    dtype = torch.bfloat16
-    with torch.autocast(device.type, dtype=dtype):
-        y = tritongemm.linear(x, w)
-    assert y.dtype == dtype
-    assert counter.calls == 1
+    results = []
+    for i in range(3):
+        x = random_tensor((4, 16), torch.float32, device).requires_grad_()
+        with torch.autocast(device.type, dtype=amp_dtype):
+            y = tritongemm.linear(x, w, b)
+        assert y.dtype == amp_dtype and y.grad_fn is not None
+        # the reference: float64 on the operands as autocast rounds them
+        ref = _ref_linear(x.detach().to(amp_dtype), w.detach().to(amp_dtype), b.detach().to(amp_dtype))
+        assert_close(y, ref, dtype=amp_dtype)
+        gx, gw, gb = torch.autograd.grad(y.float().sum(), (x, w, b))
+        assert (gx.dtype, gw.dtype, gb.dtype) == (torch.float32,) * 3
+        ones = torch.ones(4, 8, dtype=torch.float64, device=device)
+        tol = tolerance(amp_dtype, device)  # the gradient GEMMs ran in the autocast dtype
+        assert_close(gw, ones.T @ x.detach().to(amp_dtype).double(), tol=tol, what="grad w")
+        assert_close(gx, ones @ w.detach().to(amp_dtype).double(), tol=tol, what="grad x")
+        results.append(y)
+    assert counter.calls == 1, "the second and third autocast calls should have used the entry"
+    # autocast off again: the fp32 entry, not the autocast one
+    y32 = tritongemm.linear(x.detach(), w.detach())
+    assert y32.dtype == torch.float32 and counter.calls == 1
+    assert len(fastpath.ENTRIES) == 2
+
+
+def _cpu_autocast_takes(dtype) -> bool:
+    try:
+        with torch.autocast("cpu", dtype=dtype):
+            return torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == dtype
+    except (RuntimeError, ValueError):
+        return False
 
 
 def test_negated_views_are_never_served_from_an_entry(device):

@@ -9,9 +9,12 @@ the launch (issue 15: host time within 1.2x of torch's).
 
 The signature holds everything the first call's checks and decisions read
 from the tensors: shapes, strides, dtypes, devices, 16-byte alignment, the
-negation bit, the tensor type, and for float32 torch's TF32 setting.  What
-cannot be part of it (autocast, ``torch.func`` transforms, a
-``torch.compile`` trace) makes the call take the whole way.  Only the
+negation bit, the tensor type, and for float32 torch's TF32 setting.  Under
+``torch.autocast`` the signature is that of the operands as autocast casts
+them (``semantics.autocast_cast``: the same differentiable ``.to`` the whole
+way makes), so a mixed-precision model's repeated calls use entries too.
+What cannot be part of it (``torch.func`` transforms, a ``torch.compile``
+trace) makes the call take the whole way.  Only the
 common forms have entries: ``linear(x, w[, bias])`` and ``matmul``/``mm``
 of a (*, M, K) and a (K, N) matrix, with none of the optional arguments;
 everything else takes the whole way.
@@ -38,7 +41,7 @@ import torch
 from . import launch
 from .autograd import _is_transposed_view, alloc_out, backward_gemms
 from .call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall, Request
-from .semantics import SUPPORTED_DTYPES, dot_precision
+from .semantics import SUPPORTED_DTYPES, autocast_cast, autocast_dtype, dot_precision
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
@@ -61,8 +64,10 @@ launch.register_dependent_cache(ENTRIES)  # cleared with the launch cache (tunin
 def lookup(kind: str, x, w, bias) -> tuple:
     """``(None, result)`` when an entry ran ``kind(x, w, bias)``; else ``(key, None)``, where a key
     means: take the whole way, then ``build(kind, key, x, w, bias)``."""
-    if not ENABLED or _any_autocast() or _functorch_active() or _is_compiling():
+    if not ENABLED or _functorch_active() or _is_compiling():
         return None, None
+    if _any_autocast():
+        x, w, bias = _as_autocast_casts(x, w, bias)
     key = signature(kind, x, w, bias)
     if key is None:
         return None, None
@@ -78,6 +83,14 @@ def lookup(kind: str, x, w, bias) -> tuple:
 
 
 _MISSING = object()
+
+
+def _as_autocast_casts(x, w, bias) -> tuple:
+    """The operands as torch.autocast hands them to the matmul family (unchanged where it is off)."""
+    if not isinstance(x, torch.Tensor):
+        return x, w, bias
+    dtype = autocast_dtype(x.device)
+    return (x, w, bias) if dtype is None else autocast_cast(dtype, x, w, bias)
 
 
 def _tensor_sig(t: torch.Tensor):
@@ -301,6 +314,8 @@ def build(kind: str, key, x, w, bias) -> None:
     """Remember an entry for ``key`` (after the whole way ran ``kind(x, w, bias)`` without error)."""
     if len(ENTRIES) >= MAX_ENTRIES:
         ENTRIES.clear()
+    if _any_autocast():  # the key is the casts' signature: plan on casts of the same layouts
+        x, w, bias = _as_autocast_casts(x, w, bias)
     ENTRIES[key] = _entry(kind, x, w, bias)
 
 
