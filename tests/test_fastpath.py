@@ -164,8 +164,7 @@ def test_autocast_calls_use_entries_of_the_cast_operands(amp_dtype, device, monk
     b = random_tensor((8,), torch.float32, device).requires_grad_()
     tritongemm.linear(random_tensor((4, 16), torch.float32, device), w.detach())  # an fp32 entry
     counter = _WholeWayCounter(monkeypatch)
-    results = []
-    for i in range(3):
+    for _ in range(3):
         x = random_tensor((4, 16), torch.float32, device).requires_grad_()
         with torch.autocast(device.type, dtype=amp_dtype):
             y = tritongemm.linear(x, w, b)
@@ -179,7 +178,6 @@ def test_autocast_calls_use_entries_of_the_cast_operands(amp_dtype, device, monk
         tol = tolerance(amp_dtype, device)  # the gradient GEMMs ran in the autocast dtype
         assert_close(gw, ones.T @ x.detach().to(amp_dtype).double(), tol=tol, what="grad w")
         assert_close(gx, ones @ w.detach().to(amp_dtype).double(), tol=tol, what="grad x")
-        results.append(y)
     assert counter.calls == 1, "the second and third autocast calls should have used the entry"
     # autocast off again: the fp32 entry, not the autocast one
     y32 = tritongemm.linear(x.detach(), w.detach())
