@@ -212,6 +212,29 @@ def test_candidate_configs_are_a_few_dozen_valid_configs(name):
         assert c.num_stages <= 2 or c.num_stages <= k_tiles[c] + 1
 
 
+def test_candidate_configs_offer_the_warp_specialized_tiles_on_sm90_only():
+    """Rule 7: on an H100 (2-byte types, one matrix) the Gluon kernel's measured tiles, ping-pong
+    included, are candidates that fit its shared memory; not on an A100, for fp32, or for a batch."""
+    from tritongemm.device import KNOWN_DEVICES
+    from tritongemm.eligibility import warp_specialized_shared_bytes
+    from tritongemm.tuning.space import WARP_SPECIALIZED_TILES
+
+    h100, a100 = KNOWN_DEVICES["h100"], KNOWN_DEVICES["a100"]
+    problem = GemmProblem(4096, 4096, 4096, dtype="bfloat16", layout="NT")
+    ws = [c for c in candidate_configs(problem, h100) if c.warp_specialize]
+    assert {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.pingpong) for c in ws} == set(
+        WARP_SPECIALIZED_TILES
+    )
+    assert any(c.pingpong for c in ws) and any(not c.pingpong for c in ws)
+    assert all(warp_specialized_shared_bytes(c) <= h100.smem_per_block for c in ws)
+    for other, dev in (
+        (problem, a100),
+        (GemmProblem(4096, 4096, 4096, dtype="float32", layout="NT"), h100),
+        (GemmProblem(4096, 4096, 4096, dtype="bfloat16", layout="NT", batch=4), h100),
+    ):
+        assert not [c for c in candidate_configs(other, dev) if c.warp_specialize], (other, dev.name)
+
+
 def test_candidate_configs_respect_a_small_device():
     problem = PROBLEMS["bf16-ragged"]
     configs = list(candidate_configs(problem, SMALL_GPU))

@@ -66,7 +66,7 @@ def descriptor_type(dtype: str, block: list[int]) -> str:
 
 
 def compile_kernel(
-    dtype, bm, bn, bk, stages, a_row_major, b_row_major, num_warps, activation="none", full=False
+    dtype, bm, bn, bk, stages, a_row_major, b_row_major, num_warps, activation="none", full=False, consumers=1
 ):
     """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -85,6 +85,7 @@ def compile_kernel(
         ACTIVATION=activation,
         HAS_RESIDUAL=full,
         STORE_PREACT=full,
+        CONSUMERS=consumers,
     )
     types = dict(
         a_desc=descriptor_type(dtype, [bm, bk] if a_row_major else [bk, bm]),
@@ -104,8 +105,8 @@ def compile_kernel(
         signature[name] = types.get(name, "i32")
         if signature[name][0] == "*" or signature[name] == "i32":
             attrs[(i,)] = [["tt.divisibility", 16]]
-    # launch.gluon.max_registers: the register file over consumer warps + the producer's warpgroup.
-    maxnreg = min(256, 65536 // ((num_warps + 4) * 32) // 8 * 8)
+    # launch.gluon.max_registers: the register file over every consumer warp + the producer's warpgroup.
+    maxnreg = min(256, 65536 // ((num_warps * consumers + 4) * 32) // 8 * 8)
     with sm90_target() as target:
         return triton.compile(
             GluonASTSource(kernel, signature, constexprs, attrs),
@@ -115,28 +116,31 @@ def compile_kernel(
 
 
 CASES = [
-    # dtype, BM, BN, BK, stages, A row-major, B row-major, warps, activation, full epilogue
-    ("fp16", 128, 128, 64, 2, True, True, 4, "none", False),  # NN, double_buffer
-    ("fp16", 128, 128, 64, 3, True, False, 4, "none", False),  # TN (x @ w.T)
-    ("bf16", 128, 256, 64, 3, False, True, 8, "none", False),  # A transposed, 2 consumer warpgroups
-    ("bf16", 128, 128, 64, 4, False, False, 8, "gelu_tanh", True),  # both transposed, whole epilogue
-    ("fp16", 128, 256, 64, 3, True, False, 8, "silu", False),  # TN with bias + activation
-    ("fp16", 64, 128, 64, 1, True, True, 4, "relu", False),  # single_stage
+    # dtype, BM, BN, BK, stages, A row-major, B row-major, warps, activation, full epilogue, consumers
+    ("fp16", 128, 128, 64, 2, True, True, 4, "none", False, 1),  # NN, double_buffer
+    ("fp16", 128, 128, 64, 3, True, False, 4, "none", False, 1),  # TN (x @ w.T)
+    ("bf16", 128, 256, 64, 3, False, True, 8, "none", False, 1),  # A transposed, 2 warpgroups cooperating
+    ("bf16", 128, 128, 64, 4, False, False, 8, "gelu_tanh", True, 1),  # both transposed, whole epilogue
+    ("fp16", 128, 256, 64, 3, True, False, 8, "silu", False, 1),  # TN with bias + activation
+    ("fp16", 64, 128, 64, 1, True, True, 4, "relu", False, 1),  # single_stage
+    ("bf16", 128, 128, 64, 5, True, False, 4, "none", False, 2),  # ping-pong, TN
+    ("fp16", 64, 256, 64, 4, False, True, 4, "gelu", True, 2),  # ping-pong, A transposed, whole epilogue
 ]
 
 
 def case_id(c):
-    dt, bm, bn, bk, s, ar, br, w, act, full = c
+    dt, bm, bn, bk, s, ar, br, w, act, full, consumers = c
     return (
         f"{dt}-{bm}x{bn}x{bk}-s{s}-A{'N' if ar else 'T'}B{'N' if br else 'T'}-w{w}-{'full' if full else act}"
+        + ("-pingpong" if consumers == 2 else "")
     )
 
 
 @needs_gluon
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_compiles_to_a_warp_specialized_wgmma_tma_kernel(case):
-    dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full = case
-    compiled = compile_kernel(dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full)
+    dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full, consumers = case
+    compiled = compile_kernel(dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full, consumers)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx
     # Triton 3.6 names the destination shared::cluster, 3.9 shared::cta.
@@ -145,7 +149,11 @@ def test_compiles_to_a_warp_specialized_wgmma_tma_kernel(case):
     assert "setmaxnreg" in ptx, "no register hand-over between partitions"
     smem = compiled.metadata.shared
     ring = stages * (bm + bn) * bk * 2
-    assert ring + bm * bn * 2 <= smem <= H100_SMEM, f"{smem} bytes of shared memory"
+    assert ring + consumers * bm * bn * 2 <= smem <= H100_SMEM, f"{smem} bytes of shared memory"
+    if consumers == 2:  # the second consumer warpgroup is a worker partition: it raises its registers
+        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232", ptx), (
+            "no register raise for consumer 2"
+        )
 
 
 @needs_gluon

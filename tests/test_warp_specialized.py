@@ -5,6 +5,8 @@ The kernel itself is compiled offline for sm_90 in ``test_gluon_compile.py``; Gl
 interpreter, so on the CPU machines these tests check which kernel a plan names and why.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,7 +15,7 @@ import tritongemm
 from tritongemm import GemmProblem, TileConfig, explain
 from tritongemm.call import NO_REQUEST, Request
 from tritongemm.device import KNOWN_DEVICES, DeviceInfo
-from tritongemm.eligibility import Operand, warp_specialized_unsupported_reason
+from tritongemm.eligibility import Operand, warp_specialized_shared_bytes, warp_specialized_unsupported_reason
 from tritongemm.heuristics import WS_DEEP_TILE, WS_NARROW_TILE, heuristic_config, warp_specialized_tile
 from tritongemm.kernels.gemm_gluon import GLUON_AVAILABLE
 from tritongemm.plan import plan
@@ -185,6 +187,73 @@ def test_addmm_alpha_beta_and_cuda_graph(device):
     graph.replay()
     torch.cuda.synchronize()
     assert_close(captured, a.double() @ b.double(), dtype=dtype)
+
+
+PINGPONG = [
+    TileConfig(128, 128, 64, 8, 4, 5, tma=True, persistent=True, warp_specialize=True, pingpong=True),
+    TileConfig(64, 256, 64, 8, 4, 4, tma=True, persistent=True, warp_specialize=True, pingpong=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", PINGPONG, ids=lambda c: c.short())
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k", [(3000, 2056, 776), (1000, 304, 72), (128, 128, 64)])
+def test_pingpong_every_layout_ragged_edges_and_odd_tile_counts(cfg, layout, dtype, m, n, k, device):
+    """Two consumers on alternate tiles: odd and even tile counts per program, one tile in all, short K."""
+    _needs_hopper()
+    a, b = make_operands(m, n, k, layout, dtype, device)
+    assert explain(a, b, config=cfg).kernel == "gluon_ws"
+    assert_close(tritongemm.matmul(a, b, config=cfg), a.double() @ b.double(), dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", PINGPONG, ids=lambda c: c.short())
+def test_pingpong_fused_epilogue_gradients_and_cuda_graph(cfg, device):
+    _needs_hopper()
+    dtype = torch.bfloat16
+    x = random_tensor((4000, 512), dtype, device).requires_grad_()
+    w = random_tensor((1032, 512), dtype, device).requires_grad_()
+    bias = random_tensor((1032,), dtype, device).requires_grad_()
+    residual = random_tensor((4000, 1032), dtype, device)
+
+    def reference(x, w, bias, residual):
+        return F.gelu(F.linear(x, w, bias)) + residual
+
+    def tg(x, w, bias, residual, **kw):
+        return tritongemm.linear(x, w, bias, residual=residual, config=cfg, **kw)
+
+    assert_matches_reference(tg, reference, x, w, bias, residual, ours_kwargs={"activation": "gelu"})
+    a, b = make_operands(2048, 2048, 512, "NT", dtype, device)
+    c = random_tensor((2048, 2048), dtype, device)
+    out = tritongemm.addmm(c, a, b, beta=0.5, alpha=2.0, config=cfg)
+    assert_close(out, 0.5 * c.double() + 2.0 * (a.double() @ b.double()), dtype=dtype)
+    tritongemm.matmul(a, b, config=cfg)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = tritongemm.matmul(a, b, config=cfg)
+    a.copy_(random_tensor(a.shape, dtype, device))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(captured, a.double() @ b.double(), dtype=dtype)
+
+
+def test_pingpong_config_rules_and_budget():
+    with pytest.raises(
+        tritongemm.ConfigError, match="pingpong=True needs warp_specialize=True and num_warps=4"
+    ):
+        TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True, pingpong=True)
+    with pytest.raises(tritongemm.ConfigError, match="pingpong=True needs warp_specialize"):
+        TileConfig(128, 128, 64, 8, 4, 4, tma=True, persistent=True, pingpong=True)
+    pp = PINGPONG[0]
+    assert "pingpong" in pp.short() and "ping-pong" in pp.describe()
+    # Two output staging tiles: 5 slots of 128x128x64 and 2 x 32 KiB fit an H100 block; 6 slots do not.
+    assert warp_specialized_shared_bytes(pp) <= H100.smem_per_block
+    assert pp.smem_bytes(2) == 5 * 32768 + 2 * 32768
+    deep = replace(pp, num_stages=6)
+    assert warp_specialized_shared_bytes(deep) > H100.smem_per_block
+    assert warp_specialized_shared_bytes(replace(deep, pingpong=False)) <= H100.smem_per_block
 
 
 def test_unaligned_c_is_padded_for_the_warp_specialized_kernel():

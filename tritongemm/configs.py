@@ -52,6 +52,7 @@ _BOOL_FIELDS = (
     "tma",
     "persistent",
     "warp_specialize",
+    "pingpong",
     "epilogue_subtile",
     "split_k_inline",
     "stream_k",
@@ -98,6 +99,10 @@ class TileConfig:
     persistent: bool = False
     warp_specialize: bool = False
     epilogue_subtile: bool = False
+    # with warp_specialize: two consumer warpgroups of num_warps=4 each on alternate tiles, so one's
+    # epilogue runs under the other's mainloop (CUTLASS's ping-pong); without it the consumer warps
+    # share every tile (one warpgroup, or CUTLASS's cooperative with num_warps=8).
+    pingpong: bool = False
     # work decomposition: K cut into split_k slices run by separate programs
     # (pointer kernel), partials reduced in a fixed order: by a second kernel
     # (CUTLASS's "parallel" split-K), or, with split_k_inline, by the last
@@ -134,6 +139,12 @@ class TileConfig:
         for flag in ("persistent", "warp_specialize", "epilogue_subtile"):
             if getattr(self, flag) and not self.tma:
                 raise ConfigError(f"TileConfig.{flag}=True needs tma=True (only the TMA kernel has it)")
+        if self.pingpong and not (self.warp_specialize and self.num_warps == 4):
+            raise ConfigError(
+                "TileConfig.pingpong=True needs warp_specialize=True and num_warps=4 "
+                f"(a warpgroup per consumer; got warp_specialize={self.warp_specialize}, "
+                f"num_warps={self.num_warps})"
+            )
         if not 1 <= self.split_k <= MAX_SPLIT_K:
             raise ConfigError(f"TileConfig.split_k={self.split_k} must be in [1, {MAX_SPLIT_K}]")
         if self.split_k_inline and self.split_k == 1:
@@ -189,8 +200,9 @@ class TileConfig:
         a_rows = 1 if self.gemv else self.block_m
         mainloop = stages * (a_rows * self.block_k + self.block_k * self.block_n) * elem_size
         epilogue = 0
-        if self.tma:  # the TMA store stages C (or half of it) in shared memory
+        if self.tma:  # the TMA store stages C (or half of it; one per ping-pong consumer) in shared memory
             epilogue = self.block_m * self.block_n * elem_size // (2 if self.epilogue_subtile else 1)
+            epilogue *= 2 if self.pingpong else 1
         return mainloop + epilogue
 
     def accumulator_registers(self, acc_size: int = 4) -> int:
@@ -250,6 +262,7 @@ class TileConfig:
                 ("tma", self.tma),
                 ("persistent", self.persistent),
                 ("ws", self.warp_specialize),
+                ("pingpong", self.pingpong),
                 ("subtile", self.epilogue_subtile),
             )
             if on
@@ -287,7 +300,13 @@ class TileConfig:
                     else ""
                 ),
                 f"  kernel       : {self.kernel}"
-                + (" (warp-specialized)" if self.warp_specialize else "")
+                + (
+                    " (warp-specialized, ping-pong consumers)"
+                    if self.pingpong
+                    else " (warp-specialized)"
+                    if self.warp_specialize
+                    else ""
+                )
                 + (" (epilogue in two halves)" if self.epilogue_subtile else ""),
             ]
         )

@@ -172,9 +172,11 @@ __all__ = [
 
 def warp_specialized_shared_bytes(cfg, elem_size: int = 2) -> int:
     """Shared memory of the warp-specialized kernel (``kernels/gemm_gluon.py``): the ring of
-    ``num_stages`` A and B tiles, the output tile staged for its TMA store, and one mbarrier pair per slot."""
+    ``num_stages`` A and B tiles, the output tile staged for its TMA store (one per ping-pong
+    consumer), and one mbarrier pair per slot."""
     ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem_size
-    return ring + cfg.block_m * cfg.block_n * elem_size + 16 * cfg.num_stages
+    out_tiles = 2 if cfg.pingpong else 1
+    return ring + out_tiles * cfg.block_m * cfg.block_n * elem_size + 16 * cfg.num_stages
 
 
 def warp_specialized_unsupported_reason(
@@ -202,6 +204,7 @@ def warp_specialized_unsupported_reason(
         )
     if cfg.block_m * cfg.block_n > 128 * 128 * (cfg.num_warps // 4):
         return f"a {cfg.block_m}x{cfg.block_n} accumulator needs {2 * cfg.num_warps} warps"
+    # (pingpong's num_warps=4 is TileConfig's rule: each consumer is one warpgroup.)
     if warp_specialized_shared_bytes(cfg) > device.smem_per_block:
         return f"{cfg.short()} needs {warp_specialized_shared_bytes(cfg)} B of shared memory"
     for name, op in (("A", a), ("B", b), ("C", c)):

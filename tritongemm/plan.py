@@ -159,13 +159,20 @@ def _kernel_for(
                 return cfg, "gluon_ws", "; ".join(fallbacks) or None
             # The same tile on the TMA kernel, without warp specialization.
             fallbacks.append(ws_reason)
-            cfg = replace(cfg, warp_specialize=False)
+            cfg = replace(cfg, warp_specialize=False, pingpong=False)
         if reason is None:
             kernel = cfg.kernel
         else:
             # Same tiles on the pointer kernel (Stream-K included); the TMA-only knobs do not apply.
             fallbacks.append(reason)
-            cfg = replace(cfg, tma=False, persistent=False, warp_specialize=False, epilogue_subtile=False)
+            cfg = replace(
+                cfg,
+                tma=False,
+                persistent=False,
+                warp_specialize=False,
+                pingpong=False,
+                epilogue_subtile=False,
+            )
     return cfg, kernel, "; ".join(fallbacks) or None
 
 

@@ -100,7 +100,9 @@ def select_config(
     return select(problem, device, Request(config, pipeline, decomposition))[0]
 
 
-_POINTER_ONLY = dict(tma=False, persistent=False, warp_specialize=False, epilogue_subtile=False)
+_POINTER_ONLY = dict(
+    tma=False, persistent=False, warp_specialize=False, pingpong=False, epilogue_subtile=False
+)
 
 
 def apply_decomposition(
@@ -122,7 +124,13 @@ def apply_decomposition(
             cfg = replace(choose_skinny_tile(problem).config(), group_m=cfg.group_m)
         if cfg.tma:  # the TMA kernel streams on its persistent grid
             return replace(
-                cfg, persistent=True, warp_specialize=False, split_k=1, split_k_inline=False, stream_k=True
+                cfg,
+                persistent=True,
+                warp_specialize=False,
+                pingpong=False,
+                split_k=1,
+                split_k_inline=False,
+                stream_k=True,
             )
         return replace(cfg, **_POINTER_ONLY, split_k=1, split_k_inline=False, stream_k=True, gemv=False)
     raise ConfigError(f"unknown decomposition {decomposition!r}; choose one of {list(DECOMPOSITIONS)}")

@@ -89,6 +89,10 @@ if not GLUON_AVAILABLE:
 #: Registers per thread of the producer warp; it holds a few scalars only.  setmaxnreg hands the
 #: rest to the consumers (CUTLASS's sm90 kernels give their producer 40 as well).
 PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
+#: Registers per thread of the second consumer warpgroup in ping-pong (CUTLASS's ping-pong kernels give
+#: each consumer 232): with the producer's 40 and the first consumer's share of what is left, 2 x 232 x 128
+#: + 40 x 128 registers fit the 64K register file.
+CONSUMER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
 
 
 @gluon.constexpr_function
@@ -228,6 +232,7 @@ def consumer(
     b_ring,
     ready,
     empty,
+    turn,
     c_desc,
     c_smem,
     d_ptr,
@@ -256,17 +261,40 @@ def consumer(
     ACTIVATION: gl.constexpr,
     HAS_RESIDUAL: gl.constexpr,
     STORE_PREACT: gl.constexpr,
+    CONSUMER: gl.constexpr,
+    CONSUMERS: gl.constexpr,
 ):
-    """The default partition: wgmma over the ring, then the epilogue and the TMA store of each tile."""
+    """A consumer partition: wgmma over the ring, then the epilogue and the TMA store of each of its tiles.
+
+    Consumer ``CONSUMER`` of ``CONSUMERS`` takes every ``CONSUMERS``-th of the
+    program's tiles, starting at its own index.  The producer fills the ring in
+    tile order, so the ring step of a consumer's tile is that tile's place in
+    the program's sequence times the K-steps per tile.
+
+    Two consumers take turns (``turn[c]``: consumer c's mainloop may start):
+    each waits for the other to have issued its previous tile's last wgmma
+    before it waits on the ring, and hands the turn over once it has issued
+    its own.  Besides making the mainloops alternate, with each epilogue under
+    the other's mainloop, this keeps a consumer from waiting on a slot's
+    ``ready`` barrier more than one phase ahead of the producer: a parity wait
+    cannot tell that phase from the one two laps earlier.
+    """
     acc_layout: gl.constexpr = accumulator_layout(BLOCK_M, BLOCK_N, gl.num_warps())
     # One wgmma left in flight needs a second slot to load into meanwhile.
     IN_FLIGHT: gl.constexpr = 1 if NUM_STAGES > 1 else 0
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    step = 0
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    for tile_id in range(pid + CONSUMER * nprog, num_tiles, CONSUMERS * nprog):
+        step = (tile_id - pid) // nprog * k_tiles  # the ring step of this tile's first K-step
         pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+        if CONSUMERS > 1:
+            # This consumer's j-th turn is phase j of turn[CONSUMER]; consumer 0's first is free (a fresh
+            # mbarrier counts as having completed the phase before phase 0).
+            j = (tile_id - pid) // (CONSUMERS * nprog)
+            mbarrier.wait(turn.index(CONSUMER), (j & 1) ^ (1 if CONSUMER == 0 else 0))
         for ki in range(k_tiles):
             slot = step % NUM_STAGES
             mbarrier.wait(ready.index(slot), (step // NUM_STAGES) & 1)
@@ -284,6 +312,8 @@ def consumer(
             else:
                 mbarrier.arrive(empty.index(slot))
             step += 1
+        if CONSUMERS > 1:
+            mbarrier.arrive(turn.index((CONSUMER + 1) % CONSUMERS))  # every wgmma of this tile is issued
         acc = warpgroup_mma_wait(0, deps=(acc,))
         if IN_FLIGHT:
             mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=k_tiles > 0)
@@ -352,6 +382,7 @@ def gemm_gluon_kernel(
     ACTIVATION: gl.constexpr,
     HAS_RESIDUAL: gl.constexpr,
     STORE_PREACT: gl.constexpr,
+    CONSUMERS: gl.constexpr = 1,
 ):
     """C = act(alpha * A @ B + beta * D) + R on a persistent grid (program p takes tiles p, p + grid, ...).
 
@@ -362,77 +393,176 @@ def gemm_gluon_kernel(
     dtype: gl.constexpr = a_desc.dtype
     a_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    # One output staging tile per consumer: each stores its own tiles.
+    c_tiles = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
+    for c in gl.static_range(2):
+        mbarrier.init(turn.index(c), count=1)
 
-    gl.warp_specialize(
-        [
-            (
-                consumer,
-                (
-                    a_ring,
-                    b_ring,
-                    ready,
-                    empty,
-                    c_desc,
-                    c_smem,
-                    d_ptr,
-                    r_ptr,
-                    z_ptr,
-                    M,
-                    N,
-                    K,
-                    stride_dm,
-                    stride_dn,
-                    stride_rm,
-                    stride_rn,
-                    stride_zm,
-                    stride_zn,
-                    alpha,
-                    beta,
-                    BLOCK_M,
-                    BLOCK_N,
-                    BLOCK_K,
-                    GROUP_M,
-                    NUM_STAGES,
-                    A_ROW_MAJOR,
-                    B_ROW_MAJOR,
-                    HAS_ALPHA,
-                    HAS_ADDEND,
-                    ACTIVATION,
-                    HAS_RESIDUAL,
-                    STORE_PREACT,
-                ),
-            ),
-            (
-                producer,
-                (
-                    a_desc,
-                    b_desc,
-                    a_ring,
-                    b_ring,
-                    ready,
-                    empty,
-                    M,
-                    N,
-                    K,
-                    BLOCK_M,
-                    BLOCK_N,
-                    BLOCK_K,
-                    GROUP_M,
-                    NUM_STAGES,
-                    A_ROW_MAJOR,
-                    B_ROW_MAJOR,
-                ),
-            ),
-        ],
-        [1],
-        [PRODUCER_REGS],
+    loads = (
+        a_desc,
+        b_desc,
+        a_ring,
+        b_ring,
+        ready,
+        empty,
+        M,
+        N,
+        K,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        GROUP_M,
+        NUM_STAGES,
+        A_ROW_MAJOR,
+        B_ROW_MAJOR,
     )
+    if CONSUMERS == 1:
+        # Cooperative (or a single warpgroup): the kernel's num_warps run every tile together.
+        gl.warp_specialize(
+            [
+                (
+                    consumer,
+                    (
+                        a_ring,
+                        b_ring,
+                        ready,
+                        empty,
+                        turn,
+                        c_desc,
+                        c_tiles.index(0),
+                        d_ptr,
+                        r_ptr,
+                        z_ptr,
+                        M,
+                        N,
+                        K,
+                        stride_dm,
+                        stride_dn,
+                        stride_rm,
+                        stride_rn,
+                        stride_zm,
+                        stride_zn,
+                        alpha,
+                        beta,
+                        BLOCK_M,
+                        BLOCK_N,
+                        BLOCK_K,
+                        GROUP_M,
+                        NUM_STAGES,
+                        A_ROW_MAJOR,
+                        B_ROW_MAJOR,
+                        HAS_ALPHA,
+                        HAS_ADDEND,
+                        ACTIVATION,
+                        HAS_RESIDUAL,
+                        STORE_PREACT,
+                        0,
+                        1,
+                    ),
+                ),
+                (producer, loads),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )
+    else:
+        # Ping-pong: a second consumer warpgroup takes the odd tiles, so that one warpgroup's
+        # epilogue runs while the other's wgmma keep the tensor cores busy.
+        gl.warp_specialize(
+            [
+                (
+                    consumer,
+                    (
+                        a_ring,
+                        b_ring,
+                        ready,
+                        empty,
+                        turn,
+                        c_desc,
+                        c_tiles.index(0),
+                        d_ptr,
+                        r_ptr,
+                        z_ptr,
+                        M,
+                        N,
+                        K,
+                        stride_dm,
+                        stride_dn,
+                        stride_rm,
+                        stride_rn,
+                        stride_zm,
+                        stride_zn,
+                        alpha,
+                        beta,
+                        BLOCK_M,
+                        BLOCK_N,
+                        BLOCK_K,
+                        GROUP_M,
+                        NUM_STAGES,
+                        A_ROW_MAJOR,
+                        B_ROW_MAJOR,
+                        HAS_ALPHA,
+                        HAS_ADDEND,
+                        ACTIVATION,
+                        HAS_RESIDUAL,
+                        STORE_PREACT,
+                        0,
+                        2,
+                    ),
+                ),
+                (
+                    consumer,
+                    (
+                        a_ring,
+                        b_ring,
+                        ready,
+                        empty,
+                        turn,
+                        c_desc,
+                        c_tiles.index(1),
+                        d_ptr,
+                        r_ptr,
+                        z_ptr,
+                        M,
+                        N,
+                        K,
+                        stride_dm,
+                        stride_dn,
+                        stride_rm,
+                        stride_rn,
+                        stride_zm,
+                        stride_zn,
+                        alpha,
+                        beta,
+                        BLOCK_M,
+                        BLOCK_N,
+                        BLOCK_K,
+                        GROUP_M,
+                        NUM_STAGES,
+                        A_ROW_MAJOR,
+                        B_ROW_MAJOR,
+                        HAS_ALPHA,
+                        HAS_ADDEND,
+                        ACTIVATION,
+                        HAS_RESIDUAL,
+                        STORE_PREACT,
+                        1,
+                        2,
+                    ),
+                ),
+                (producer, loads),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
+    for c in gl.static_range(2):
+        mbarrier.invalidate(turn.index(c))

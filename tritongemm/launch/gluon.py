@@ -2,8 +2,9 @@
 a persistent grid of one program per SM.
 
 Reads from ``plan.config``: ``block_m``, ``block_n``, ``block_k``, ``group_m``,
-``num_stages`` (the ring's slots) and ``num_warps`` (the consumer warps: 4 per
-warpgroup; the producer warp comes on top).  From ``plan.device``: ``sm_count``.
+``num_stages`` (the ring's slots), ``num_warps`` (the warps of each consumer: 4
+per warpgroup; the producer warp comes on top) and ``pingpong`` (two consumers
+on alternate tiles, else one).  From ``plan.device``: ``sm_count``.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ def descriptor(t: torch.Tensor, rows_block: int, cols_block: int):
     return TensorDescriptor(t, shape, strides, block, layout), row_major
 
 
-def max_registers(num_warps: int) -> int:
-    """``maxnreg`` for ``num_warps`` consumer warps plus the producer, whose warp occupies a whole
-    warpgroup's register allocation: the most that lets the program launch with its full register file.
-    setmaxnreg then moves the producer's unused registers to the consumers."""
-    threads = (num_warps + 4) * 32
+def max_registers(consumer_warps: int) -> int:
+    """``maxnreg`` for ``consumer_warps`` (every consumer's) plus the producer, whose warp occupies a
+    whole warpgroup's register allocation: the most that lets the program launch with its full register
+    file.  setmaxnreg then moves the producer's unused registers to the consumers."""
+    threads = (consumer_warps + 4) * 32
     return min(256, REGISTER_FILE // threads // 8 * 8)
 
 
@@ -66,6 +67,7 @@ class GluonLauncher:
         self.a_desc, a_row_major = descriptor(a2, cfg.block_m, cfg.block_k)
         self.b_desc, b_row_major = descriptor(b2, cfg.block_k, cfg.block_n)
         self.c_desc, _ = descriptor(c2, cfg.block_m, cfg.block_n)
+        consumers = 2 if cfg.pingpong else 1
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         programs = max(1, min(plan.device.sm_count, tiles))
         self.main = Launch(
@@ -88,6 +90,7 @@ class GluonLauncher:
                 NUM_STAGES=cfg.num_stages,
                 A_ROW_MAJOR=a_row_major,
                 B_ROW_MAJOR=b_row_major,
+                CONSUMERS=consumers,
                 **epilogue_constexprs(call),
             ),
             (programs,),
@@ -95,7 +98,7 @@ class GluonLauncher:
             cfg.num_stages,
             descriptors=dict(a_desc=self.a_desc, b_desc=self.b_desc, c_desc=self.c_desc),
         )
-        self.main.options["maxnreg"] = max_registers(cfg.num_warps)
+        self.main.options["maxnreg"] = max_registers(cfg.num_warps * consumers)
         # The templates need no tensor: every launch rebases them (a cached launcher keeps no operand alive).
         for template in (self.a_desc, self.b_desc, self.c_desc):
             template.base = None

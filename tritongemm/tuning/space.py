@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from ..configs import ConfigError, GemmProblem, TileConfig, wave_efficiency
 from ..device import DeviceInfo
+from ..eligibility import warp_specialized_shared_bytes
 from ..heuristics import choose_split_k_inline, heuristic_config
 
 
@@ -19,6 +20,17 @@ def _rank(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> float:
     reuse = (cfg.block_m * cfg.block_n) / (cfg.block_m + cfg.block_n) / 85.3  # 1.0 at 128x256
     full_line = 0.02 if cfg.block_k * problem.elem_size == 128 else 0.0  # K step of one 128-byte line
     return wave_efficiency(tiles, device.sm_count) * min(reuse, 1.0) + full_line + 0.005 * cfg.num_stages
+
+
+#: (block_m, block_n, num_warps, num_stages, pingpong) of the Gluon kernel worth timing (rule 7).
+WARP_SPECIALIZED_TILES = (
+    (128, 128, 4, 6, False),
+    (64, 128, 4, 6, False),
+    (128, 256, 8, 3, False),
+    (128, 128, 4, 5, True),
+    (64, 128, 4, 6, True),
+    (64, 256, 4, 4, True),
+)
 
 
 def candidate_configs(
@@ -39,6 +51,11 @@ def candidate_configs(
     6. Stream-K variants of the large tiles (added after the trim; on the
        TMA kernel too on sm_90+) when those tiles keep the SMs less than 90%
        busy over their waves.
+    7. On sm_90 (2-byte types, one matrix): the warp-specialized Gluon
+       kernel's measured tiles (added after the trim): one consumer
+       warpgroup on 128x128 or 64x128 at 6 stages, two cooperating on
+       128x256, and ping-pong consumers on 128x128, 64x128 and 64x256
+       (``benchmarks/results/h100/sweeps/pingpong_sweep.txt``).
     Then the ``max_configs`` best by a rough score (SM fill x operand reuse)
     are kept, and the heuristic's own choice is always among them.
     """
@@ -109,6 +126,17 @@ def candidate_configs(
                         ranked.append(cfg)
                     except ConfigError:
                         pass
+    gluon = hopper_tma and device.capability == (9, 0) and not device.interpreter  # Gluon never interprets
+    if gluon and problem.batch == 1 and problem.k > 0:  # rule 7
+        ws = dict(tma=True, persistent=True, warp_specialize=True)
+        for bm, bn, warps, stages, pingpong in WARP_SPECIALIZED_TILES:
+            if bm <= cap_m and bn <= cap_n:  # rule 1
+                cfg = TileConfig(bm, bn, 64, 8, warps, stages, pingpong=pingpong, **ws)
+                if (
+                    cfg not in ranked
+                    and warp_specialized_shared_bytes(cfg, problem.elem_size) <= device.smem_per_block
+                ):
+                    ranked.append(cfg)
     seed = heuristic_config(problem, device)
     try:
         seed.validate(device, problem.elem_size, problem.acc_size)
