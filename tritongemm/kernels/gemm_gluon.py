@@ -5,8 +5,12 @@ it out.  Each program (one per SM) splits its warps into two partitions:
 
 * the **producer**, one warp, walks the program's tiles and issues TMA loads of
   the A and B K-tiles into a ring of ``NUM_STAGES`` shared-memory slots;
-* the **consumers**, ``num_warps // 4`` warpgroups (the launch's ``num_warps``),
-  run async ``wgmma`` on each slot, then the fused epilogue, then a TMA store.
+* the **consumers** run async ``wgmma`` on each slot, then the fused epilogue,
+  then a TMA store.  With ``CONSUMERS=1`` they are the launch's ``num_warps``
+  (one warpgroup, or two cooperating on each tile, stacked along M: CUTLASS's
+  cooperative kernel); with ``CONSUMERS=2`` two warpgroups of 4 warps take
+  alternate tiles and take turns at the ring (CUTLASS's ping-pong), each with
+  its own output staging tile, so one's epilogue runs under the other's mainloop.
 
 Each slot has two mbarriers.  ``ready[s]`` completes when the copy engine has
 written the slot's bytes (the producer arms it with ``expect``); ``empty[s]``
