@@ -183,6 +183,14 @@ def test_autocast_calls_use_entries_of_the_cast_operands(amp_dtype, device, monk
     y32 = tritongemm.linear(x.detach(), w.detach())
     assert y32.dtype == torch.float32 and counter.calls == 1
     assert len(fastpath.ENTRIES) == 2
+    # A call that can have no entry (rows that do not fold) is served the whole way, cast there.
+    xp = random_tensor((2, 16, 3), torch.float32, device).permute(0, 2, 1)  # (2, 3, 16), rows do not fold
+    for _ in range(2):
+        with torch.autocast(device.type, dtype=amp_dtype):
+            y = tritongemm.linear(xp, w.detach())
+        assert y.dtype == amp_dtype
+        assert_close(y, _ref_linear(xp.to(amp_dtype), w.detach().to(amp_dtype)), dtype=amp_dtype)
+    assert sum(e is None for e in fastpath.ENTRIES.values()) == 1
 
 
 def _cpu_autocast_takes(dtype) -> bool:

@@ -10,9 +10,10 @@ the launch (issue 15: host time within 1.2x of torch's).
 The signature holds everything the first call's checks and decisions read
 from the tensors: shapes, strides, dtypes, devices, 16-byte alignment, the
 negation bit, the tensor type, and for float32 torch's TF32 setting.  Under
-``torch.autocast`` the signature is that of the operands as autocast casts
-them (``semantics.autocast_cast``: the same differentiable ``.to`` the whole
-way makes), so a mixed-precision model's repeated calls use entries too.
+``torch.autocast`` it also holds the autocast dtype, and an entry runs on the
+operands as autocast casts them (``semantics.autocast_cast``: the same
+differentiable ``.to`` the whole way makes), so a mixed-precision model's
+repeated calls use entries too.
 What cannot be part of it (``torch.func`` transforms, a ``torch.compile``
 trace) makes the call take the whole way.  Only the
 common forms have entries: ``linear(x, w[, bias])`` and ``matmul``/``mm``
@@ -66,16 +67,21 @@ def lookup(kind: str, x, w, bias) -> tuple:
     means: take the whole way, then ``build(kind, key, x, w, bias)``."""
     if not ENABLED or _functorch_active() or _is_compiling():
         return None, None
-    if _any_autocast():
-        x, w, bias = _as_autocast_casts(x, w, bias)
     key = signature(kind, x, w, bias)
     if key is None:
         return None, None
+    amp = _any_autocast() and autocast_dtype(x.device)
+    if amp:
+        # The casts' layouts follow from the operands' (``.to`` keeps dense strides; a fresh
+        # allocation is aligned), so the operands' signature and the dtype key their entry.
+        key = (*key, amp)
     entry = ENTRIES.get(key, _MISSING)
     if entry is _MISSING:
         return key, None
     if entry is None:
         return None, None
+    if amp:  # cast only for an entry that will run: a call without one casts in the whole way
+        x, w, bias = autocast_cast(amp, x, w, bias)
     grad = _grad_enabled() and (
         x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)
     )
@@ -83,14 +89,6 @@ def lookup(kind: str, x, w, bias) -> tuple:
 
 
 _MISSING = object()
-
-
-def _as_autocast_casts(x, w, bias) -> tuple:
-    """The operands as torch.autocast hands them to the matmul family (unchanged where it is off)."""
-    if not isinstance(x, torch.Tensor):
-        return x, w, bias
-    dtype = autocast_dtype(x.device)
-    return (x, w, bias) if dtype is None else autocast_cast(dtype, x, w, bias)
 
 
 def _tensor_sig(t: torch.Tensor):
@@ -314,8 +312,9 @@ def build(kind: str, key, x, w, bias) -> None:
     """Remember an entry for ``key`` (after the whole way ran ``kind(x, w, bias)`` without error)."""
     if len(ENTRIES) >= MAX_ENTRIES:
         ENTRIES.clear()
-    if _any_autocast():  # the key is the casts' signature: plan on casts of the same layouts
-        x, w, bias = _as_autocast_casts(x, w, bias)
+    amp = _any_autocast() and autocast_dtype(x.device)
+    if amp:  # plan on the casts, as the entry will run on them
+        x, w, bias = autocast_cast(amp, x, w, bias)
     ENTRIES[key] = _entry(kind, x, w, bias)
 
 
