@@ -235,18 +235,25 @@ def test_heuristic_streams_one_wave_plus_a_sliver(dtype):
     from tritongemm.device import DeviceInfo
 
     h100 = DeviceInfo("H100", (9, 0), 132, 232448)
+    a100 = DeviceInfo("A100", (8, 0), 108, 166912)
 
-    def chosen(m, n, k):
-        return tritongemm.heuristic_config(GemmProblem(m, n, k, dtype=dtype), h100)
+    def chosen(m, n, k, device=a100):
+        return tritongemm.heuristic_config(GemmProblem(m, n, k, dtype=dtype), device)
 
-    # 133 and 144 tiles of 128 x 128 on 132 SMs: sliced-K would run a nearly empty second wave.
-    assert chosen(896, 2432, 4096).stream_k
-    assert chosen(1536, 1536, 8192).stream_k
+    # 120 and 110 tiles of 128 x 128 on 108 SMs: sliced-K would run a nearly empty second wave.
+    assert chosen(1280, 1408, 4096).stream_k
+    assert chosen(1408, 1280, 8192).stream_k
+    # Where the warp-specialized kernel runs (sm_90), a 128x160 tile fills one wave instead (133 / 144
+    # tiles of 128 x 128 on 132 SMs); measured at 512x5120x4096: 0.96x cuBLAS against Stream-K's 0.76.
+    for m, n, k in [(896, 2432, 4096), (1536, 1536, 8192)]:
+        cfg = chosen(m, n, k, h100)
+        assert not cfg.stream_k and cfg.warp_specialize and cfg.block_n == 160, cfg
     # Full waves, too little K per program, batches, fp32: sliced-K.
-    for m, n, k in [(4096, 4096, 4096), (2048, 2048, 2048), (1024, 1024, 1024), (896, 2432, 256)]:
+    for m, n, k in [(4096, 4096, 4096), (2048, 2048, 2048), (1024, 1024, 1024), (1280, 1408, 256)]:
         assert not chosen(m, n, k).stream_k, (m, n, k)
-    assert not tritongemm.heuristic_config(GemmProblem(896, 2432, 4096, batch=2, dtype=dtype), h100).stream_k
-    assert not tritongemm.heuristic_config(GemmProblem(896, 2432, 4096, dtype="float32"), h100).stream_k
+        assert not chosen(m, n, k, h100).stream_k, (m, n, k)
+    assert not tritongemm.heuristic_config(GemmProblem(1280, 1408, 4096, batch=2, dtype=dtype), a100).stream_k
+    assert not tritongemm.heuristic_config(GemmProblem(1280, 1408, 4096, dtype="float32"), a100).stream_k
 
 
 def test_heuristic_keeps_sliced_k_below_one_wave():
@@ -312,10 +319,10 @@ def test_heuristic_streams_a_nearly_empty_last_wave_on_the_tma_kernel():
     cfg = tritongemm.heuristic_config(GemmProblem(5120, 5120, 4096), h100)  # 6.06 waves of 128x256 tiles
     assert cfg.stream_k and cfg.tma and cfg.persistent and (cfg.block_m, cfg.block_n) == (128, 256), cfg
     assert not tritongemm.heuristic_config(GemmProblem(5120, 5120, 4096), a100).tma
-    # 3072^3 (2.18 waves of 128x256) fills 4.36 waves of 128x128 tiles, which the menu prefers now:
-    # the warp-specialized kernel's 6-deep ring, measured 0.85x cuBLAS against Stream-K's 0.80.
+    # 3072^3 (2.18 waves of 128x256) fills 2.9 waves of 128x192 tiles: the warp-specialized kernel with
+    # two accumulators, measured 0.91x cuBLAS against 0.85 for 128x128 and Stream-K's 0.80.
     cfg = tritongemm.heuristic_config(GemmProblem(3072, 3072, 3072), h100)
-    assert cfg.warp_specialize and not cfg.stream_k and (cfg.block_m, cfg.block_n) == (128, 128), cfg
+    assert cfg.warp_specialize and not cfg.stream_k and (cfg.block_m, cfg.block_n) == (128, 192), cfg
     # A fuller last wave (3.88, 2.42 waves) or many waves (27.2): sliced-K.
     for m, n, k in [(4096, 4096, 4096), (1024, 10240, 8192), (4096, 28672, 4096)]:
         assert not tritongemm.heuristic_config(GemmProblem(m, n, k), h100).stream_k, (m, n, k)

@@ -69,9 +69,21 @@ def descriptor_type(dtype: str, block: list[int]) -> str:
 
 
 def compile_kernel(
-    dtype, bm, bn, bk, stages, a_row_major, b_row_major, num_warps, activation="none", full=False, consumers=1
+    dtype,
+    bm,
+    bn,
+    bk,
+    stages,
+    a_row_major,
+    b_row_major,
+    num_warps,
+    activation="none",
+    full=False,
+    consumers=1,
+    bn2=0,
 ):
-    """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers."""
+    """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers
+    (``bn``: the tile's first, power-of-two part of N; ``bn2``: its second part, 0 for none)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel = gg.gemm_gluon_kernel
@@ -89,11 +101,15 @@ def compile_kernel(
         HAS_RESIDUAL=full,
         STORE_PREACT=full,
         CONSUMERS=consumers,
+        BLOCK_N2=bn2,
     )
+    bn2 = bn2 or bn  # without a second part the launcher passes B's and C's descriptors again
     types = dict(
         a_desc=descriptor_type(dtype, [bm, bk] if a_row_major else [bk, bm]),
         b_desc=descriptor_type(dtype, [bk, bn] if b_row_major else [bn, bk]),
+        b2_desc=descriptor_type(dtype, [bk, bn2] if b_row_major else [bn2, bk]),
         c_desc=descriptor_type(dtype, [bm, bn]),
+        c2_desc=descriptor_type(dtype, [bm, bn2]),
         d_ptr=f"*{dtype}",
         r_ptr=f"*{dtype}",
         z_ptr=f"*{dtype}",
@@ -148,22 +164,26 @@ def compiled_facts(*args) -> tuple[str, int]:
 
 
 CASES = [
-    # dtype, BM, BN, BK, stages, A row-major, B row-major, warps, activation, full epilogue, consumers
-    ("fp16", 128, 128, 64, 2, True, True, 4, "none", False, 1),  # NN, double_buffer
-    ("fp16", 128, 128, 64, 3, True, False, 4, "none", False, 1),  # TN (x @ w.T)
-    ("bf16", 128, 256, 64, 3, False, True, 8, "none", False, 1),  # A transposed, 2 warpgroups cooperating
-    ("bf16", 128, 128, 64, 4, False, False, 8, "gelu_tanh", True, 1),  # both transposed, whole epilogue
-    ("fp16", 128, 256, 64, 3, True, False, 8, "silu", False, 1),  # TN with bias + activation
-    ("fp16", 64, 128, 64, 1, True, True, 4, "relu", False, 1),  # single_stage
-    ("bf16", 128, 128, 64, 5, True, False, 4, "none", False, 2),  # ping-pong, TN
-    ("fp16", 64, 256, 64, 4, False, True, 4, "gelu", True, 2),  # ping-pong, A transposed, whole epilogue
+    # dtype, BM, BN, BK, stages, A row-major, B row-major, warps, activation, full epilogue, consumers,
+    # second part of the tile's width (0: none)
+    ("fp16", 128, 128, 64, 2, True, True, 4, "none", False, 1, 0),  # NN, double_buffer
+    ("fp16", 128, 128, 64, 3, True, False, 4, "none", False, 1, 0),  # TN (x @ w.T)
+    ("bf16", 128, 256, 64, 3, False, True, 8, "none", False, 1, 0),  # A transposed, 2 warpgroups cooperating
+    ("bf16", 128, 128, 64, 4, False, False, 8, "gelu_tanh", True, 1, 0),  # both transposed, whole epilogue
+    ("fp16", 128, 256, 64, 3, True, False, 8, "silu", False, 1, 0),  # TN with bias + activation
+    ("fp16", 64, 128, 64, 1, True, True, 4, "relu", False, 1, 0),  # single_stage
+    ("bf16", 128, 128, 64, 5, True, False, 4, "none", False, 2, 0),  # ping-pong, TN
+    ("fp16", 64, 256, 64, 4, False, True, 4, "gelu", True, 2, 0),  # ping-pong, A transposed, whole epilogue
+    ("bf16", 128, 128, 64, 4, True, False, 8, "none", False, 1, 64),  # 128 x 192: two accumulators, TN
+    ("fp16", 64, 128, 64, 5, False, True, 4, "gelu", True, 2, 64),  # 64 x 192 ping-pong, whole epilogue
+    ("bf16", 128, 64, 64, 6, True, True, 4, "none", False, 1, 32),  # 128 x 96, NN (B's 32 columns row-major)
 ]
 
 
 def case_id(c):
-    dt, bm, bn, bk, s, ar, br, w, act, full, consumers = c
+    dt, bm, bn, bk, s, ar, br, w, act, full, consumers, bn2 = c
     return (
-        f"{dt}-{bm}x{bn}x{bk}-s{s}-A{'N' if ar else 'T'}B{'N' if br else 'T'}-w{w}-{'full' if full else act}"
+        f"{dt}-{bm}x{bn + bn2}x{bk}-s{s}-A{'N' if ar else 'T'}B{'N' if br else 'T'}-w{w}-{'full' if full else act}"
         + ("-pingpong" if consumers == 2 else "")
     )
 
@@ -171,9 +191,13 @@ def case_id(c):
 @needs_gluon
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_compiles_to_a_warp_specialized_wgmma_tma_kernel(case):
-    dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full, consumers = case
-    ptx, smem = compiled_facts(dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full, consumers)
+    dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full, consumers, bn2 = case
+    ptx, smem = compiled_facts(dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full, consumers, bn2)
     assert "wgmma.mma_async" in ptx
+    if bn2:  # the second accumulator's wgmma is bn2 wide
+        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bn2}k16", ptx), f"no m64n{bn2} wgmma"
+        assert ".local" not in ptx, "two accumulators spill"
+    bn += bn2
     # Triton 3.6 names the destination shared::cluster, 3.9 shared::cta.
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global\.mbarrier", ptx), "no TMA load"
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::\w+\.bulk_group", ptx), "no TMA store"

@@ -16,7 +16,14 @@ from tritongemm import GemmProblem, TileConfig, explain
 from tritongemm.call import NO_REQUEST, Request
 from tritongemm.device import KNOWN_DEVICES, DeviceInfo
 from tritongemm.eligibility import Operand, warp_specialized_shared_bytes, warp_specialized_unsupported_reason
-from tritongemm.heuristics import WS_DEEP_TILE, WS_NARROW_TILE, heuristic_config, warp_specialized_tile
+from tritongemm.heuristics import (
+    SPLIT_WIDTH_TILES,
+    WS_DEEP_TILE,
+    WS_NARROW_TILE,
+    heuristic_choice,
+    heuristic_config,
+    warp_specialized_tile,
+)
 from tritongemm.kernels.gemm_gluon import GLUON_AVAILABLE
 from tritongemm.plan import plan
 from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor
@@ -29,7 +36,7 @@ WS = TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specializ
 @pytest.mark.parametrize(
     "m,n,k,tile",
     [
-        (12608, 768, 768, WS_DEEP_TILE),  # encoder width
+        (12608, 768, 768, SPLIT_WIDTH_TILES[0]),  # encoder width: 128x192 tiles, exactly 3 waves
         (8192, 8192, 128, WS_NARROW_TILE),  # K < 512
         (8192, 8192, 256, WS_NARROW_TILE),
         (12608, 3072, 768, WS_DEEP_TILE),
@@ -61,6 +68,41 @@ def test_heuristic_takes_the_warp_specialized_kernel_for_short_k_over_many_tiles
 def test_heuristic_keeps_other_shape_classes_off_it(problem, device):
     assert warp_specialized_tile(problem, device) is None
     assert not heuristic_config(problem, device).warp_specialize
+
+
+@pytest.mark.parametrize(
+    "m,n,k,width",
+    [
+        (512, 5120, 4096, 160),  # 128 tiles of 128x160 on 132 SMs (128x256: 80, 128x128: 160)
+        (1024, 3072, 8192, 192),  # 128 tiles of 128x192
+        (1024, 4608, 3584, 96),  # 384 tiles of 128x96: 2.9 waves
+        (1536, 1536, 1536, 160),
+        (4096, 4096, 4096, None),  # many waves: 128x256 on the TMA kernel stays
+        (8192, 4096, 4096, None),
+        (1024, 1024, 1024, None),  # 64x128 on TMA fills the SMs as well
+    ],
+)
+def test_heuristic_takes_a_split_width_tile_where_it_fills_the_sms_better(m, n, k, width):
+    choice = heuristic_choice(GemmProblem(m, n, k, dtype="bf16", layout="NT"), H100)
+    cfg = choice.config
+    if width is None:
+        assert cfg.block_n in (64, 128, 256), choice
+        return
+    tile = next(t for t in SPLIT_WIDTH_TILES if t.block_n == width)
+    assert cfg.warp_specialize and (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (
+        tile.block_m,
+        tile.block_n,
+        tile.warps,
+        tile.stages,
+    ), choice
+    assert "two accumulators" in choice.rule
+    # Only where the Gluon kernel runs: not on an A100, not for fp32 or a batch.
+    for problem, device in (
+        (GemmProblem(m, n, k, dtype="bf16", layout="NT"), A100),
+        (GemmProblem(m, n, k, dtype="fp32", layout="NT"), H100),
+        (GemmProblem(m, n, k, batch=2, dtype="bf16", layout="NT"), H100),
+    ):
+        assert heuristic_config(problem, device).block_n in (64, 128, 256)
 
 
 def _ops(m, n, k, b_transposed=True, elem=2):
@@ -115,9 +157,11 @@ def test_plan_names_the_kernel_or_why_not():
 
 def test_explain_for_an_h100_from_any_machine():
     x = torch.empty(12608, 768, dtype=torch.bfloat16, device="meta")
-    w = torch.empty(768, 768, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(3072, 768, dtype=torch.bfloat16, device="meta")
     described = explain(x, w.mT, device="h100").describe()
     assert "warp-specialized" in described and "short K" in described
+    narrow = explain(x, w[:768].mT, device="h100")  # 12608x768x768: 128x192 tiles, exactly 3 waves
+    assert narrow.kernel == "gluon_ws" and "two accumulators of 128 + 64 columns" in narrow.describe()
 
 
 # ----------------------------------------------------------------------------------
@@ -193,15 +237,22 @@ PINGPONG = [
     TileConfig(128, 128, 64, 8, 4, 5, tma=True, persistent=True, warp_specialize=True, pingpong=True),
     TileConfig(64, 256, 64, 8, 4, 4, tma=True, persistent=True, warp_specialize=True, pingpong=True),
 ]
+#: Tile widths that are not powers of two: two accumulators (128 + 64, 64 + 32 columns).
+SPLIT_WIDTH = [
+    TileConfig(128, 192, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True),
+    TileConfig(64, 192, 64, 8, 4, 5, tma=True, persistent=True, warp_specialize=True, pingpong=True),
+    TileConfig(128, 96, 64, 8, 4, 6, tma=True, persistent=True, warp_specialize=True),
+]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", PINGPONG, ids=lambda c: c.short())
+@pytest.mark.parametrize("cfg", PINGPONG + SPLIT_WIDTH, ids=lambda c: c.short())
 @pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k", [(3000, 2056, 776), (1000, 304, 72), (128, 128, 64)])
 def test_pingpong_every_layout_ragged_edges_and_odd_tile_counts(cfg, layout, dtype, m, n, k, device):
-    """Two consumers on alternate tiles: odd and even tile counts per program, one tile in all, short K."""
+    """Two consumers on alternate tiles, or two accumulators per tile: odd and even tile counts per
+    program, one tile in all (whose second part lies wholly outside N), short K."""
     _needs_hopper()
     a, b = make_operands(m, n, k, layout, dtype, device)
     assert explain(a, b, config=cfg).kernel == "gluon_ws"
@@ -209,7 +260,7 @@ def test_pingpong_every_layout_ragged_edges_and_odd_tile_counts(cfg, layout, dty
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", PINGPONG, ids=lambda c: c.short())
+@pytest.mark.parametrize("cfg", PINGPONG + SPLIT_WIDTH, ids=lambda c: c.short())
 def test_pingpong_fused_epilogue_gradients_and_cuda_graph(cfg, device):
     _needs_hopper()
     dtype = torch.bfloat16
@@ -254,6 +305,33 @@ def test_pingpong_config_rules_and_budget():
     deep = replace(pp, num_stages=6)
     assert warp_specialized_shared_bytes(deep) > H100.smem_per_block
     assert warp_specialized_shared_bytes(replace(deep, pingpong=False)) <= H100.smem_per_block
+
+
+def test_split_width_config_rules_budget_and_fallback():
+    wide = SPLIT_WIDTH[0]
+    assert (wide.block_n, wide.short()) == (192, "128x192x64 g8 w8 s4 tma+persistent+ws")
+    assert warp_specialized_shared_bytes(wide) <= H100.smem_per_block
+    assert warp_specialized_shared_bytes(replace(wide, num_stages=5)) > H100.smem_per_block
+    assert wide.smem_bytes(2) == 4 * (128 + 192) * 64 * 2 + 128 * 192 * 2
+    for bad in (176, 208, 136):  # 128 + 48, 128 + 80, 128 + 8: not two powers of two >= 16
+        with pytest.raises(tritongemm.ConfigError, match="powers of two"):
+            replace(wide, block_n=bad)
+    with pytest.raises(tritongemm.ConfigError, match="sum of two powers of two"):
+        TileConfig(128, 192, 64, 8, 8, 4, tma=True, persistent=True)  # the TMA kernel: powers of two only
+    assert wide.without_warp_specialization() == TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True)
+    # 128 x 192 on one warpgroup would hold 192 accumulators per thread.
+    ops = [Operand.contiguous(4096, 4096, 2)] * 3
+    reason = warp_specialized_unsupported_reason(
+        replace(wide, num_warps=4), *ops, torch.bfloat16, torch.bfloat16, H100, False
+    )
+    if GLUON_AVAILABLE:
+        assert "needs 16 warps" not in reason and "accumulator needs 8 warps" in reason
+    # Where the Gluon kernel cannot run (an A100: no TMA either), the plan keeps the tile's power-of-two part.
+    problem = GemmProblem(4096, 4096, 4096, dtype="bf16", layout="NT")
+    shallow = replace(wide, num_stages=2)  # within an A100's shared memory
+    chosen = plan(problem, A100, Request(config=shallow), *ops, torch.bfloat16, torch.bfloat16, "always")
+    assert (chosen.kernel, chosen.config.block_n, chosen.config.warp_specialize) == ("pointer", 128, False)
+    assert "sm_90" in chosen.fallback
 
 
 def test_unaligned_c_is_padded_for_the_warp_specialized_kernel():

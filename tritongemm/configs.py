@@ -76,6 +76,13 @@ def _is_pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
 
+def _is_split_width(x: int) -> bool:
+    """A sum of two different powers of two, the smaller >= 16 (192 = 128 + 64, 96, 160, 320 ...):
+    a width the warp-specialized kernel runs as two accumulators."""
+    first = 1 << (x.bit_length() - 1) if x > 0 else 0
+    return first > 0 and x != first and _is_pow2(x - first) and x - first >= 16
+
+
 @dataclass(frozen=True)
 class TileConfig:
     """One point of the tiling hierarchy; hashable, printable, validated.
@@ -127,10 +134,18 @@ class TileConfig:
             value = getattr(self, name)
             if self.gemv and name == "block_n" and _is_pow2(value):
                 continue  # no tl.dot in the GEMV kernel: any power of two
+            if name == "block_n" and self.warp_specialize and _is_split_width(value):
+                continue  # two accumulators in the Gluon kernel (launch.gluon.split_width)
             if not _is_pow2(value) or value < 16:
                 raise ConfigError(
                     f"TileConfig.{name}={value}: tiles must be powers of two >= 16 "
-                    "(tl.dot needs every dimension >= 16)"
+                    "(tl.dot needs every dimension >= 16"
+                    + (
+                        "; with warp_specialize=True block_n may also be a sum of two powers of two, "
+                        "such as 192 = 128 + 64)"
+                        if name == "block_n"
+                        else ")"
+                    )
                 )
         if self.group_m < 1:
             raise ConfigError(f"TileConfig.group_m={self.group_m} must be >= 1")
@@ -209,6 +224,12 @@ class TileConfig:
         return self.thread_fragment * acc_size // 4
 
     # -- conversions -------------------------------------------------------------------
+    def without_warp_specialization(self) -> TileConfig:
+        """The nearest config for the TMA kernel: no warp specialization and a power-of-two
+        ``block_n`` (a two-part width such as 192 keeps its larger part, 128)."""
+        block_n = self.block_n if _is_pow2(self.block_n) else 1 << (self.block_n.bit_length() - 1)
+        return replace(self, warp_specialize=False, pingpong=False, block_n=block_n)
+
     def with_pipeline(self, pipeline: str | int) -> TileConfig:
         """The same tiles under another mainloop scheme (name or stage count)."""
         stages = resolve_pipeline(pipeline, default_multi=max(self.num_stages, 3))

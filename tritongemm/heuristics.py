@@ -439,6 +439,39 @@ WS_NARROW_TILE = Tile(64, 256, 64, 4, 4)  # K < 512 (8192x8192x128/256)
 WS_DEEP_TILE = Tile(128, 128, 64, 4, 6)
 
 
+# Tile widths that are not powers of two, on the warp-specialized kernel (two
+# accumulators, ``launch.gluon.split_width``): they cut wave quantization where
+# every power-of-two width leaves SMs idle.  Speeds relative to 128x256 on the TMA
+# kernel, from the shapes of many full waves in sweeps/split_width_sweep.json
+# (H100, bf16 TN, 2026-11-23; 4096^3 and 8192x4096x4096: 128x192 0.85-0.86 of
+# cuBLAS, 128x160 0.77-0.78, 128x96 0.75-0.76, against 0.96 for 128x256).  The
+# same sweep, where they fit the SMs: 512x5120x4096 128x160 0.96 (heuristic
+# 0.76), 1024x3072x8192 128x192 0.94 (0.79), 12608x768x3072 128x192 0.90 (0.77),
+# 1536^3 128x160 0.84 (0.72).
+SPLIT_WIDTH_TILES = (
+    Tile(128, 192, 64, 8, 4, 0.89),
+    Tile(128, 160, 64, 8, 5, 0.80),
+    Tile(128, 96, 64, 4, 6, 0.78),
+)
+#: How much better (wave efficiency x speed) a split-width tile must score than the menu's: the
+#: sweep's shapes within 5% went either way.
+SPLIT_WIDTH_MARGIN = 1.05
+
+
+def split_width_tile(
+    problem: GemmProblem, device: DeviceInfo, menu_score: float
+) -> tuple[Tile, float] | None:
+    """The split-width tile (and its score) that beats the menu tile's ``menu_score`` by the margin, else None."""
+    if not warp_specialized_fits(problem, device):
+        return None
+    best, best_score = None, menu_score * SPLIT_WIDTH_MARGIN
+    for tile in SPLIT_WIDTH_TILES:
+        score = wave_efficiency(tiles_of(problem, tile.block_m, tile.block_n), device.sm_count) * tile.speed
+        if score > best_score:
+            best, best_score = tile, score
+    return None if best is None else (best, best_score)
+
+
 def warp_specialized_fits(problem: GemmProblem, device: DeviceInfo) -> bool:
     """Can the warp-specialized kernel take this problem class (sm_90, one 2-byte matrix)?"""
     return device.capability == (9, 0) and problem.batch == 1 and problem.elem_size == 2
@@ -515,6 +548,15 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
     rule = f"the menu tile with the best wave efficiency x tile speed ({score:.2f}, {tiles} tiles on {device.sm_count} SMs)"
     if choose_split_k(problem, device, tile.block_m, tile.block_n, tile.block_k) > 1:
         return split_k_config(tile, problem, device), rule + "; split-K: the tiles fill at most half the SMs"
+    split = split_width_tile(problem, device, score)
+    if split is not None:
+        wide, wide_score = split
+        first = 1 << (wide.block_n.bit_length() - 1)
+        return wide.config(tma=True, persistent=True, warp_specialize=True), (
+            f"{wide.block_m}x{wide.block_n} tiles fill the SMs better ({wide_score:.2f} against the menu's "
+            f"{score:.2f}): the warp-specialized kernel, two accumulators of {first} + "
+            f"{wide.block_n - first} columns"
+        )
     ws = warp_specialized_tile(problem, device)
     if ws is not None:
         return ws.config(tma=True, persistent=True, warp_specialize=True), (

@@ -159,14 +159,14 @@ def _kernel_for(
                 return cfg, "gluon_ws", "; ".join(fallbacks) or None
             # The same tile on the TMA kernel, without warp specialization.
             fallbacks.append(ws_reason)
-            cfg = replace(cfg, warp_specialize=False, pingpong=False)
+            cfg = cfg.without_warp_specialization()
         if reason is None:
             kernel = cfg.kernel
         else:
             # Same tiles on the pointer kernel (Stream-K included); the TMA-only knobs do not apply.
             fallbacks.append(reason)
             cfg = replace(
-                cfg,
+                cfg.without_warp_specialization(),
                 tma=False,
                 persistent=False,
                 warp_specialize=False,

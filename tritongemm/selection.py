@@ -118,13 +118,19 @@ def apply_decomposition(
         split = choose_split_k(problem, device, cfg.block_m, cfg.block_n, cfg.block_k)
         split = max(2, min(split, max(k_tiles, 1), MAX_SPLIT_K))
         inline = choose_split_k_inline(problem, cfg.block_m, cfg.block_n, split)
-        return replace(cfg, **_POINTER_ONLY, stream_k=False, split_k=split, split_k_inline=inline)
+        return replace(
+            cfg.without_warp_specialization(),
+            **_POINTER_ONLY,
+            stream_k=False,
+            split_k=split,
+            split_k_inline=inline,
+        )
     if decomposition == "stream_k":
         if cfg.gemv:  # Stream-K runs tl.dot tiles: take the skinny tile for this one-row problem
             cfg = replace(choose_skinny_tile(problem).config(), group_m=cfg.group_m)
         if cfg.tma:  # the TMA kernel streams on its persistent grid
             return replace(
-                cfg,
+                cfg.without_warp_specialization(),
                 persistent=True,
                 warp_specialize=False,
                 pingpong=False,
@@ -132,7 +138,14 @@ def apply_decomposition(
                 split_k_inline=False,
                 stream_k=True,
             )
-        return replace(cfg, **_POINTER_ONLY, split_k=1, split_k_inline=False, stream_k=True, gemv=False)
+        return replace(
+            cfg.without_warp_specialization(),
+            **_POINTER_ONLY,
+            split_k=1,
+            split_k_inline=False,
+            stream_k=True,
+            gemv=False,
+        )
     raise ConfigError(f"unknown decomposition {decomposition!r}; choose one of {list(DECOMPOSITIONS)}")
 
 

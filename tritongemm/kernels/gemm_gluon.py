@@ -109,6 +109,18 @@ def accumulator_layout(BLOCK_M, BLOCK_N, num_warps):
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
 
 
+@gluon.constexpr_function
+def tile_width(BLOCK_N, BLOCK_N2):
+    """The tile's N extent: its power-of-two part and the second part (0 for none)."""
+    return BLOCK_N + BLOCK_N2
+
+
+@gluon.constexpr_function
+def slot_bytes(a_bytes, b_bytes, b2_bytes, has_b2):
+    """The bytes the copy engine writes into one ring slot (A's box, B's, and B's second part if any)."""
+    return a_bytes + b_bytes + (b2_bytes if has_b2 else 0)
+
+
 @gluon.jit
 def tile_coords(tile_id, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
     """(pid_m, pid_n) of a linear tile id in grouped order, as ``gemm.grouped_tile_coords``."""
@@ -126,10 +138,8 @@ def tile_coords(tile_id, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GRO
 def producer(
     a_desc,
     b_desc,
-    a_ring,
-    b_ring,
-    ready,
-    empty,
+    b2_desc,
+    ring,
     M,
     N,
     K,
@@ -140,16 +150,21 @@ def producer(
     NUM_STAGES: gl.constexpr,
     A_ROW_MAJOR: gl.constexpr,
     B_ROW_MAJOR: gl.constexpr,
+    BLOCK_N2: gl.constexpr,
 ):
     """The load partition: fill ring slots in the order the consumers drain them."""
-    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    a_ring, b_ring, b2_ring, ready, empty, _ = ring
+    TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2)
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, TILE_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    nbytes: gl.constexpr = slot_bytes(
+        a_desc.block_type.nbytes, b_desc.block_type.nbytes, b2_desc.block_type.nbytes, BLOCK_N2 > 0
+    )
     step = 0  # K-steps issued by this program so far, over all its tiles
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, TILE_N, GROUP_M)
         off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
+        off_n = pid_n * TILE_N
         for ki in range(k_tiles):
             slot = step % NUM_STAGES
             # A fresh mbarrier counts as having completed the phase before phase 0,
@@ -166,6 +181,11 @@ def producer(
                 tma_load(b_desc, [off_k, off_n], bar, b_ring.index(slot))
             else:
                 tma_load(b_desc, [off_n, off_k], bar, b_ring.index(slot))
+            if BLOCK_N2 > 0:  # the tile's last BLOCK_N2 columns of B
+                if B_ROW_MAJOR:
+                    tma_load(b2_desc, [off_k, off_n + BLOCK_N], bar, b2_ring.index(slot))
+                else:
+                    tma_load(b2_desc, [off_n + BLOCK_N, off_k], bar, b2_ring.index(slot))
             step += 1
 
 
@@ -189,26 +209,31 @@ def finish_tile(
     acc,
     off_m,
     off_n,
-    M,
-    N,
-    alpha,
-    beta,
-    d_ptr,
-    stride_dm,
-    stride_dn,
-    r_ptr,
-    stride_rm,
-    stride_rn,
-    z_ptr,
-    stride_zm,
-    stride_zn,
+    epi,
     HAS_ALPHA: gl.constexpr,
     HAS_ADDEND: gl.constexpr,
     ACTIVATION: gl.constexpr,
     HAS_RESIDUAL: gl.constexpr,
     STORE_PREACT: gl.constexpr,
 ):
-    """``gemm.finish_tile`` on the accumulator in its wgmma layout: z = alpha acc + beta D, y = act(z) + R."""
+    """``gemm.finish_tile`` on the accumulator in its wgmma layout: z = alpha acc + beta D, y = act(z) + R.
+
+    ``epi`` holds the epilogue's runtime values (the kernel's ``epi``)."""
+    (
+        M,
+        N,
+        d_ptr,
+        stride_dm,
+        stride_dn,
+        r_ptr,
+        stride_rm,
+        stride_rn,
+        z_ptr,
+        stride_zm,
+        stride_zn,
+        alpha,
+        beta,
+    ) = epi
     BLOCK_M: gl.constexpr = acc.shape[0]
     BLOCK_N: gl.constexpr = acc.shape[1]
     offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
@@ -232,27 +257,13 @@ def finish_tile(
 
 @gluon.jit
 def consumer(
-    a_ring,
-    b_ring,
-    ready,
-    empty,
-    turn,
+    ring,
     c_desc,
     c_smem,
-    d_ptr,
-    r_ptr,
-    z_ptr,
-    M,
-    N,
+    c2_desc,
+    c2_smem,
+    epi,
     K,
-    stride_dm,
-    stride_dn,
-    stride_rm,
-    stride_rn,
-    stride_zm,
-    stride_zn,
-    alpha,
-    beta,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr,
@@ -267,6 +278,7 @@ def consumer(
     STORE_PREACT: gl.constexpr,
     CONSUMER: gl.constexpr,
     CONSUMERS: gl.constexpr,
+    BLOCK_N2: gl.constexpr,
 ):
     """A consumer partition: wgmma over the ring, then the epilogue and the TMA store of each of its tiles.
 
@@ -283,17 +295,28 @@ def consumer(
     ``ready`` barrier more than one phase ahead of the producer: a parity wait
     cannot tell that phase from the one two laps earlier.
     """
+    a_ring, b_ring, b2_ring, ready, empty, turn = ring
+    M = epi[0]
+    N = epi[1]
     acc_layout: gl.constexpr = accumulator_layout(BLOCK_M, BLOCK_N, gl.num_warps())
-    # One wgmma left in flight needs a second slot to load into meanwhile.
+    # (BLOCK_N2 == 0: a layout nothing uses)
+    acc2_layout: gl.constexpr = accumulator_layout(
+        BLOCK_M, BLOCK_N2 if BLOCK_N2 > 0 else BLOCK_N, gl.num_warps()
+    )
+    TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2)
+    # One K-step's wgmma (one per accumulator) left in flight needs a second slot to load into meanwhile.
     IN_FLIGHT: gl.constexpr = 1 if NUM_STAGES > 1 else 0
-    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    WGMMAS: gl.constexpr = 2 if BLOCK_N2 > 0 else 1  # wgmma groups per K-step
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, TILE_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     for tile_id in range(pid + CONSUMER * nprog, num_tiles, CONSUMERS * nprog):
         step = (tile_id - pid) // nprog * k_tiles  # the ring step of this tile's first K-step
-        pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, TILE_N, GROUP_M)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+        if BLOCK_N2 > 0:
+            acc2 = gl.zeros((BLOCK_M, BLOCK_N2), dtype=gl.float32, layout=acc2_layout)
         if CONSUMERS > 1:
             # This consumer's j-th turn is phase j of turn[CONSUMER]; consumer 0's first is free (a fresh
             # mbarrier counts as having completed the phase before phase 0).
@@ -309,7 +332,14 @@ def consumer(
             if not B_ROW_MAJOR:
                 b = b.permute((1, 0))
             acc = warpgroup_mma(a, b, acc, is_async=True)
-            acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
+            if BLOCK_N2 > 0:
+                b2 = b2_ring.index(slot)
+                if not B_ROW_MAJOR:
+                    b2 = b2.permute((1, 0))
+                acc2 = warpgroup_mma(a, b2, acc2, is_async=True)
+                acc, acc2 = warpgroup_mma_wait(IN_FLIGHT * WGMMAS, deps=(acc, acc2))
+            else:
+                acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
             if IN_FLIGHT:
                 # The previous K-step's wgmma has retired: its slot may be refilled.
                 mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=ki > 0)
@@ -318,40 +348,39 @@ def consumer(
             step += 1
         if CONSUMERS > 1:
             mbarrier.arrive(turn.index((CONSUMER + 1) % CONSUMERS))  # every wgmma of this tile is issued
-        acc = warpgroup_mma_wait(0, deps=(acc,))
+        if BLOCK_N2 > 0:
+            acc, acc2 = warpgroup_mma_wait(0, deps=(acc, acc2))
+        else:
+            acc = warpgroup_mma_wait(0, deps=(acc,))
         if IN_FLIGHT:
             mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=k_tiles > 0)
 
         off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
+        off_n = pid_n * TILE_N
         acc = finish_tile(
-            acc,
-            off_m,
-            off_n,
-            M,
-            N,
-            alpha,
-            beta,
-            d_ptr,
-            stride_dm,
-            stride_dn,
-            r_ptr,
-            stride_rm,
-            stride_rn,
-            z_ptr,
-            stride_zm,
-            stride_zn,
-            HAS_ALPHA,
-            HAS_ADDEND,
-            ACTIVATION,
-            HAS_RESIDUAL,
-            STORE_PREACT,
+            acc, off_m, off_n, epi, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT
         )
-        # The previous tile's TMA store must have finished reading c_smem before it is overwritten.
+        if BLOCK_N2 > 0:
+            acc2 = finish_tile(
+                acc2,
+                off_m,
+                off_n + BLOCK_N,
+                epi,
+                HAS_ALPHA,
+                HAS_ADDEND,
+                ACTIVATION,
+                HAS_RESIDUAL,
+                STORE_PREACT,
+            )
+        # The previous tile's TMA stores must have finished reading c_smem before it is overwritten.
         tma.store_wait(0)
         c_smem.store(acc.to(c_desc.dtype))
+        if BLOCK_N2 > 0:
+            c2_smem.store(acc2.to(c2_desc.dtype))
         fence_async_shared()
         tma_store(c_desc, [off_m, off_n], c_smem)
+        if BLOCK_N2 > 0:
+            tma_store(c2_desc, [off_m, off_n + BLOCK_N], c2_smem)
     tma.store_wait(0)
 
 
@@ -359,7 +388,9 @@ def consumer(
 def gemm_gluon_kernel(
     a_desc,
     b_desc,
+    b2_desc,
     c_desc,
+    c2_desc,
     d_ptr,
     r_ptr,
     z_ptr,
@@ -386,7 +417,8 @@ def gemm_gluon_kernel(
     ACTIVATION: gl.constexpr,
     HAS_RESIDUAL: gl.constexpr,
     STORE_PREACT: gl.constexpr,
-    CONSUMERS: gl.constexpr = 1,
+    CONSUMERS: gl.constexpr,
+    BLOCK_N2: gl.constexpr,
 ):
     """C = act(alpha * A @ B + beta * D) + R on a persistent grid (program p takes tiles p, p + grid, ...).
 
@@ -399,6 +431,14 @@ def gemm_gluon_kernel(
     b_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
     # One output staging tile per consumer: each stores its own tiles.
     c_tiles = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
+    if BLOCK_N2 > 0:  # the tile's last BLOCK_N2 columns: B's and C's in buffers of their own
+        b2_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b2_desc.block_type.shape, b2_desc.layout)
+        c2_tiles = gl.allocate_shared_memory(
+            c2_desc.dtype, [CONSUMERS] + c2_desc.block_type.shape, c2_desc.layout
+        )
+    else:
+        b2_ring = b_ring
+        c2_tiles = c_tiles
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -408,69 +448,34 @@ def gemm_gluon_kernel(
     for c in gl.static_range(2):
         mbarrier.init(turn.index(c), count=1)
 
-    loads = (
-        a_desc,
-        b_desc,
-        a_ring,
-        b_ring,
-        ready,
-        empty,
+    # Runtime values travel to the partitions in tuples; constexprs are written out in each call
+    # (a tuple bound to a name would turn them into runtime values).
+    ring = (a_ring, b_ring, b2_ring, ready, empty, turn)
+    epi = (
         M,
         N,
-        K,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-        GROUP_M,
-        NUM_STAGES,
-        A_ROW_MAJOR,
-        B_ROW_MAJOR,
+        d_ptr,
+        stride_dm,
+        stride_dn,
+        r_ptr,
+        stride_rm,
+        stride_rn,
+        z_ptr,
+        stride_zm,
+        stride_zn,
+        alpha,
+        beta,
     )
+    # fmt: off
     if CONSUMERS == 1:
         # Cooperative (or a single warpgroup): the kernel's num_warps run every tile together.
         gl.warp_specialize(
             [
-                (
-                    consumer,
-                    (
-                        a_ring,
-                        b_ring,
-                        ready,
-                        empty,
-                        turn,
-                        c_desc,
-                        c_tiles.index(0),
-                        d_ptr,
-                        r_ptr,
-                        z_ptr,
-                        M,
-                        N,
-                        K,
-                        stride_dm,
-                        stride_dn,
-                        stride_rm,
-                        stride_rn,
-                        stride_zm,
-                        stride_zn,
-                        alpha,
-                        beta,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        GROUP_M,
-                        NUM_STAGES,
-                        A_ROW_MAJOR,
-                        B_ROW_MAJOR,
-                        HAS_ALPHA,
-                        HAS_ADDEND,
-                        ACTIVATION,
-                        HAS_RESIDUAL,
-                        STORE_PREACT,
-                        0,
-                        1,
-                    ),
-                ),
-                (producer, loads),
+                (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K,
+                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 1, BLOCK_N2)),
+                (producer, (a_desc, b_desc, b2_desc, ring, M, N, K,
+                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2)),
             ],
             [1],
             [PRODUCER_REGS],
@@ -480,91 +485,19 @@ def gemm_gluon_kernel(
         # epilogue runs while the other's wgmma keep the tensor cores busy.
         gl.warp_specialize(
             [
-                (
-                    consumer,
-                    (
-                        a_ring,
-                        b_ring,
-                        ready,
-                        empty,
-                        turn,
-                        c_desc,
-                        c_tiles.index(0),
-                        d_ptr,
-                        r_ptr,
-                        z_ptr,
-                        M,
-                        N,
-                        K,
-                        stride_dm,
-                        stride_dn,
-                        stride_rm,
-                        stride_rn,
-                        stride_zm,
-                        stride_zn,
-                        alpha,
-                        beta,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        GROUP_M,
-                        NUM_STAGES,
-                        A_ROW_MAJOR,
-                        B_ROW_MAJOR,
-                        HAS_ALPHA,
-                        HAS_ADDEND,
-                        ACTIVATION,
-                        HAS_RESIDUAL,
-                        STORE_PREACT,
-                        0,
-                        2,
-                    ),
-                ),
-                (
-                    consumer,
-                    (
-                        a_ring,
-                        b_ring,
-                        ready,
-                        empty,
-                        turn,
-                        c_desc,
-                        c_tiles.index(1),
-                        d_ptr,
-                        r_ptr,
-                        z_ptr,
-                        M,
-                        N,
-                        K,
-                        stride_dm,
-                        stride_dn,
-                        stride_rm,
-                        stride_rn,
-                        stride_zm,
-                        stride_zn,
-                        alpha,
-                        beta,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        GROUP_M,
-                        NUM_STAGES,
-                        A_ROW_MAJOR,
-                        B_ROW_MAJOR,
-                        HAS_ALPHA,
-                        HAS_ADDEND,
-                        ACTIVATION,
-                        HAS_RESIDUAL,
-                        STORE_PREACT,
-                        1,
-                        2,
-                    ),
-                ),
-                (producer, loads),
+                (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K,
+                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 2, BLOCK_N2)),
+                (consumer, (ring, c_desc, c_tiles.index(1), c2_desc, c2_tiles.index(1), epi, K,
+                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 1, 2, BLOCK_N2)),
+                (producer, (a_desc, b_desc, b2_desc, ring, M, N, K,
+                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
         )
+    # fmt: on
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))

@@ -2,7 +2,7 @@
 a persistent grid of one program per SM.
 
 Reads from ``plan.config``: ``block_m``, ``block_n``, ``block_k``, ``group_m``,
-``num_stages`` (the ring's slots), ``num_warps`` (the warps of each consumer: 4
+``num_stages`` (the ring's slots; ``block_n`` may be a sum of two powers of two, see ``split_width``), ``num_warps`` (the warps of each consumer: 4
 per warpgroup; the producer warp comes on top) and ``pingpong`` (two consumers
 on alternate tiles, else one).  From ``plan.device``: ``sm_count``.
 """
@@ -24,7 +24,7 @@ if GLUON_AVAILABLE:
 else:
     GL_DTYPES = {}
 
-RUNTIME = ("a_desc", "b_desc", "c_desc", "d_ptr", "r_ptr", "z_ptr", "alpha", "beta")
+RUNTIME = ("a_desc", "b_desc", "b2_desc", "c_desc", "c2_desc", "d_ptr", "r_ptr", "z_ptr", "alpha", "beta")
 
 #: Registers per SM (every sm_90 part).
 REGISTER_FILE = 65536
@@ -39,6 +39,16 @@ def descriptor(t: torch.Tensor, rows_block: int, cols_block: int):
         shape, strides, block, row_major = [c, r], [t.stride(1), 1], [cols_block, rows_block], False
     layout = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
     return TensorDescriptor(t, shape, strides, block, layout), row_major
+
+
+def split_width(block_n: int) -> tuple[int, int]:
+    """A tile width as the kernel's two parts (``BLOCK_N``, ``BLOCK_N2``): 192 -> (128, 64), 128 -> (128, 0).
+
+    Gluon tensors have power-of-two shapes; a width that is the sum of two powers
+    of two runs as two accumulators and two B / C boxes (``TileConfig`` admits those).
+    """
+    first = 1 << (block_n.bit_length() - 1)
+    return first, block_n - first
 
 
 def max_registers(consumer_warps: int) -> int:
@@ -64,9 +74,13 @@ class GluonLauncher:
             raise ValueError(
                 "the Gluon kernel stores C through a row-major descriptor: out needs a unit last stride"
             )
+        bn, bn2 = split_width(cfg.block_n)
         self.a_desc, a_row_major = descriptor(a2, cfg.block_m, cfg.block_k)
-        self.b_desc, b_row_major = descriptor(b2, cfg.block_k, cfg.block_n)
-        self.c_desc, _ = descriptor(c2, cfg.block_m, cfg.block_n)
+        self.b_desc, b_row_major = descriptor(b2, cfg.block_k, bn)
+        self.c_desc, _ = descriptor(c2, cfg.block_m, bn)
+        # Without a second part the kernel never reads these: B's and C's own descriptors stand in.
+        self.b2_desc = descriptor(b2, cfg.block_k, bn2)[0] if bn2 else self.b_desc
+        self.c2_desc = descriptor(c2, cfg.block_m, bn2)[0] if bn2 else self.c_desc
         consumers = 2 if cfg.pingpong else 1
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         programs = max(1, min(plan.device.sm_count, tiles))
@@ -84,7 +98,8 @@ class GluonLauncher:
                 stride_zm=c2.stride(0),
                 stride_zn=c2.stride(1),
                 BLOCK_M=cfg.block_m,
-                BLOCK_N=cfg.block_n,
+                BLOCK_N=bn,
+                BLOCK_N2=bn2,
                 BLOCK_K=cfg.block_k,
                 GROUP_M=cfg.group_m,
                 NUM_STAGES=cfg.num_stages,
@@ -96,14 +111,20 @@ class GluonLauncher:
             (programs,),
             cfg.num_warps,
             cfg.num_stages,
-            descriptors=dict(a_desc=self.a_desc, b_desc=self.b_desc, c_desc=self.c_desc),
+            descriptors=dict(
+                a_desc=self.a_desc,
+                b_desc=self.b_desc,
+                b2_desc=self.b2_desc,
+                c_desc=self.c_desc,
+                c2_desc=self.c2_desc,
+            ),
         )
         self.main.options["maxnreg"] = max_registers(cfg.num_warps * consumers)
         # The templates need no tensor: every launch rebases them (a cached launcher keeps no operand alive).
-        for template in (self.a_desc, self.b_desc, self.c_desc):
+        for template in (self.a_desc, self.b_desc, self.b2_desc, self.c_desc, self.c2_desc):
             template.base = None
 
     takes_bases = True  # reads only data pointers (see ``launch.launcher_for``)
 
     def __call__(self, a, b, out, d, r, z, alpha, beta):
-        self.main(a, b, out, d, r, z, alpha, beta)  # the launch puts a, b, out in descriptors
+        self.main(a, b, b, out, out, d, r, z, alpha, beta)  # the launch puts a, b, out in descriptors

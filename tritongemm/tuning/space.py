@@ -30,6 +30,10 @@ WARP_SPECIALIZED_TILES = (
     (128, 128, 4, 5, True),
     (64, 128, 4, 6, True),
     (64, 256, 4, 4, True),
+    # widths that are not powers of two (two accumulators): heuristics.SPLIT_WIDTH_TILES
+    (128, 192, 8, 4, False),
+    (128, 160, 8, 5, False),
+    (128, 96, 4, 6, False),
 )
 
 
