@@ -424,7 +424,11 @@ def gemm_gluon_kernel(
 
     ``a_desc`` describes A (M, K) if A_ROW_MAJOR, else A^T (K, M); ``b_desc``
     describes B (K, N) if B_ROW_MAJOR, else B^T (N, K) (the x @ w.T of a linear
-    layer); ``c_desc`` describes C (M, N) with BLOCK_M x BLOCK_N boxes.
+    layer); ``c_desc`` describes C (M, N) with BLOCK_M x BLOCK_N boxes.  With
+    ``BLOCK_N2 > 0`` a tile is BLOCK_N + BLOCK_N2 wide (e.g. 128 + 64): its last
+    BLOCK_N2 columns have their own accumulator, read B through ``b2_desc`` and are
+    stored through ``c2_desc`` (Gluon tensors have power-of-two shapes); otherwise
+    ``b2_desc`` / ``c2_desc`` are never read.
     """
     dtype: gl.constexpr = a_desc.dtype
     a_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)

@@ -1,10 +1,11 @@
 """The warp-specialized Gluon kernel (``kernels/gemm_gluon.py``): descriptors with explicit shared layouts,
 a persistent grid of one program per SM.
 
-Reads from ``plan.config``: ``block_m``, ``block_n``, ``block_k``, ``group_m``,
-``num_stages`` (the ring's slots; ``block_n`` may be a sum of two powers of two, see ``split_width``), ``num_warps`` (the warps of each consumer: 4
-per warpgroup; the producer warp comes on top) and ``pingpong`` (two consumers
-on alternate tiles, else one).  From ``plan.device``: ``sm_count``.
+Reads from ``plan.config``: ``block_m``, ``block_n`` (a power of two, or the sum
+of two: see ``split_width``), ``block_k``, ``group_m``, ``num_stages`` (the ring's
+slots), ``num_warps`` (the warps of each consumer: 4 per warpgroup; the producer
+warp comes on top) and ``pingpong`` (two consumers on alternate tiles, else one).
+From ``plan.device``: ``sm_count``.
 """
 
 from __future__ import annotations
