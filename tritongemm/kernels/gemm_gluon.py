@@ -219,21 +219,10 @@ def finish_tile(
     """``gemm.finish_tile`` on the accumulator in its wgmma layout: z = alpha acc + beta D, y = act(z) + R.
 
     ``epi`` holds the epilogue's runtime values (the kernel's ``epi``)."""
-    (
-        M,
-        N,
-        d_ptr,
-        stride_dm,
-        stride_dn,
-        r_ptr,
-        stride_rm,
-        stride_rn,
-        z_ptr,
-        stride_zm,
-        stride_zn,
-        alpha,
-        beta,
-    ) = epi
+    # fmt: off
+    (M, N, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn, z_ptr, stride_zm, stride_zn,
+     alpha, beta) = epi
+    # fmt: on
     BLOCK_M: gl.constexpr = acc.shape[0]
     BLOCK_N: gl.constexpr = acc.shape[1]
     offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
@@ -455,22 +444,9 @@ def gemm_gluon_kernel(
     # Runtime values travel to the partitions in tuples; constexprs are written out in each call
     # (a tuple bound to a name would turn them into runtime values).
     ring = (a_ring, b_ring, b2_ring, ready, empty, turn)
-    epi = (
-        M,
-        N,
-        d_ptr,
-        stride_dm,
-        stride_dn,
-        r_ptr,
-        stride_rm,
-        stride_rn,
-        z_ptr,
-        stride_zm,
-        stride_zn,
-        alpha,
-        beta,
-    )
     # fmt: off
+    epi = (M, N, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn, z_ptr, stride_zm, stride_zn,
+           alpha, beta)
     if CONSUMERS == 1:
         # Cooperative (or a single warpgroup): the kernel's num_warps run every tile together.
         gl.warp_specialize(
