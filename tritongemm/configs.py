@@ -76,11 +76,20 @@ def _is_pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
 
+def split_width(block_n: int) -> tuple[int, int]:
+    """A tile width as its largest power of two and the rest: 192 -> (128, 64), 128 -> (128, 0).
+
+    Gluon tensors have power-of-two shapes; the warp-specialized kernel runs a
+    width whose rest is a power of two >= 16 (192, 160, 96 ...) as two
+    accumulators and two B / C boxes (``BLOCK_N``, ``BLOCK_N2``).
+    """
+    first = 1 << (block_n.bit_length() - 1) if block_n > 0 else 0
+    return first, block_n - first
+
+
 def _is_split_width(x: int) -> bool:
-    """A sum of two different powers of two, the smaller >= 16 (192 = 128 + 64, 96, 160, 320 ...):
-    a width the warp-specialized kernel runs as two accumulators."""
-    first = 1 << (x.bit_length() - 1) if x > 0 else 0
-    return first > 0 and x != first and _is_pow2(x - first) and x - first >= 16
+    rest = split_width(x)[1]
+    return rest >= 16 and _is_pow2(rest)
 
 
 @dataclass(frozen=True)
@@ -135,7 +144,7 @@ class TileConfig:
             if self.gemv and name == "block_n" and _is_pow2(value):
                 continue  # no tl.dot in the GEMV kernel: any power of two
             if name == "block_n" and self.warp_specialize and _is_split_width(value):
-                continue  # two accumulators in the Gluon kernel (launch.gluon.split_width)
+                continue  # two accumulators in the Gluon kernel (split_width)
             if not _is_pow2(value) or value < 16:
                 raise ConfigError(
                     f"TileConfig.{name}={value}: tiles must be powers of two >= 16 "
@@ -227,8 +236,7 @@ class TileConfig:
     def without_warp_specialization(self) -> TileConfig:
         """The nearest config for the TMA kernel: no warp specialization and a power-of-two
         ``block_n`` (a two-part width such as 192 keeps its larger part, 128)."""
-        block_n = self.block_n if _is_pow2(self.block_n) else 1 << (self.block_n.bit_length() - 1)
-        return replace(self, warp_specialize=False, pingpong=False, block_n=block_n)
+        return replace(self, warp_specialize=False, pingpong=False, block_n=split_width(self.block_n)[0])
 
     def with_pipeline(self, pipeline: str | int) -> TileConfig:
         """The same tiles under another mainloop scheme (name or stage count)."""

@@ -13,7 +13,7 @@ import math
 from dataclasses import replace
 from typing import NamedTuple
 
-from .configs import MAX_SPLIT_K, GemmProblem, TileConfig, wave_efficiency
+from .configs import MAX_SPLIT_K, GemmProblem, TileConfig, split_width, wave_efficiency
 from .device import DeviceInfo
 
 
@@ -440,7 +440,7 @@ WS_DEEP_TILE = Tile(128, 128, 64, 4, 6)
 
 
 # Tile widths that are not powers of two, on the warp-specialized kernel (two
-# accumulators, ``launch.gluon.split_width``): they cut wave quantization where
+# accumulators, ``configs.split_width``): they cut wave quantization where
 # every power-of-two width leaves SMs idle.  Speeds relative to 128x256 on the TMA
 # kernel, from the shapes of many full waves in sweeps/split_width_sweep.json
 # (H100, bf16 TN, 2026-11-23; 4096^3 and 8192x4096x4096: 128x192 0.85-0.86 of
@@ -551,11 +551,11 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
     split = split_width_tile(problem, device, score)
     if split is not None:
         wide, wide_score = split
-        first = 1 << (wide.block_n.bit_length() - 1)
+        first, rest = split_width(wide.block_n)
         return wide.config(tma=True, persistent=True, warp_specialize=True), (
             f"{wide.block_m}x{wide.block_n} tiles fill the SMs better ({wide_score:.2f} against the menu's "
             f"{score:.2f}): the warp-specialized kernel, two accumulators of {first} + "
-            f"{wide.block_n - first} columns"
+            f"{rest} columns"
         )
     ws = warp_specialized_tile(problem, device)
     if ws is not None:

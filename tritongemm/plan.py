@@ -169,8 +169,6 @@ def _kernel_for(
                 cfg.without_warp_specialization(),
                 tma=False,
                 persistent=False,
-                warp_specialize=False,
-                pingpong=False,
                 epilogue_subtile=False,
             )
     return cfg, kernel, "; ".join(fallbacks) or None

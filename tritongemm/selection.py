@@ -100,9 +100,7 @@ def select_config(
     return select(problem, device, Request(config, pipeline, decomposition))[0]
 
 
-_POINTER_ONLY = dict(
-    tma=False, persistent=False, warp_specialize=False, pingpong=False, epilogue_subtile=False
-)
+_POINTER_ONLY = dict(tma=False, persistent=False, epilogue_subtile=False)  # after without_warp_specialization
 
 
 def apply_decomposition(
@@ -132,8 +130,6 @@ def apply_decomposition(
             return replace(
                 cfg.without_warp_specialization(),
                 persistent=True,
-                warp_specialize=False,
-                pingpong=False,
                 split_k=1,
                 split_k_inline=False,
                 stream_k=True,

@@ -2,7 +2,7 @@
 a persistent grid of one program per SM.
 
 Reads from ``plan.config``: ``block_m``, ``block_n`` (a power of two, or the sum
-of two: see ``split_width``), ``block_k``, ``group_m``, ``num_stages`` (the ring's
+of two: see ``configs.split_width``), ``block_k``, ``group_m``, ``num_stages`` (the ring's
 slots), ``num_warps`` (the warps of each consumer: 4 per warpgroup; the producer
 warp comes on top) and ``pingpong`` (two consumers on alternate tiles, else one).
 From ``plan.device``: ``sm_count``.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..configs import split_width
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, gemm_gluon_kernel
 from .common import KernelArgs, Launch
 from .pointer import epilogue_constexprs
@@ -40,16 +41,6 @@ def descriptor(t: torch.Tensor, rows_block: int, cols_block: int):
         shape, strides, block, row_major = [c, r], [t.stride(1), 1], [cols_block, rows_block], False
     layout = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
     return TensorDescriptor(t, shape, strides, block, layout), row_major
-
-
-def split_width(block_n: int) -> tuple[int, int]:
-    """A tile width as the kernel's two parts (``BLOCK_N``, ``BLOCK_N2``): 192 -> (128, 64), 128 -> (128, 0).
-
-    Gluon tensors have power-of-two shapes; a width that is the sum of two powers
-    of two runs as two accumulators and two B / C boxes (``TileConfig`` admits those).
-    """
-    first = 1 << (block_n.bit_length() - 1)
-    return first, block_n - first
 
 
 def max_registers(consumer_warps: int) -> int:
