@@ -85,8 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--rounds",
         type=int,
-        default=3,
-        help="time each case's implementations in this many interleaved rounds (default 3)",
+        default=None,
+        help="time each case's implementations in this many interleaved rounds (default 3; the host suite 15)",
     )
     r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             ceilings=not args.no_ceilings,
             warmup_ms=args.warmup,
             rep_ms=args.rep,
-            rounds=args.rounds,
+            rounds=args.rounds or 3,
             progress=not args.no_progress,
             plots=not args.no_plots,
         )

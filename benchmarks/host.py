@@ -36,6 +36,9 @@ from . import harness
 SUITE = "host"
 SIZES = ((16, 16, 16), (64, 64, 64), (128, 256, 128))
 TARGET_RATIO = 1.2
+#: Interleaved rounds per case (``--rounds`` overrides): the H100 host's per-call times wander by
+#: 10-30% between rounds, so the median needs more of them than a GPU-bound suite.
+ROUNDS = 15
 
 
 @dataclass
@@ -139,7 +142,7 @@ def per_call_us(fn: Callable[[], object], calls: int, device: torch.device) -> f
 
 
 def measure(
-    case: HostCase, dtype: torch.dtype, device: torch.device | str, *, calls: int = 200, rounds: int = 15
+    case: HostCase, dtype: torch.dtype, device: torch.device | str, *, calls: int = 200, rounds: int = ROUNDS
 ) -> list[dict]:
     """Two rows (torch, tritongemm) for one case: gated, then interleaved rounds of ``calls`` calls."""
     device = torch.device(device)
@@ -215,7 +218,7 @@ def run_host(
     device: torch.device | str,
     *,
     calls: int = 200,
-    rounds: int = 15,
+    rounds: int = ROUNDS,
     log: Callable[[str], None] = lambda s: None,
 ) -> list[dict]:
     rows = []
@@ -303,6 +306,7 @@ def run_cli(args) -> int:
         case_list,
         dtype,
         device,
+        rounds=getattr(args, "rounds", None) or ROUNDS,
         log=lambda s: print(f"[host {time.perf_counter() - start:6.1f}s] {s}", file=sys.stderr, flush=True),
     )
     csv = harness.write_results(

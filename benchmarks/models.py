@@ -1254,7 +1254,7 @@ def run_cli(args) -> int:
         include_sabotaged=args.sabotaged,
         warmup_ms=args.warmup,
         rep_ms=args.rep,
-        rounds=args.rounds,
+        rounds=args.rounds or 3,
         plots=not args.no_plots,
     )
     print("\n== models ==")

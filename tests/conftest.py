@@ -119,9 +119,9 @@ def plans(monkeypatch):
     monkeypatch.setattr(launch, "gemm", spy)
 
     # A repeated call runs from its fast-path entry, which holds its launcher (and plan) directly.
-    real_entry_call = fastpath.Entry.__call__
+    real_entry_run = fastpath.Entry.run
 
-    def entry_spy(entry, x, w, bias, grad):
+    def entry_spy(entry, x, w, bias):
         chosen = entry.launcher.plan
         records.append(
             dict(
@@ -133,9 +133,9 @@ def plans(monkeypatch):
                 dtype=x.dtype,
             )
         )
-        return real_entry_call(entry, x, w, bias, grad)
+        return real_entry_run(entry, x, w, bias)
 
-    monkeypatch.setattr(fastpath.Entry, "__call__", entry_spy)
+    monkeypatch.setattr(fastpath.Entry, "run", entry_spy)
 
     # ... and its backward, from the gradient launchers the entry holds.
     real_grad_call = fastpath._GradLaunch.__call__

@@ -82,35 +82,49 @@ def lookup(kind: str, x, w, bias) -> tuple:
         return None, None
     if amp:  # cast only for an entry that will run: a call without one casts in the whole way
         x, w, bias = autocast_cast(amp, x, w, bias)
-    grad = _grad_enabled() and (
-        x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)
-    )
-    return None, entry(x, w, bias, grad)
+    if entry.cuda_index is not None and entry.cuda_index != _current_device():
+        # The kernel was loaded for, and runs on, the tensors' GPU.
+        with torch.cuda.device(entry.cuda_index):
+            return None, entry.run(x, w, bias)
+    return None, entry.run(x, w, bias)
 
 
 _MISSING = object()
 
 
-def _tensor_sig(t: torch.Tensor):
-    # (The type is checked, not keyed: only plain tensors and parameters get here, and both run alike.)
-    return (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15, t.is_neg())
-
-
 def signature(kind: str, x, w, bias) -> tuple | None:
-    """The key of ``kind(x, w, bias)``, or None where it cannot have one (not tensors)."""
+    """The key of ``kind(x, w, bias)``, or None where it cannot have one (not tensors).
+
+    Per tensor: shape, strides, dtype, device, 16-byte alignment, the negation
+    bit (the type is checked, not keyed: plain tensors and parameters run
+    alike).  Written out flat: this runs on every call, and each Python call
+    or nested tuple here is a measurable share of a ~20 us budget.
+    """
     if type(x) not in _PLAIN_TYPES or type(w) not in _PLAIN_TYPES:
         return None
-    if bias is not None and type(bias) not in _PLAIN_TYPES:
+    if bias is None:
+        bias_sig = None
+    elif type(bias) not in _PLAIN_TYPES:
         return None
+    else:
+        bias_sig = (
+            bias.shape,
+            bias.stride(),
+            bias.dtype,
+            bias.device,
+            not bias.data_ptr() & 15,
+            bias.is_neg(),
+        )
     dtype = x.dtype
-    precision = dot_precision(dtype) if dtype is torch.float32 else None
+    # fmt: off
     return (
         kind,
-        _tensor_sig(x),
-        _tensor_sig(w),
-        None if bias is None else _tensor_sig(bias),
-        precision,
+        x.shape, x.stride(), dtype, x.device, not x.data_ptr() & 15, x.is_neg(),
+        w.shape, w.stride(), w.dtype, w.device, not w.data_ptr() & 15, w.is_neg(),
+        bias_sig,
+        dot_precision(dtype) if dtype is torch.float32 else None,
     )
+    # fmt: on
 
 
 class Entry:
@@ -155,12 +169,11 @@ class Entry:
         self.grad_launches: dict = {}  # (grad strides, grad aligned, needs) -> [grad x, grad w] launches
         self.bias_dims = tuple(range(len(out_shape) - 1))
 
-    def __call__(self, x, w, bias, grad: bool) -> torch.Tensor:
-        if self.cuda_index is not None and self.cuda_index != _current_device():
-            # The kernel was loaded for, and runs on, the tensors' GPU.
-            with torch.cuda.device(self.cuda_index):
-                return self(x, w, bias, grad)
-        if grad:
+    def run(self, x, w, bias) -> torch.Tensor:
+        """The entry's launch on (x, w, bias), through ``EntryFunction`` where autograd records it."""
+        if _grad_enabled() and (
+            x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)
+        ):
             return _apply_entry_function(x, w, bias, self)
         out = alloc_out(self.out_shape, self.dtype, self.device)
         self.launcher(x, w, out, out if bias is None else bias, out, out, 1.0, self.beta)
