@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from . import suites
+    from . import harness, suites
 
     status = 0
     for name in [s.strip() for s in args.suite.split(",") if s.strip()]:
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             ceilings=not args.no_ceilings,
             warmup_ms=args.warmup,
             rep_ms=args.rep,
-            rounds=args.rounds or 3,
+            rounds=args.rounds or harness.ROUNDS,
             progress=not args.no_progress,
             plots=not args.no_plots,
         )

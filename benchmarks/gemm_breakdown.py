@@ -153,7 +153,7 @@ def time_shapes(
     *,
     warmup_ms: float = 25,
     rep_ms: float = 100,
-    rounds: int = 3,
+    rounds: int = harness.ROUNDS,
     log: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """GemmShape -> {"cublas": row, "tritongemm": row}: gated, then timed in interleaved rounds."""

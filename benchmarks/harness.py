@@ -70,6 +70,10 @@ DTYPES: dict[str, torch.dtype] = {
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
 
+#: Interleaved timing rounds per case, unless ``--rounds`` says otherwise (the host suite has its own).
+ROUNDS = 3
+
+
 #: Column order of the results CSV (the schema and its documentation: ``schema.py``).
 COLUMNS = schema.COLUMNS
 
@@ -454,7 +458,7 @@ def run_cases(
     l2_bytes: int | None = None,
     progress: bool = True,
     seed: int = 0,
-    rounds: int = 3,
+    rounds: int = ROUNDS,
 ) -> list[dict]:
     """Measure every implementation on every (case, dtype); returns tidy rows.
 

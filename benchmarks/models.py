@@ -743,7 +743,7 @@ def run_workload(
     sabotaged: bool = False,
     warmup_ms: float = 25,
     rep_ms: float = 100,
-    rounds: int = 3,
+    rounds: int = harness.ROUNDS,
     log: Callable[[str], None] = lambda s: None,
 ) -> list[dict]:
     """Gate every variant of (model, workload) against the fp32 reference, time those that pass."""
@@ -926,7 +926,7 @@ def run_models(
     breakdown: bool = True,
     warmup_ms: float = 25,
     rep_ms: float = 100,
-    rounds: int = 3,
+    rounds: int = harness.ROUNDS,
     log: Callable[[str], None] = lambda s: None,
 ) -> ModelsResult:
     """Run the (model, workload) pairs model by model; returns the model rows and the GEMM breakdown rows."""
@@ -1185,7 +1185,7 @@ def run_models_suite(
     include_sabotaged: bool = False,
     warmup_ms: float = 25,
     rep_ms: float = 100,
-    rounds: int = 3,
+    rounds: int = harness.ROUNDS,
     plots: bool = True,
 ) -> tuple[harness.RunSummary, str]:
     """The GPU suite: every default model's workloads.
@@ -1254,7 +1254,7 @@ def run_cli(args) -> int:
         include_sabotaged=args.sabotaged,
         warmup_ms=args.warmup,
         rep_ms=args.rep,
-        rounds=args.rounds or 3,
+        rounds=args.rounds or harness.ROUNDS,
         plots=not args.no_plots,
     )
     print("\n== models ==")

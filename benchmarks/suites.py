@@ -480,7 +480,7 @@ def run_suite(
     ceilings: bool = True,
     warmup_ms: float = 25,
     rep_ms: float = 100,
-    rounds: int = 3,
+    rounds: int = harness.ROUNDS,
     progress: bool = True,
     plots: bool = True,
 ) -> harness.RunSummary:
