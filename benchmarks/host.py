@@ -301,6 +301,8 @@ def run_cli(args) -> int:
     env = harness.environment(device)
     out_dir = Path(args.out) if args.out else harness.default_results_dir(env)
     case_list = [c for c in cases() if not args.filter or args.filter in c.label]
+    node = harness.autograd_node()
+    print(f"autograd node of repeated calls with grad: {node}", file=sys.stderr)
     start = time.perf_counter()
     rows = run_host(
         case_list,
@@ -310,9 +312,10 @@ def run_cli(args) -> int:
         log=lambda s: print(f"[host {time.perf_counter() - start:6.1f}s] {s}", file=sys.stderr, flush=True),
     )
     csv = harness.write_results(
-        rows, out_dir / "host.csv", env, {"suite": SUITE, "target_ratio": TARGET_RATIO}
+        rows, out_dir / "host.csv", env, {"suite": SUITE, "target_ratio": TARGET_RATIO, "autograd_node": node}
     )
     print("\n== host ==")
+    print(f"autograd node: {node}")
     print(summary_table(rows))
     print(f"wrote {csv}")
     if not args.no_plots:

@@ -6,7 +6,12 @@ Before tritongemm (or anything ``@triton.jit``) is imported:
 * ``TRITONGEMM_POISON_OUTPUTS=1``: every output tritongemm allocates starts
   as NaN, so an element the kernel never writes fails the comparison;
 * an empty tuning cache and no autotuning, so ``config=None`` means the
-  heuristic whatever the machine has cached.
+  heuristic whatever the machine has cached;
+* the C++ autograd node (``tritongemm.native``) built before any test runs
+  (once; xdist workers wait on its lock and load it), so every test with
+  grad runs it; ``grad_node`` runs a test with it and with the Python
+  ``Function`` that stands in where it cannot be built.
+  ``TRITONGEMM_NATIVE=0`` tests the Python ``Function`` alone.
 
 Tests take their device from the ``device`` fixture ("cuda" when Triton
 compiles for a GPU, else "cpu" on the interpreter); ``@pytest.mark.gpu`` tests
@@ -35,7 +40,7 @@ os.environ["TRITONGEMM_AUTOTUNE"] = "0"
 import pytest  # noqa: E402
 
 import tritongemm  # noqa: E402
-from tritongemm import fastpath, launch  # noqa: E402
+from tritongemm import fastpath, launch, native  # noqa: E402
 from tritongemm.autograd import set_poison_outputs  # noqa: E402
 from tritongemm.testing import default_device  # noqa: E402
 
@@ -48,6 +53,15 @@ if not torch.cuda.is_available() and not tritongemm.interpreter_enabled():
         "no CUDA GPU and tritongemm's kernels are compiled, not interpreted: Triton was imported "
         "before tests/conftest.py could set TRITON_INTERPRET=1; run with TRITON_INTERPRET=1 set"
     )
+
+
+# Built here, not in the background, so that which autograd node a test runs does not depend on
+# timing; a failed build fails test_native (its message has the compiler's output).
+if native.ENABLED:
+    try:
+        native.build()
+    except native.NativeBuildError:
+        pass
 
 
 def pytest_configure(config):
@@ -150,6 +164,24 @@ def plans(monkeypatch):
 
     monkeypatch.setattr(fastpath._GradLaunch, "__call__", grad_spy)
     return records
+
+
+def require_native() -> None:
+    """Fail where the C++ node does not build, unless ``TRITONGEMM_NATIVE=0`` says it is not wanted (a skip)."""
+    if not native.ENABLED:
+        pytest.skip("TRITONGEMM_NATIVE=0: the C++ autograd node is switched off")
+    native.build()  # raises NativeBuildError with the compiler's output
+
+
+@pytest.fixture(params=["cpp-node", "function"])
+def grad_node(request, monkeypatch):
+    """Runs a test with the fast path's C++ autograd node, then with the Python ``Function``."""
+    if request.param == "cpp-node":
+        require_native()
+    else:
+        monkeypatch.setattr(native, "RECORD", None)
+        monkeypatch.setattr(native, "ENABLED", False)  # no background build either
+    return request.param
 
 
 @pytest.fixture

@@ -46,6 +46,10 @@ class _WholeWayCounter:
             monkeypatch.setattr(api, name, counted)
 
 
+#: the grad_fn an entry's output gets, per ``grad_node`` (conftest)
+_NODE_NAMES = {"cpp-node": "TritongemmEntryBackward", "function": "EntryFunctionBackward"}
+
+
 def _ref_linear(x, w, b=None):
     return F.linear(x.double(), w.double(), None if b is None else b.double())
 
@@ -128,7 +132,7 @@ def test_errors_are_raised_after_an_entry_exists(device):
 
 
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
-def test_repeated_linear_with_grad(with_bias, device, monkeypatch):
+def test_repeated_linear_with_grad(grad_node, with_bias, device, monkeypatch):
     counter = _WholeWayCounter(monkeypatch)
     w = random_tensor((12, 16), torch.float32, device).requires_grad_()
     b = random_tensor((12,), torch.float32, device).requires_grad_() if with_bias else None
@@ -137,16 +141,17 @@ def test_repeated_linear_with_grad(with_bias, device, monkeypatch):
         args = (x, w) if b is None else (x, w, b)
         assert_matches_reference(tritongemm.linear, F.linear, *args)
     assert counter.calls == 1
+    assert tritongemm.linear(*args).grad_fn.name() == _NODE_NAMES[grad_node]
 
 
-def test_grad_mode_and_requires_grad_switch_within_one_entry(device):
+def test_grad_mode_and_requires_grad_switch_within_one_entry(grad_node, device):
     w = random_tensor((12, 16), torch.float32, device)
     x = random_tensor((3, 16), torch.float32, device)
     y0 = tritongemm.linear(x, w)
     assert y0.grad_fn is None
     w.requires_grad_()
     y1 = tritongemm.linear(x, w)
-    assert y1.grad_fn is not None
+    assert y1.grad_fn.name() == _NODE_NAMES[grad_node]
     (g,) = torch.autograd.grad(y1.sum(), w)
     assert_close(g, torch.ones(3, 12, dtype=torch.float64, device=device).T @ x.double())
     with torch.no_grad():
@@ -489,7 +494,7 @@ def _grads_against_float64(fn, ref_fn, tensors, grad_out):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("upstream", ["contiguous", "transposed", "broadcast"])
 @pytest.mark.parametrize("needs", ["all", "x", "w"])
-def test_entry_backward_of_linear(dtype, upstream, needs, device, monkeypatch):
+def test_entry_backward_of_linear(grad_node, dtype, upstream, needs, device, monkeypatch):
     w = random_tensor((24, 20), dtype, device).requires_grad_(needs in ("all", "w"))
     b = random_tensor((24,), dtype, device).requires_grad_(needs == "all")
     counter = _WholeWayCounter(monkeypatch)
@@ -505,7 +510,7 @@ def test_entry_backward_of_linear(dtype, upstream, needs, device, monkeypatch):
 
 @pytest.mark.parametrize("x_layout", ["row", "column", "batched"])
 @pytest.mark.parametrize("w_layout", ["row", "column"])
-def test_entry_backward_of_matmul_keeps_layouts(x_layout, w_layout, device, monkeypatch):
+def test_entry_backward_of_matmul_keeps_layouts(grad_node, x_layout, w_layout, device, monkeypatch):
     dtype = torch.float16
     wk = (
         random_tensor((20, 28), dtype, device)
@@ -531,7 +536,7 @@ def test_entry_backward_of_matmul_keeps_layouts(x_layout, w_layout, device, monk
     assert counter.calls == 1
 
 
-def test_entry_backward_accumulates_into_contiguous_weight_grad(device):
+def test_entry_backward_accumulates_into_contiguous_weight_grad(grad_node, device):
     lin = torch.nn.Linear(16, 12, device=device)
     x = random_tensor((5, 16), torch.float32, device)
     ref = lin.weight.detach().double()
@@ -544,7 +549,7 @@ def test_entry_backward_accumulates_into_contiguous_weight_grad(device):
     assert ref.shape == lin.weight.shape
 
 
-def test_entry_backward_with_create_graph_takes_the_whole_way(device):
+def test_entry_backward_with_create_graph_takes_the_whole_way(grad_node, device):
     x = random_tensor((6, 10), torch.float64, device).requires_grad_()
     w = random_tensor((7, 10), torch.float64, device).requires_grad_()
     b = random_tensor((7,), torch.float64, device).requires_grad_()
@@ -561,7 +566,7 @@ def test_entry_backward_with_create_graph_takes_the_whole_way(device):
     assert len(fastpath.ENTRIES) == 1
 
 
-def test_entry_backward_launches_are_planned_once(device, monkeypatch):
+def test_entry_backward_launches_are_planned_once(grad_node, device, monkeypatch):
     w = random_tensor((12, 16), torch.float32, device).requires_grad_()
     x = random_tensor((4, 16), torch.float32, device).requires_grad_()
     for _ in range(2):

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import native
 from ..configs import GemmProblem, TileConfig
 from ..device import DeviceInfo, device_info, named_device
 from . import cache, presets, tuner
@@ -288,6 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = commands.add_parser("cache", help="show the cache file and its entries")
     show.add_argument("--cache-file", default=None)
+
+    build = commands.add_parser(
+        "native", help="build the C++ autograd node now (else built in the background on first use)"
+    )
+    build.add_argument("--force", action="store_true", help="rebuild, also after a failed build")
     return parser
 
 
@@ -467,7 +473,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_tune(args, parser)
     if args.command == "explain":
         return run_explain(args)
+    if args.command == "native":
+        return run_native(args)
     return run_cache(args)
+
+
+def run_native(args: argparse.Namespace) -> int:
+    try:
+        path = native.build(force=args.force)
+    except native.NativeBuildError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"C++ autograd node: {path}")
+    return 0
 
 
 __all__ = ["build_parser", "main", "parse_shape", "problems_from_args", "read_shapes_file"]

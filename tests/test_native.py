@@ -1,0 +1,292 @@
+"""The C++ autograd node of fast-path entries (``tritongemm.native``, ``csrc/entry_node.cpp``).
+
+Its gradients are checked against float64 in test_fastpath (every backward
+test there runs with it and with the Python ``Function``); here: what torch's
+own nodes do and a Python node would too -- errors on a second backward and
+on in-place changes, exceptions from backward, saved-tensor hooks,
+double backward, forward-mode AD -- and how it is built: once, atomically,
+by one of several processes, in the background, and not again after a
+failure.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import require_native
+
+import tritongemm
+from tritongemm import fastpath, native
+from tritongemm.testing import assert_close, random_tensor
+
+NODE = "TritongemmEntryBackward"
+
+
+@pytest.fixture(autouse=True)
+def _node_built():
+    require_native()
+    fastpath.ENTRIES.clear()
+    yield
+    fastpath.ENTRIES.clear()
+
+
+def _from_entry(fn, *args):
+    """``fn(*args)`` run from its fast-path entry (the first call builds it)."""
+    with torch.no_grad():
+        fn(*args)
+    out = fn(*args)
+    assert out.grad_fn is not None and out.grad_fn.name() == NODE, out.grad_fn
+    return out
+
+
+def test_graph_edges_follow_what_requires_grad(device):
+    x = random_tensor((5, 8), torch.float32, device)
+    w = random_tensor((6, 8), torch.float32, device).requires_grad_()
+    b = random_tensor((6,), torch.float32, device).requires_grad_()
+    y = _from_entry(tritongemm.linear, x, w, b)
+    edges = [None if fn is None else fn.name() for fn, _ in y.grad_fn.next_functions]
+    assert edges == [None, "torch::autograd::AccumulateGrad", "torch::autograd::AccumulateGrad"]
+    assert y.requires_grad and not y.is_leaf
+
+
+def test_second_backward_without_retain_graph_raises_as_torch_does(device):
+    x = random_tensor((5, 8), torch.float32, device).requires_grad_()
+    w = random_tensor((6, 8), torch.float32, device).requires_grad_()
+    y = _from_entry(tritongemm.linear, x, w)
+    y.sum().backward(retain_graph=True)
+    y.sum().backward()  # retained once: a second pass accumulates
+    assert_close(w.grad, 2 * torch.ones(5, 6, dtype=torch.float64, device=device).T @ x.double())
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+
+
+def test_in_place_change_of_a_saved_operand_raises(device):
+    x = random_tensor((5, 8), torch.float32, device).requires_grad_()
+    w = random_tensor((6, 8), torch.float32, device).requires_grad_()
+    y = _from_entry(tritongemm.linear, x, w)
+    with torch.no_grad():
+        w.mul_(2)  # saved for x's gradient
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_an_exception_in_backward_reaches_the_caller(device, monkeypatch):
+    x = random_tensor((5, 8), torch.float32, device).requires_grad_()
+    w = random_tensor((6, 8), torch.float32, device)
+    y = _from_entry(tritongemm.linear, x, w)
+
+    def failing(self, needs, g, x, w):
+        raise ValueError("from Entry.backward")
+
+    monkeypatch.setattr(fastpath.Entry, "backward", failing)
+    with pytest.raises(ValueError, match="from Entry.backward"):
+        y.sum().backward()
+
+
+def test_gradients_only_for_the_inputs_asked_for(device, monkeypatch):
+    x = random_tensor((5, 8), torch.float32, device).requires_grad_()
+    w = random_tensor((6, 8), torch.float32, device).requires_grad_()
+    b = random_tensor((6,), torch.float32, device).requires_grad_()
+    y = _from_entry(tritongemm.linear, x, w, b)
+    asked = []
+    real = fastpath.Entry.backward
+    monkeypatch.setattr(
+        fastpath.Entry, "backward", lambda self, needs, *rest: asked.append(needs) or real(self, needs, *rest)
+    )
+    (gw,) = torch.autograd.grad(y.sum(), w)
+    assert asked == [(False, True, False)]
+    assert_close(gw, torch.ones(5, 6, dtype=torch.float64, device=device).T @ x.double())
+
+
+def test_saved_tensor_hooks_see_what_the_node_saves(device):
+    x = random_tensor((5, 8), torch.float32, device).requires_grad_()
+    w = random_tensor((6, 8), torch.float32, device).requires_grad_()
+    with torch.no_grad():
+        tritongemm.linear(x, w)
+    packed, unpacked = [], []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t.clone()
+
+    def unpack(t):
+        unpacked.append(t.shape)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        y = tritongemm.linear(x, w)
+    assert y.grad_fn.name() == NODE
+    assert sorted(packed) == sorted([x.shape, w.shape])
+    gx, gw = torch.autograd.grad(y.sum(), (x, w))
+    assert sorted(unpacked) == sorted(packed)
+    ones = torch.ones(5, 6, dtype=torch.float64, device=device)
+    assert_close(gx, ones @ w.double())
+    assert_close(gw, ones.T @ x.double())
+
+
+def test_gradcheck_and_gradgradcheck_through_the_node(device):
+    x = random_tensor((4, 6), torch.float64, device).requires_grad_()
+    w = random_tensor((5, 6), torch.float64, device).requires_grad_()
+    b = random_tensor((5,), torch.float64, device).requires_grad_()
+    _from_entry(tritongemm.linear, x, w, b)
+    assert torch.autograd.gradcheck(tritongemm.linear, (x, w, b))
+    assert torch.autograd.gradgradcheck(tritongemm.linear, (x, w, b))
+
+
+def test_forward_mode_ad_is_left_to_the_python_function(device):
+    """The node has no forward derivative: with a dual operand the entry declines, and the
+    Python ``Function`` (or the whole way) decides -- the same outcome as without the node."""
+    import torch.autograd.forward_ad as fwAD
+
+    x = random_tensor((5, 8), torch.float64, device)
+    w = random_tensor((6, 8), torch.float64, device).requires_grad_()
+    _from_entry(tritongemm.linear, x, w)
+    outcomes = []
+    for record in (native.RECORD, None):
+        saved = native.RECORD
+        native.RECORD = record
+        try:
+            with fwAD.dual_level():
+                dual = fwAD.make_dual(x, torch.ones_like(x))
+                out = tritongemm.linear(dual, w)
+                outcomes.append(("ok", fwAD.unpack_dual(out).tangent))
+        except RuntimeError as error:
+            outcomes.append(("error", type(error).__name__))
+        finally:
+            native.RECORD = saved
+    assert outcomes[0][0] == outcomes[1][0]
+    if outcomes[0][0] == "ok":
+        assert_close(outcomes[0][1], outcomes[1][1])
+
+
+def test_matmul_and_3d_inputs_run_the_node(device):
+    x = random_tensor((2, 3, 8), torch.float32, device).requires_grad_()
+    w = random_tensor((8, 5), torch.float32, device).requires_grad_()
+    y = _from_entry(tritongemm.matmul, x, w)
+    g = random_tensor((2, 3, 5), torch.float32, device)
+    gx, gw = torch.autograd.grad(y, (x, w), g)
+    assert_close(gx, g.double() @ w.double().T)
+    assert_close(gw, x.double().reshape(6, 8).T @ g.double().reshape(6, 5))
+    yr = F.linear(x.double(), w.double().T)
+    assert_close(y, yr)
+
+
+# ----------------------------------------------------------------------------------
+# Building
+# ----------------------------------------------------------------------------------
+def test_build_dir_is_keyed_and_placed_by_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRITONGEMM_NATIVE_DIR", raising=False)
+    monkeypatch.setenv("TRITONGEMM_CACHE_DIR", str(tmp_path))
+    folder = native.build_dir()
+    assert folder.parent == tmp_path / "native" and len(folder.name) == 16
+    monkeypatch.setenv("TRITONGEMM_NATIVE_DIR", str(tmp_path / "n"))
+    assert native.build_dir() == tmp_path / "n" / folder.name
+    monkeypatch.setattr(torch, "__version__", torch.__version__ + "+other")
+    assert native.build_dir().name != folder.name, "a binary is per torch build"
+
+
+def _fake_compiler(tmp_path: Path, body: str) -> Path:
+    """A stand-in for c++ (``CXX``): runs ``body`` with $OUT set to the -o argument."""
+    script = tmp_path / "fake-cxx"
+    script.write_text(
+        '#!/bin/sh\nwhile [ $# -gt 0 ]; do if [ "$1" = -o ]; then OUT="$2"; fi; shift; done\n' + body + "\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def _run(code: str, env: dict) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **env}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=300,
+    )
+
+
+def test_two_processes_building_at_once_compile_once(tmp_path):
+    """The lock serialises them: one compiles, the other loads its binary; no half file is ever loaded."""
+    built = native._binary(native.build_dir())  # the session's binary (conftest built it)
+    log = tmp_path / "compiles"
+    cxx = _fake_compiler(tmp_path, f'echo x >> "{log}"; sleep 1; cp "{built}" "$OUT"')
+    env = {"TRITONGEMM_NATIVE_DIR": str(tmp_path / "cache"), "CXX": str(cxx)}
+    code = "from tritongemm import native; print(native.build())"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env={**os.environ, **env}, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    paths = {p.communicate(timeout=300)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(paths) == 1
+    assert log.read_text().count("x") == 1, "the second process should have loaded the first one's build"
+    leftovers = [p.name for p in Path(next(iter(paths))).parent.iterdir() if ".tmp-" in p.name]
+    assert leftovers == []
+
+
+def test_a_failed_build_warns_once_falls_back_and_is_not_retried(tmp_path, device):
+    env = {
+        "TRITONGEMM_NATIVE_DIR": str(tmp_path),
+        "CXX": str(_fake_compiler(tmp_path, 'echo "no compiler here" >&2; exit 1')),
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0"),
+    }
+    code = f"""
+        import warnings, torch, tritongemm
+        from tritongemm import native
+        warnings.simplefilter("always")
+        x = torch.randn(4, 8, device="{device.type}"); w = torch.randn(6, 8, device="{device.type}", requires_grad=True)
+        with warnings.catch_warnings(record=True) as caught:
+            for _ in range(3):
+                y = tritongemm.linear(x, w)
+            native.wait(120)
+        y.sum().backward()
+        assert torch.allclose(w.grad, torch.ones(4, 6, device=x.device).T @ x, atol=1e-4)
+        print(y.grad_fn.name(), native.RECORD, sum("was not built" in str(c.message) for c in caught))
+    """
+    first = _run(code, env)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split() == ["EntryFunctionBackward", "None", "1"]
+    (folder,) = tmp_path.glob("*/failed")
+    assert "no compiler here" in (folder.parent / "build.log").read_text()
+    second = _run(code, env)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.split() == ["EntryFunctionBackward", "None", "0"], "a failed build is not retried"
+    cli = subprocess.run(
+        [sys.executable, "-m", "tritongemm", "native"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    assert cli.returncode == 1 and "an earlier build failed" in cli.stderr
+
+
+def test_first_calls_use_the_function_until_the_background_build_loads(tmp_path, device):
+    built = native._binary(native.build_dir())
+    env = {
+        "TRITONGEMM_NATIVE_DIR": str(tmp_path),
+        "CXX": str(_fake_compiler(tmp_path, f'sleep 2; cp "{built}" "$OUT"')),
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0"),
+    }
+    code = f"""
+        import torch, tritongemm
+        from tritongemm import native
+        x = torch.randn(4, 8, device="{device.type}"); w = torch.randn(6, 8, device="{device.type}", requires_grad=True)
+        names = [tritongemm.linear(x, w).grad_fn.name() for _ in range(3)]
+        assert native.wait(120)
+        names.append(tritongemm.linear(x, w).grad_fn.name())
+        print(" ".join(names))
+    """
+    done = _run(code, env)
+    assert done.returncode == 0, done.stderr
+    first, second, third, after = done.stdout.split()
+    assert first == "GemmFunctionBackward"  # the whole way
+    assert second == third == "EntryFunctionBackward"  # the entry, while the compiler runs
+    assert after == NODE

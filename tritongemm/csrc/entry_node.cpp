@@ -1,0 +1,172 @@
+// The autograd node of a fast-path entry (tritongemm/fastpath.py), in C++.
+//
+// `record(out, x, w, bias, entry)` gives `out` -- already computed by the
+// entry's launch under no grad -- a grad_fn whose backward calls
+// `entry.backward(needs, g, x, w)` in Python, exactly as the Python
+// `fastpath.EntryFunction` does.  What it saves is recording: a Python
+// `autograd.Function` spends ~3 us per call on its context object, argument
+// unpacking and output wrapping; this spends well under one (issue 15).
+//
+// Plain CPython API (METH_FASTCALL), no pybind11: argument conversion through
+// pybind costs more than the Python node this replaces.  Built on first use by
+// tritongemm/native.py; where it cannot be built, EntryFunction is used.
+#include <Python.h>
+
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+
+namespace {
+
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+// std::shared_ptr<Node> up to torch 2.12, c10::intrusive_ptr<Node> after.
+using NodePtr = std::remove_cv_t<decltype(torch::autograd::Edge::function)>;
+
+PyObject* backward_name = nullptr;  // interned "backward"
+
+struct EntryBackward final : public Node {
+  PyObject* entry = nullptr;  // strong reference to the fastpath.Entry
+  SavedVariable x, w;         // x when w needs a gradient, w when x does
+
+  ~EntryBackward() override {
+    if (entry != nullptr && Py_IsInitialized()) {
+      PyGILState_STATE state = PyGILState_Ensure();
+      Py_DECREF(entry);
+      PyGILState_Release(state);
+    }
+  }
+
+  std::string name() const override { return "TritongemmEntryBackward"; }
+
+  void release_variables() override {
+    x.reset_data();
+    w.reset_data();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    variable_list result(3);
+    if (!grads[0].defined()) {
+      return result;  // a zero gradient: every input's is zero too
+    }
+    const bool needs[3] = {task_should_compute_output(0), task_should_compute_output(1),
+                           task_should_compute_output(2)};
+    // Unpacking checks the saved tensors' versions (in-place changes) and
+    // raises after release (a second backward without retain_graph).
+    at::Tensor xs = x.unpack();
+    at::Tensor ws = w.unpack();
+    PyGILState_STATE state = PyGILState_Ensure();
+    PyObject* out = nullptr;
+    {
+      PyObject* py_needs = PyTuple_Pack(3, needs[0] ? Py_True : Py_False, needs[1] ? Py_True : Py_False,
+                                        needs[2] ? Py_True : Py_False);
+      PyObject* g = THPVariable_Wrap(grads[0]);
+      PyObject* px = xs.defined() ? THPVariable_Wrap(xs) : Py_NewRef(Py_None);
+      PyObject* pw = ws.defined() ? THPVariable_Wrap(ws) : Py_NewRef(Py_None);
+      if (py_needs && g && px && pw) {
+        out = PyObject_CallMethodObjArgs(entry, backward_name, py_needs, g, px, pw, nullptr);
+      }
+      Py_XDECREF(py_needs);
+      Py_XDECREF(g);
+      Py_XDECREF(px);
+      Py_XDECREF(pw);
+    }
+    if (out != nullptr && (!PyTuple_Check(out) || PyTuple_GET_SIZE(out) != 3)) {
+      Py_DECREF(out);
+      out = nullptr;
+      PyErr_SetString(PyExc_TypeError, "Entry.backward must return a tuple of 3 gradients");
+    }
+    for (Py_ssize_t i = 0; out != nullptr && i < 3; ++i) {
+      PyObject* item = PyTuple_GET_ITEM(out, i);
+      if (item == Py_None) {
+        continue;
+      }
+      if (!THPVariable_Check(item)) {
+        Py_CLEAR(out);
+        PyErr_SetString(PyExc_TypeError, "Entry.backward returned a gradient that is not a tensor");
+        break;
+      }
+      result[i] = THPVariable_Unpack(item);
+    }
+    if (out == nullptr) {
+      python_error error;
+      error.persist();  // holds the Python exception for the engine to re-raise
+      PyGILState_Release(state);
+      throw std::move(error);
+    }
+    Py_DECREF(out);
+    PyGILState_Release(state);
+    return result;
+  }
+};
+
+template <class T>
+std::shared_ptr<Node> make_node(std::shared_ptr<Node>*) {
+  return std::shared_ptr<Node>(new T());
+}
+
+template <class T, class P>
+P make_node(P*) {
+  return c10::make_intrusive<T>();
+}
+
+bool has_forward_grad(const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); }
+
+// record(out, x, w, bias, entry) -> out with a grad_fn, or None where it declines
+// (forward-mode AD: the caller then takes the Python Function, which says what torch says).
+PyObject* record(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 5 || !THPVariable_Check(args[0]) || !THPVariable_Check(args[1]) ||
+      !THPVariable_Check(args[2]) || (args[3] != Py_None && !THPVariable_Check(args[3]))) {
+    PyErr_SetString(PyExc_TypeError, "record(out, x, w, bias, entry): out, x, w tensors, bias a tensor or None");
+    return nullptr;
+  }
+  const at::Tensor& out = THPVariable_Unpack(args[0]);
+  const at::Tensor& x = THPVariable_Unpack(args[1]);
+  const at::Tensor& w = THPVariable_Unpack(args[2]);
+  static const at::Tensor undefined;
+  const at::Tensor& bias = args[3] == Py_None ? undefined : THPVariable_Unpack(args[3]);
+  if (has_forward_grad(x) || has_forward_grad(w) || has_forward_grad(bias)) {
+    Py_RETURN_NONE;
+  }
+  const bool rx = x.requires_grad(), rw = w.requires_grad(), rb = bias.defined() && bias.requires_grad();
+  if (at::GradMode::is_enabled() && (rx || rw || rb)) {
+    NodePtr node = make_node<EntryBackward>(static_cast<NodePtr*>(nullptr));
+    auto* entry_node = static_cast<EntryBackward*>(node.get());
+    entry_node->set_next_edges(torch::autograd::collect_next_edges(x, w, bias));
+    entry_node->entry = Py_NewRef(args[4]);
+    if (rw) {
+      entry_node->x = SavedVariable(x, /*is_output=*/false);
+    }
+    if (rx) {
+      entry_node->w = SavedVariable(w, /*is_output=*/false);
+    }
+    torch::autograd::set_history(out, node);
+  }
+  return Py_NewRef(args[0]);
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef methods[] = {
+    {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(record)), METH_FASTCALL,
+     "record(out, x, w, bias, entry): give out the entry's grad_fn; None where it declines."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_entry_node", nullptr, -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__entry_node(void) {
+  backward_name = PyUnicode_InternFromString("backward");
+  if (backward_name == nullptr) {
+    return nullptr;
+  }
+  return PyModule_Create(&module_def);
+}
