@@ -173,6 +173,14 @@ def require_native() -> None:
     native.build()  # raises NativeBuildError with the compiler's output
 
 
+def grad_fn_name(fn) -> str:
+    """The name of a ``grad_fn``: the class of a Python ``Function``'s node (torch 2.11 refuses
+    ``name()`` there), ``name()`` of a C++ node (whose class is the generic ``CppFunction``)."""
+    if isinstance(fn, torch.autograd.function.BackwardCFunction):
+        return type(fn).__name__
+    return fn.name()
+
+
 @pytest.fixture(params=["cpp-node", "function"])
 def grad_node(request, monkeypatch):
     """Runs a test with the fast path's C++ autograd node, then with the Python ``Function``."""

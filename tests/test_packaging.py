@@ -185,6 +185,7 @@ def test_wheel_contents(tmp_path):
         metadata = zf.read(f"{dist_info}/METADATA").decode()
         entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
     assert "tritongemm/py.typed" in names and "tritongemm/_version.py" in names
+    assert "tritongemm/csrc/entry_node.cpp" in names, "the C++ node is built from the installed source"
     assert any(n.endswith("dist-info/licenses/LICENSE") for n in names)
     assert {n.split("/")[0] for n in names} == {"tritongemm", dist_info}  # no benchmarks/, tests/
     assert f"Version: {_version.__version__}\n" in metadata and "License-Expression: MIT" in metadata
