@@ -326,3 +326,24 @@ def test_heuristic_streams_a_nearly_empty_last_wave_on_the_tma_kernel():
     # A fuller last wave (3.88, 2.42 waves) or many waves (27.2): sliced-K.
     for m, n, k in [(4096, 4096, 4096), (1024, 10240, 8192), (4096, 28672, 4096)]:
         assert not tritongemm.heuristic_config(GemmProblem(m, n, k), h100).stream_k, (m, n, k)
+
+
+@pytest.mark.parametrize("device_name", ["h100", "a100"])
+def test_heuristic_runs_small_short_k_problems_unsplit_in_narrow_tiles(device_name):
+    """Where split-K would fill the SMs of a small problem with a short K, more narrow tiles win
+    (sweeps/small_gemm_sweep.json); a long K still splits, and so do fp32 and the long-K rule."""
+    from tritongemm import KNOWN_DEVICES
+    from tritongemm.configs import GemmProblem
+    from tritongemm.heuristics import SMALL_MAX_K, SMALL_TILE, heuristic_choice
+
+    device = KNOWN_DEVICES[device_name]
+    for m, n, k in [(512, 512, 512), (256, 256, 256), (512, 512, 1408), (512, 256, SMALL_MAX_K)]:
+        for dtype in ("float16", "bfloat16"):
+            choice = heuristic_choice(GemmProblem(m, n, k, dtype=dtype), device)
+            cfg = choice.config
+            assert (cfg.block_m, cfg.block_n, cfg.block_k) == SMALL_TILE[:3], (m, n, k, cfg)
+            assert cfg.split_k == 1 and not cfg.tma and "no split" in choice.rule
+    fp32 = heuristic_choice(GemmProblem(512, 512, 512, dtype="float32"), device).config
+    assert (fp32.block_n, fp32.block_k) != SMALL_TILE[1:3]
+    assert heuristic_choice(GemmProblem(384, 384, SMALL_MAX_K + 128), device).config.split_k > 1
+    assert heuristic_choice(GemmProblem(512, 512, 8192), device).config.split_k > 1  # long K

@@ -10,7 +10,6 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import grad_fn_name
 
 import tritongemm

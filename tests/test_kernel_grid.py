@@ -16,7 +16,7 @@ import torch
 
 import tritongemm
 from tritongemm import TileConfig
-from tritongemm.heuristics import elementwise_tile, heuristic_config
+from tritongemm.heuristics import heuristic_config
 from tritongemm.launch import problem_of
 from tritongemm.testing import (
     DTYPE_IDS,
@@ -26,6 +26,7 @@ from tritongemm.testing import (
     make_operands,
     shape_id,
 )
+from tritongemm.unaligned import elementwise_tile
 
 #: Small tiles: ragged edges on shapes of a few dozen.  Different group_m values
 #: exercise the grouped tile order (3 leaves a short last group for 5 tile rows).

@@ -21,12 +21,12 @@ from tritongemm import KNOWN_DEVICES, TileConfig, explain, launch
 from tritongemm.call import Epilogue, GemmCall, Request
 from tritongemm.configs import GemmProblem
 from tritongemm.eligibility import Operand, stride_hint, vector_bytes
-from tritongemm.heuristics import padding_estimate
 from tritongemm.launch.aligned import MatrixCopy, PadCopy, PaddedLauncher, rows_fast
 from tritongemm.launch.common import Launch
 from tritongemm.launch.pointer import stride_hints
 from tritongemm.plan import TMA_STORE_KERNELS, layout_letters, plan
 from tritongemm.testing import assert_close, make_matrix, make_operands, nan_tensor, random_tensor
+from tritongemm.unaligned import padding_estimate
 
 H100 = KNOWN_DEVICES["h100"]
 TMA = TileConfig(16, 16, 16, 2, 4, 2, tma=True, persistent=True)

@@ -2,7 +2,7 @@
 
 A 2-byte operand with an odd leading dimension is loaded element by element
 (no vector loads, no cp.async).  Where a copy to aligned workspaces does not
-pay, the heuristic switches to ``heuristics.elementwise_tile``: small tiles
+pay, the heuristic switches to ``unaligned.elementwise_tile``: small tiles
 with a long K step.  An explicit config, a pipeline or decomposition request,
 vector-capable strides and larger problems keep the general rule.
 """
@@ -15,9 +15,10 @@ from tritongemm import KNOWN_DEVICES, TileConfig
 from tritongemm.call import NO_REQUEST, Request
 from tritongemm.configs import GemmProblem
 from tritongemm.eligibility import Operand
-from tritongemm.heuristics import ELEMENTWISE_MAX_WAVES, elementwise_tile, tiles_of
+from tritongemm.heuristics import tiles_of
 from tritongemm.plan import layout_letters, plan
 from tritongemm.testing import assert_close, random_tensor
+from tritongemm.unaligned import ELEMENTWISE_MAX_WAVES, elementwise_tile
 
 H100 = KNOWN_DEVICES["h100"]
 

@@ -25,8 +25,8 @@ from .eligibility import (
     vector_bytes,
     warp_specialized_unsupported_reason,
 )
-from .heuristics import elementwise_tile, padding_estimate
 from .selection import select
+from .unaligned import elementwise_tile, padding_estimate
 
 #: Kernels that store C through a TMA descriptor (so an unaligned C is padded too).
 TMA_STORE_KERNELS = ("tma", "tma_persistent", "gluon_ws")
@@ -109,7 +109,7 @@ def plan(
             small = _elementwise_config(problem, device, request, source, a, b)
             if small is not None:
                 cfg, kernel, fallback = _kernel_for(small, problem, device, a, b, c, dtype, out_dtype)
-                source += "; element-wise loads: instead, small tiles with a long K step (heuristics.elementwise_tile)"
+                source += "; element-wise loads: instead, small tiles with a long K step (unaligned.elementwise_tile)"
     return Plan(cfg, source, kernel, fallback, problem, device, alignment)
 
 

@@ -2,7 +2,7 @@
 
 A leading dimension that is not a multiple of 16 bytes rules out TMA and
 cp.async, and the kernels then load element by element.  When the plan says
-a copy pays (``plan.Alignment``, ``heuristics.padding_estimate``), this
+a copy pays (``plan.Alignment``, ``unaligned.padding_estimate``), this
 launcher copies those operands, per call, into workspaces whose leading
 dimension is rounded up to 16 bytes (only the leading dimension: the
 kernels mask, and TMA zero-fills, everything past the logical shape, so the
