@@ -349,6 +349,9 @@ WS_NARROW_TILE = Tile(64, 256, 64, 4, 4)  # K < 512 (8192x8192x128/256)
 # the TMA kernel at 6 stages: 2048x3072x3072 0.97 (0.89), 3072^3 0.85 (0.77),
 # 1024x4608x3584 0.78 (0.73), 1024x5120x4096 0.82 (0.80), equal (+-0.01)
 # below one wave; two consumer warpgroups (8 warps) were within 0.01 of one.
+# The menu's 64x128 on this kernel instead of TMA was A/B-tested and left out:
+# geomean 0.906 against 0.905 (bf16), 0.875 against 0.881 (fp16), 18 shapes
+# below a wave (sweeps/ws64_below_wave_ab.json, H100, 2026-11-23).
 WS_DEEP_TILE = Tile(128, 128, 64, 4, 6)
 
 
@@ -498,11 +501,6 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
         return WS_DEEP_TILE.config(tma=True, persistent=True, warp_specialize=True), (
             rule + "; 128x128 tiles on the warp-specialized kernel, one consumer warpgroup, a 6-deep ring "
             "(sm_90: at or above the TMA kernel's 6 stages on every shape swept)"
-        )
-    if tma and (tile.block_m, tile.block_n) == (64, 128) and warp_specialized_fits(problem, device):
-        return tile.config(tma=True, persistent=True, warp_specialize=True), (
-            rule + "; on the warp-specialized kernel (sm_90: below a wave, as fast as the TMA kernel "
-            "at a long K and up to 15% faster at a short one, sweeps/small_gemm_sweep.json)"
         )
     # Persistent even for a single wave: measured on the H100, the data-parallel
     # TMA grid loses up to 40% with a transposed A at 2048^3 (sweeps/sweep_layouts.csv).
