@@ -62,6 +62,12 @@ def main() -> None:
         "nn.Linear": (lambda: layer(x), None),
     }
     print(f"tritongemm {tg.__file__}")
+    native = getattr(tg, "native", None)  # the C++ autograd node (absent in older checkouts)
+    if native is not None and native.ENABLED:
+        try:
+            print(f"autograd node of repeated calls with grad: C++ ({native.build()})")
+        except native.NativeBuildError as error:
+            print(f"autograd node: the Python Function ({str(error).splitlines()[0]})")
     print(f"{'case':40s} {'tritongemm us':>14s} {'torch (CPU kernel incl.) us':>28s}")
     for name, (ours, theirs) in cases.items():
         t_ours = per_call_us(ours)
