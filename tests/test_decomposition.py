@@ -334,14 +334,25 @@ def test_heuristic_runs_small_short_k_problems_unsplit_in_narrow_tiles(device_na
     (sweeps/small_gemm_sweep.json); a long K still splits, and so do fp32 and the long-K rule."""
     from tritongemm import KNOWN_DEVICES
     from tritongemm.configs import GemmProblem
-    from tritongemm.heuristics import SMALL_MAX_K, SMALL_TILE, heuristic_choice
+    from tritongemm.heuristics import SMALL_MAX_K, SMALL_TILE, SMALL_WIDE_TILE, heuristic_choice, tiles_of
 
     device = KNOWN_DEVICES[device_name]
-    for m, n, k in [(512, 512, 512), (256, 256, 256), (512, 512, 1408), (512, 256, SMALL_MAX_K)]:
+    for m, n, k in [
+        (512, 512, 512),
+        (256, 256, 256),
+        (512, 512, 1408),
+        (512, 256, SMALL_MAX_K),
+        (768, 384, 768),
+    ]:
         for dtype in ("float16", "bfloat16"):
-            choice = heuristic_choice(GemmProblem(m, n, k, dtype=dtype), device)
+            problem = GemmProblem(m, n, k, dtype=dtype)
+            choice = heuristic_choice(problem, device)
             cfg = choice.config
-            assert (cfg.block_m, cfg.block_n, cfg.block_k) == SMALL_TILE[:3], (m, n, k, cfg)
+            # 64x32 tiles within one wave, 64x64 beyond it
+            tile = SMALL_TILE if tiles_of(problem, 64, 32) <= device.sm_count else SMALL_WIDE_TILE
+            if (m, n, k) == (768, 384, 768):
+                assert tile is SMALL_WIDE_TILE  # 144 tiles of 64x32
+            assert (cfg.block_m, cfg.block_n, cfg.block_k) == tile[:3], (m, n, k, cfg)
             assert cfg.split_k == 1 and not cfg.tma and "no split" in choice.rule
     fp32 = heuristic_choice(GemmProblem(512, 512, 512, dtype="float32"), device).config
     assert (fp32.block_n, fp32.block_k) != SMALL_TILE[1:3]

@@ -227,14 +227,21 @@ def split_k_config(tile: Tile, problem: GemmProblem, device: DeviceInfo, **flags
 # narrower tiles with a K step of 128 and no split win: 512^3 NN 1.12x cuBLAS
 # (split 4: 0.68), 512x512x1408 NT 1.01 (0.67), 512x256x512 NT 1.09 (0.66),
 # 256^3 1.17 (0.73).  At K = 8192 the split 64x128 tiles still win
-# (512x512x8192: 0.94 against 0.68), so the rule stops at SMALL_MAX_K.
+# (512x512x8192: 0.94 against 0.68), so the rule stops at SMALL_MAX_K.  Where
+# 64x32 tiles run over one wave, 64x64 ones win (sweeps/small_tile_over_a_wave
+# .json, 11 shapes x 2 dtypes): 768x384x768 TN 1.07 against 0.94, 384x768x1536
+# 0.94 (0.85), 1024x512x1024 0.96 (0.89); within a wave 64x32 wins or ties
+# (512x512x1408 NT 0.99 against 0.92, 256x1024x1792 0.92 (0.86)).
 SMALL_TILE = Tile(64, 32, 128, 4, 4)
+SMALL_WIDE_TILE = Tile(64, 64, 128, 4, 4)
 SMALL_MAX_K = 2048
 
 
-def small_problem_tile(problem: GemmProblem) -> Tile | None:
-    """The narrow unsplit tile for a 2-byte problem whose K is short (asked where split-K would run), else None."""
-    return SMALL_TILE if problem.elem_size == 2 and problem.k <= SMALL_MAX_K else None
+def small_problem_tile(problem: GemmProblem, device: DeviceInfo) -> Tile | None:
+    """The unsplit tile for a 2-byte problem whose K is short (asked where split-K would run), else None."""
+    if problem.elem_size != 2 or problem.k > SMALL_MAX_K:
+        return None
+    return SMALL_TILE if tiles_of(problem, 64, 32) <= device.sm_count else SMALL_WIDE_TILE
 
 
 #: Stream-K's hybrid schedule streams the last partial wave of tiles plus this
@@ -464,12 +471,12 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
     score = wave_efficiency(tiles, device.sm_count) * tile.speed
     rule = f"the menu tile with the best wave efficiency x tile speed ({score:.2f}, {tiles} tiles on {device.sm_count} SMs)"
     if choose_split_k(problem, device, tile.block_m, tile.block_n, tile.block_k) > 1:
-        small = small_problem_tile(problem)
+        small = small_problem_tile(problem, device)
         if small is not None:
-            narrow = tiles_of(problem, small.block_m, small.block_n)
+            count = tiles_of(problem, small.block_m, small.block_n)
             return small.config(), (
                 f"{rule}; the tiles fill at most half the SMs and K is short ({problem.k} <= "
-                f"{SMALL_MAX_K}): {narrow} tiles of {small.block_m}x{small.block_n}, a K step of "
+                f"{SMALL_MAX_K}): {count} tiles of {small.block_m}x{small.block_n}, a K step of "
                 f"{small.block_k}, no split (splitting a short K costs more than it hides)"
             )
         return split_k_config(tile, problem, device), rule + "; split-K: the tiles fill at most half the SMs"
