@@ -290,3 +290,24 @@ def test_first_calls_use_the_function_until_the_background_build_loads(tmp_path,
     assert first == "GemmFunctionBackward"  # the whole way
     assert second == third == "EntryFunctionBackward"  # the entry, while the compiler runs
     assert after == NODE
+
+
+def test_switched_off_it_is_never_built(tmp_path, device):
+    log = tmp_path / "compiles"
+    env = {
+        "TRITONGEMM_NATIVE": "0",
+        "TRITONGEMM_NATIVE_DIR": str(tmp_path / "cache"),
+        "CXX": str(_fake_compiler(tmp_path, f'echo x >> "{log}"; exit 1')),
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0"),
+    }
+    code = f"""
+        import torch, tritongemm
+        from tritongemm import native
+        x = torch.randn(4, 8, device="{device.type}"); w = torch.randn(6, 8, device="{device.type}", requires_grad=True)
+        names = [type(tritongemm.linear(x, w).grad_fn).__name__ for _ in range(3)]
+        print(names[-1], native.wait(5), native._thread)
+    """
+    done = _run(code, env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["EntryFunctionBackward", "False", "None"]
+    assert not log.exists() and not (tmp_path / "cache").exists()
