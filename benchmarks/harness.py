@@ -717,19 +717,6 @@ def to_frame(rows: Iterable[dict], env: dict[str, Any] | None = None):
     return schema.conform(df)
 
 
-def autograd_node() -> str:
-    """Build the fast path's C++ autograd node before timing (else the first calls would race its
-    background build); which node the grad cases run, for the results' metadata."""
-    from tritongemm import native
-
-    if not native.ENABLED:
-        return "Python Function (TRITONGEMM_NATIVE=0)"
-    try:
-        return f"C++ ({native.build().name})"
-    except native.NativeBuildError as error:
-        return f"Python Function (C++ node not built: {str(error).splitlines()[0]})"
-
-
 def write_results(
     rows: Iterable[dict],
     path: str | Path,

@@ -293,6 +293,7 @@ def plot_host(csv: str | Path, out_dir: str | Path) -> list[Path]:
 def run_cli(args) -> int:
     """``python -m benchmarks run --suite host``; the exit status."""
     import tritongemm
+    from tritongemm import native
 
     if not torch.cuda.is_available() or tritongemm.interpreter_enabled():
         raise RuntimeError("the host suite times compiled kernels on a CUDA GPU")
@@ -301,7 +302,7 @@ def run_cli(args) -> int:
     env = harness.environment(device)
     out_dir = Path(args.out) if args.out else harness.default_results_dir(env)
     case_list = [c for c in cases() if not args.filter or args.filter in c.label]
-    node = harness.autograd_node()
+    node = native.node_in_use()
     print(f"autograd node of repeated calls with grad: {node}", file=sys.stderr)
     start = time.perf_counter()
     rows = run_host(

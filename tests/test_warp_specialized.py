@@ -191,12 +191,22 @@ def test_matmul_every_layout_and_ragged_edges(layout, dtype, m, n, k, device):
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu", "gelu_tanh", "silu"])
 def test_fused_epilogue_and_gradients(activation, device):
     _needs_hopper()
-    dtype = torch.bfloat16
-    x = random_tensor((8192, 512), dtype, device).requires_grad_()
-    w = random_tensor((2048, 512), dtype, device).requires_grad_()
-    bias = random_tensor((2048,), dtype, device).requires_grad_()
-    residual = random_tensor((8192, 2048), dtype, device)
+    x, w, bias, residual = _fused_linear_operands(8192, 2048, 512, device)
     assert _runs_ws(x, w.mT, bias=bias, residual=residual, activation=activation)
+    _check_fused_linear(x, w, bias, residual, activation)
+
+
+def _fused_linear_operands(m: int, n: int, k: int, device) -> tuple:
+    """bf16 x (m, k), w (n, k), bias (n,) requiring grad, and a residual (m, n)."""
+    dtype = torch.bfloat16
+    x = random_tensor((m, k), dtype, device).requires_grad_()
+    w = random_tensor((n, k), dtype, device).requires_grad_()
+    bias = random_tensor((n,), dtype, device).requires_grad_()
+    return x, w, bias, random_tensor((m, n), dtype, device)
+
+
+def _check_fused_linear(x, w, bias, residual, activation: str, **request) -> None:
+    """``linear(x, w, bias, activation=..., residual=...)`` and its gradients against torch's."""
     ours = {"activation": activation} if activation != "none" else {}
     act = tritongemm.semantics.ACTIVATIONS[activation]
 
@@ -204,7 +214,7 @@ def test_fused_epilogue_and_gradients(activation, device):
         return act(F.linear(x, w, bias)) + residual
 
     def tg(x, w, bias, residual, **kw):
-        return tritongemm.linear(x, w, bias, residual=residual, **kw)
+        return tritongemm.linear(x, w, bias, residual=residual, **request, **kw)
 
     assert_matches_reference(tg, reference, x, w, bias, residual, ours_kwargs=ours)
 
@@ -264,18 +274,7 @@ def test_pingpong_every_layout_ragged_edges_and_odd_tile_counts(cfg, layout, dty
 def test_pingpong_fused_epilogue_gradients_and_cuda_graph(cfg, device):
     _needs_hopper()
     dtype = torch.bfloat16
-    x = random_tensor((4000, 512), dtype, device).requires_grad_()
-    w = random_tensor((1032, 512), dtype, device).requires_grad_()
-    bias = random_tensor((1032,), dtype, device).requires_grad_()
-    residual = random_tensor((4000, 1032), dtype, device)
-
-    def reference(x, w, bias, residual):
-        return F.gelu(F.linear(x, w, bias)) + residual
-
-    def tg(x, w, bias, residual, **kw):
-        return tritongemm.linear(x, w, bias, residual=residual, config=cfg, **kw)
-
-    assert_matches_reference(tg, reference, x, w, bias, residual, ours_kwargs={"activation": "gelu"})
+    _check_fused_linear(*_fused_linear_operands(4000, 1032, 512, device), "gelu", config=cfg)
     a, b = make_operands(2048, 2048, 512, "NT", dtype, device)
     c = random_tensor((2048, 2048), dtype, device)
     out = tritongemm.addmm(c, a, b, beta=0.5, alpha=2.0, config=cfg)

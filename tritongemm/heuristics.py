@@ -241,7 +241,8 @@ def small_problem_tile(problem: GemmProblem, device: DeviceInfo) -> Tile | None:
     """The unsplit tile for a 2-byte problem whose K is short (asked where split-K would run), else None."""
     if problem.elem_size != 2 or problem.k > SMALL_MAX_K:
         return None
-    return SMALL_TILE if tiles_of(problem, 64, 32) <= device.sm_count else SMALL_WIDE_TILE
+    narrow = SMALL_TILE
+    return narrow if tiles_of(problem, narrow.block_m, narrow.block_n) <= device.sm_count else SMALL_WIDE_TILE
 
 
 #: Stream-K's hybrid schedule streams the last partial wave of tiles plus this

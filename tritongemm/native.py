@@ -62,6 +62,10 @@ class NativeBuildError(RuntimeError):
     """The C++ node could not be compiled or loaded (the message has the compiler's output)."""
 
 
+class EarlierBuildFailed(NativeBuildError):
+    """A build of this source for this torch failed before (its ``failed`` marker); not retried."""
+
+
 def build_dir() -> Path:
     """The folder of this source's binary for this torch and Python (see the module docstring)."""
     env = os.environ
@@ -139,7 +143,7 @@ def build(force: bool = False):
             binary.unlink(missing_ok=True)
         if not binary.exists():
             if failed.exists():
-                raise NativeBuildError(f"an earlier build failed (see {log}); build(force=True) retries")
+                raise EarlierBuildFailed(f"an earlier build failed (see {log}); build(force=True) retries")
             _compile(binary, failed, log)
     try:
         module = _load(binary)
@@ -180,16 +184,28 @@ def start() -> None:
 def _build_quietly() -> None:
     try:
         build()
+    except EarlierBuildFailed:
+        pass  # warned about by the process whose build failed
     except NativeBuildError as error:
-        if not str(error).startswith("an earlier build failed"):
-            warnings.warn(
-                f"tritongemm: the C++ autograd node was not built, calls with grad use the Python "
-                f"Function (a few microseconds more each): {str(error).splitlines()[0]}",
-                RuntimeWarning,
-                stacklevel=1,
-            )
+        warnings.warn(
+            f"tritongemm: the C++ autograd node was not built, calls with grad use the Python "
+            f"Function (a few microseconds more each): {str(error).splitlines()[0]}",
+            RuntimeWarning,
+            stacklevel=1,
+        )
     except Exception as error:  # never let a background build take the process down
         warnings.warn(f"tritongemm: building the C++ autograd node: {error!r}", RuntimeWarning, stacklevel=1)
+
+
+def node_in_use() -> str:
+    """Build (or load) the node now and say which autograd node repeated calls with grad run:
+    for benchmarks to record, and to time the steady state rather than race a background build."""
+    if not ENABLED:
+        return "Python Function (TRITONGEMM_NATIVE=0)"
+    try:
+        return f"C++ ({build()})"
+    except NativeBuildError as error:
+        return f"Python Function (C++ node not built: {str(error).splitlines()[0]})"
 
 
 def wait(timeout: float | None = None) -> bool:
@@ -200,4 +216,14 @@ def wait(timeout: float | None = None) -> bool:
     return RECORD is not None
 
 
-__all__ = ["ENABLED", "NativeBuildError", "build", "build_dir", "compile_command", "start", "wait"]
+__all__ = [
+    "ENABLED",
+    "EarlierBuildFailed",
+    "NativeBuildError",
+    "build",
+    "build_dir",
+    "compile_command",
+    "node_in_use",
+    "start",
+    "wait",
+]
