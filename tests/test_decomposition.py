@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tritongemm
-from tritongemm import TileConfig, explain, heuristics, launch
+from tritongemm import TileConfig, explain, launch, schedules
 from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor, shape_id
 
 SMALL = TileConfig(16, 32, 16, 8, 4, 2)
@@ -99,18 +99,45 @@ def test_stream_k_dtypes(device, dtype):
 def test_stream_k_schedule_covers_every_iteration_once(sm_count, extra_waves, monkeypatch):
     # Data-parallel tiles plus the streamed shares cover each (tile, K-step) once;
     # only the last partial wave plus `extra_waves` full waves are streamed.
-    monkeypatch.setattr(heuristics, "STREAM_K_EXTRA_WAVES", extra_waves)
+    monkeypatch.setattr(schedules, "STREAM_K_EXTRA_WAVES", extra_waves)
     for tiles, k_tiles in [(1, 1), (10, 13), (133, 64), (7, 2), (264, 3), (5, 200)]:
-        programs, dp_tiles, ipp = heuristics.stream_k_schedule(tiles, k_tiles, sm_count)
+        programs, dp_tiles, ipp, span = schedules.stream_k_schedule(tiles, k_tiles, sm_count)
         assert programs <= sm_count and dp_tiles % programs == 0 and dp_tiles <= tiles
         covered = [0] * ((tiles - dp_tiles) * k_tiles)
         for p in range(programs):
             share = range(p * ipp, min((p + 1) * ipp, len(covered)))
             for it in share:
                 covered[it] += 1
-        assert covered == [1] * len(covered)
+        assert covered == [1] * len(covered) and span == k_tiles
         if tiles % programs and tiles > programs:
             assert tiles - dp_tiles < (extra_waves + 1) * programs + programs
+
+
+@pytest.mark.parametrize("sm_count", [1, 3, 7, 132], ids=lambda s: f"sm{s}")
+def test_split_tail_schedule_cuts_the_last_wave_into_aligned_chunks(sm_count):
+    # The warp-specialized kernel's Stream-K: whole waves data-parallel; each tile of the last wave cut into
+    # S chunks of `ipp` K-steps (the last cut short, never empty), chunk c of every tile at the same K offset.
+    for tiles, k_tiles in [(1, 1), (10, 13), (133, 64), (7, 2), (264, 3), (5, 200), (320, 224), (40, 9)]:
+        programs, dp_tiles, ipp, span = schedules.split_tail_schedule(tiles, k_tiles, sm_count)
+        tail = tiles - dp_tiles
+        assert programs <= sm_count and dp_tiles % sm_count == 0 and tail < sm_count
+        assert span % ipp == 0 and span - ipp < k_tiles <= span
+        splits = span // ipp
+        assert tail * splits <= programs and (splits == 1 or ipp >= schedules.SPLIT_TAIL_MIN_STEPS)
+        covered = [[0] * k_tiles for _ in range(tail)]
+        for p in range(programs):  # the kernel's share of program p, clipped to its tile's K-steps
+            first, last = p * ipp, min((p + 1) * ipp, tail * span)
+            if first < last:
+                tile, offset = divmod(first, span)
+                assert offset == (p % splits) * ipp and last <= (tile + 1) * span
+                for k in range(offset, min(offset + last - first, k_tiles)):
+                    covered[tile][k] += 1
+                assert offset < k_tiles  # no share falls wholly past the tile's K-steps
+        assert covered == [[1] * k_tiles for _ in range(tail)]
+    # 320 tiles of 128x128 on 132 SMs (1024x5120x14336): two waves, then 56 tiles in halves.
+    assert schedules.split_tail_schedule(320, 224, 132) == (132, 264, 112, 224)
+    # 40 tiles (256x5120 in 128x256): three chunks each, 120 programs.
+    assert schedules.split_tail_schedule(40, 224, 132) == (120, 0, 75, 225)
 
 
 @pytest.mark.parametrize("extra_waves", [0, 1], ids=lambda w: f"extra{w}")
@@ -122,7 +149,7 @@ def test_stream_k_hybrid_schedule(device, sm_count, extra_waves, monkeypatch):
 
     small_device = replace(launch.device_info(device), sm_count=sm_count)
     monkeypatch.setattr(launch, "device_info", lambda *_: small_device)
-    monkeypatch.setattr(heuristics, "STREAM_K_EXTRA_WAVES", extra_waves)
+    monkeypatch.setattr(schedules, "STREAM_K_EXTRA_WAVES", extra_waves)
     launch.clear_plan_cache()
     for m, n, k in [(70, 50, 203), (33, 64, 48), (16, 32, 16)]:
         a, b = make_operands(m, n, k, "NN", torch.float32, device)

@@ -26,8 +26,15 @@ H100_SMEM = 227 * 1024
 
 
 def load_kernel_module(name="gemm_gluon_by_path"):
-    spec = importlib.util.spec_from_file_location(name, KERNEL_FILE)
+    """``kernels/gemm_gluon.py`` in a package of its own named ``name`` (its ``gluon_common`` too), without
+    running ``kernels/__init__`` or importing tritongemm."""
+    package = importlib.util.spec_from_file_location(
+        name, KERNEL_FILE.parent / "__init__.py", submodule_search_locations=[str(KERNEL_FILE.parent)]
+    )
+    sys.modules[name] = importlib.util.module_from_spec(package)
+    spec = importlib.util.spec_from_file_location(f"{name}.gemm_gluon", KERNEL_FILE)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -81,6 +88,7 @@ def compile_kernel(
     full=False,
     consumers=1,
     bn2=0,
+    stream_k=False,
 ):
     """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers
     (``bn``: the tile's first, power-of-two part of N; ``bn2``: its second part, 0 for none)."""
@@ -102,6 +110,7 @@ def compile_kernel(
         STORE_PREACT=full,
         CONSUMERS=consumers,
         BLOCK_N2=bn2,
+        STREAM_K=stream_k,
     )
     bn2 = bn2 or bn  # without a second part the launcher passes B's and C's descriptors again
     types = dict(
@@ -113,6 +122,8 @@ def compile_kernel(
         d_ptr=f"*{dtype}",
         r_ptr=f"*{dtype}",
         z_ptr=f"*{dtype}",
+        ws_ptr="*fp32",
+        count_ptr="*i32",
         alpha="fp32",
         beta="fp32",
     )
@@ -210,6 +221,38 @@ def test_compiles_to_a_warp_specialized_wgmma_tma_kernel(case):
         )
 
 
+STREAM_K_CASES = [
+    # dtype, BM, BN, BK, stages, A row-major, B row-major, warps, activation, full epilogue
+    ("bf16", 128, 128, 64, 6, True, False, 4, "none", False),  # the heuristic's tile, TN
+    ("fp16", 128, 256, 64, 3, False, True, 8, "gelu", True),  # two warpgroups cooperating, whole epilogue
+    ("fp16", 64, 128, 64, 1, True, True, 4, "none", False),  # single_stage
+]
+
+
+@needs_gluon
+@pytest.mark.parametrize("case", STREAM_K_CASES, ids=[case_id((*c, 1, 0)) for c in STREAM_K_CASES])
+def test_stream_k_compiles_with_its_fix_up(case):
+    dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full = case
+    ptx, smem = compiled_facts(dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full, 1, 0, True)
+    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
+    # The contributor's release and the finisher's acquire on the tile's counter, at GPU scope (an
+    # atomic whose result is unused lowers to red, an atomic add of 0 to an acquire load).
+    assert re.search(r"(atom|red)\.global\.gpu\.release\.add", ptx), "no release atomic"
+    assert re.search(r"(atom\.global\.gpu\.acquire\.add|ld\.global\.gpu\.acquire)", ptx), "no acquire"
+    assert "ld.global.cg" in ptx, "the finisher does not read the partials past L1"
+    # The barrier before the release is the consumer partition's own: its warps only, not the producer's.
+    assert re.search(rf"bar\.sync\s+\d+,\s*{warps * 32};", ptx), "no barrier over the consumer's warps"
+    ring = stages * (bm + bn) * bk * 2
+    assert ring + bm * bn * 2 <= smem <= H100_SMEM
+
+
+@needs_gluon
+def test_tile_span_stays_a_runtime_value():
+    # Specialized to the constant 1 (a one-K-step problem), Triton 3.6 cannot lower the kernel.
+    kernel = gg.gemm_gluon_kernel
+    assert kernel.params[kernel.arg_names.index("tile_span")].do_not_specialize
+
+
 @needs_gluon
 def test_the_largest_ring_that_does_not_fit_is_reported_over_budget():
     # 4 slots of a 128x256x64 tile plus the output tile need 256 KiB: the launcher's
@@ -228,6 +271,7 @@ def test_module_imports_without_gluon(monkeypatch):
 @needs_gluon
 def test_launcher_binds_every_kernel_argument_and_describes_each_operand_as_stored():
     torch = pytest.importorskip("torch", reason="the launcher part needs torch")
+    from dataclasses import replace
     from types import SimpleNamespace
 
     from tritongemm.call import GemmCall
@@ -247,6 +291,33 @@ def test_launcher_binds_every_kernel_argument_and_describes_each_operand_as_stor
     assert launcher.main.grid == (4, 1, 1)  # 3 x 2 tiles on 4 SMs: persistent
     assert launcher.main.options["maxnreg"] == max_registers(8) == 168
     assert launcher.a_desc.base is None  # the cached launcher keeps no operand alive
+    assert (fixed["STREAM_K"], fixed["dp_tiles"], fixed["iters_per_program"], fixed["tile_span"]) == (
+        False,
+        6,
+        0,
+        0,
+    )
+    # Stream-K: 6 tiles x 48 K-steps on 4 SMs: one whole wave, then the last 2 tiles in halves of 24 K-steps
+    # (schedules.split_tail_schedule); the launch passes the workspace (a slot per program) and the counters.
+    x_long, w_long = (
+        torch.randn(300, 3072, dtype=torch.bfloat16),
+        torch.randn(136, 3072, dtype=torch.bfloat16),
+    )
+    sk = GluonLauncher(
+        SimpleNamespace(config=replace(cfg, stream_k=True), device=plan.device),
+        GemmCall(), x_long, w_long.T, out, out, out, out, False,
+    )  # fmt: skip
+    fixed = dict(zip(sk.main.args.names, sk.main.args.template))
+    assert (fixed["STREAM_K"], fixed["dp_tiles"], fixed["iters_per_program"], fixed["tile_span"]) == (
+        True,
+        4,
+        24,
+        48,
+    )
+    assert sk.main.grid == (4, 1, 1)
+    ws, counts = sk.buffers.get(x.device)
+    assert ws.shape == (4, 128, 128) and ws.dtype == torch.float32 and counts.dtype == torch.int32
+    assert counts.numel() >= 2 and not counts[:2].any()
     with pytest.raises(ValueError, match="unit last stride"):
         column_major = torch.empty(136, 304, dtype=torch.bfloat16).T[:300]
         GluonLauncher(plan, GemmCall(), x, w.T, column_major, out, out, out, False)

@@ -259,10 +259,11 @@ def test_explain_for_an_h100_from_meta_tensors():
     # the operands are copied to aligned workspaces (or, with padding off, the pointer kernel).
     odd = torch.empty(4097, 4097, device="meta", dtype=torch.bfloat16)
     plan = tritongemm.explain(odd, odd, device="h100")
-    assert plan.kernel == "tma_persistent" and plan.alignment.path == "pad" and "align" in plan.describe()
+    descriptor_kernels = ("tma_persistent", "gluon_ws")  # (4097^3: 128x128 tiles, the last wave split)
+    assert plan.kernel in descriptor_kernels and plan.alignment.path == "pad" and "align" in plan.describe()
     with tritongemm.launch.padding("never"):
         plan = tritongemm.explain(odd, odd, device="h100")
-    assert plan.kernel != "tma_persistent" and plan.fallback and "16" in plan.fallback
+    assert plan.kernel not in descriptor_kernels and plan.fallback and "16" in plan.fallback
     # An A100 has no TMA: the same shape plans the pointer kernel.
     assert tritongemm.explain(w, w.mT, device="a100").kernel == "pointer"
 

@@ -289,6 +289,81 @@ def test_pingpong_fused_epilogue_gradients_and_cuda_graph(cfg, device):
     assert_close(captured, a.double() @ b.double(), dtype=dtype)
 
 
+#: Stream-K on the warp-specialized kernel: the heuristic's tiles, and a single-stage ring.
+STREAM_K = [
+    TileConfig(128, 128, 64, 8, 4, 6, tma=True, persistent=True, warp_specialize=True, stream_k=True),
+    TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True, stream_k=True),
+    TileConfig(64, 128, 64, 8, 4, 1, tma=True, persistent=True, warp_specialize=True, stream_k=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", STREAM_K, ids=lambda c: c.short())
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "m,n,k",
+    [
+        (3000, 2056, 776),  # whole waves, then streamed tiles; a ragged last K-step
+        (1000, 304, 4168),  # fewer tiles than SMs: every tile split, shares inside one tile
+        (128, 128, 64),  # one tile, one K-step: one program
+        (4100, 1000, 2000),  # ragged in M and N
+    ],
+)
+def test_stream_k_every_layout_ragged_edges_and_schedules(cfg, layout, dtype, m, n, k, device):
+    _needs_hopper()
+    a, b = make_operands(m, n, k, layout, dtype, device)
+    chosen = explain(a, b, config=cfg)
+    assert chosen.kernel == "gluon_ws" and chosen.config.stream_k, chosen.describe()
+    out = tritongemm.matmul(a, b, config=cfg)
+    assert_close(out, a.double() @ b.double(), dtype=dtype)
+    # The finisher adds the partials in program order: the same inputs give the same bits.
+    assert torch.equal(tritongemm.matmul(a, b, config=cfg), out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", STREAM_K[:2], ids=lambda c: c.short())
+def test_stream_k_fused_epilogue_gradients_cuda_graph_and_shared_counters(cfg, device):
+    _needs_hopper()
+    dtype = torch.bfloat16
+    _check_fused_linear(*_fused_linear_operands(1000, 1032, 3000, device), "gelu", config=cfg)
+    a, b = make_operands(2048, 2048, 1536, "NT", dtype, device)
+    c = random_tensor((2048, 2048), dtype, device)
+    out = tritongemm.addmm(c, a, b, beta=0.5, alpha=2.0, config=cfg)
+    assert_close(out, 0.5 * c.double() + 2.0 * (a.double() @ b.double()), dtype=dtype)
+    # Two problems in turn on one stream share the arrival counters: each launch leaves them re-armed.
+    small = make_operands(700, 500, 3000, "NN", dtype, device)
+    for _ in range(3):
+        assert_close(
+            tritongemm.matmul(*small, config=cfg), small[0].double() @ small[1].double(), dtype=dtype
+        )
+        assert_close(tritongemm.matmul(a, b, config=cfg), a.double() @ b.double(), dtype=dtype)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = tritongemm.matmul(a, b, config=cfg)
+    for _ in range(2):  # replays re-zero the graph's own counters
+        a.copy_(random_tensor(a.shape, dtype, device))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(captured, a.double() @ b.double(), dtype=dtype)
+
+
+def test_stream_k_config_rules_and_plan():
+    sk = STREAM_K[0]
+    assert sk.decomposition == "stream_k" and sk.short() == "128x128x64 g8 w4 s6 tma+persistent+ws+streamk"
+    with pytest.raises(tritongemm.ConfigError, match="one consumer"):
+        replace(sk, pingpong=True)
+    with pytest.raises(tritongemm.ConfigError, match="power-of-two block_n"):
+        replace(sk, block_n=192, num_warps=8, num_stages=4)
+    problem = GemmProblem(1024, 5120, 14336, dtype="bf16", layout="NT")
+    a, b, c = _ops(1024, 5120, 14336)
+    chosen = plan(problem, H100, Request(config=sk), a, b, c, torch.bfloat16, torch.bfloat16)
+    if GLUON_AVAILABLE:
+        assert chosen.kernel == "gluon_ws" and chosen.config == sk and chosen.fallback is None
+    else:  # the TMA kernel's own Stream-K takes the tile
+        assert chosen.kernel == "tma_persistent" and chosen.config.stream_k and "Gluon" in chosen.fallback
+
+
 def test_pingpong_config_rules_and_budget():
     with pytest.raises(
         tritongemm.ConfigError, match="pingpong=True needs warp_specialize=True and num_warps=4"

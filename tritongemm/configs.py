@@ -181,8 +181,11 @@ class TileConfig:
             raise ConfigError(
                 "TileConfig.stream_k with tma=True needs persistent=True (Stream-K is a persistent grid)"
             )
-        if self.stream_k and self.warp_specialize:
-            raise ConfigError("TileConfig.stream_k does not combine with warp_specialize")
+        if self.stream_k and (self.pingpong or not _is_pow2(self.block_n)):
+            raise ConfigError(
+                "TileConfig.stream_k with warp_specialize runs one consumer (pingpong=False) on a "
+                f"power-of-two block_n (got block_n={self.block_n}, pingpong={self.pingpong})"
+            )
         if self.gemv and (self.tma or self.stream_k):
             raise ConfigError("TileConfig.gemv is its own kernel: set tma=False and stream_k=False")
         if not MIN_STAGES <= self.num_stages <= MAX_STAGES:

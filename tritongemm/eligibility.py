@@ -195,8 +195,9 @@ def warp_specialized_unsupported_reason(
         return f"the warp-specialized kernel takes fp16/bf16 in and out ({dtype} -> {out_dtype})"
     if batched:
         return "the warp-specialized kernel runs one matrix (batch 1)"
-    if cfg.split_k > 1 or cfg.stream_k:
-        return "the warp-specialized kernel has no split-K / Stream-K"
+    if cfg.split_k > 1:
+        return "the warp-specialized kernel has no split-K"
+    # (Stream-K's one consumer and power-of-two block_n are TileConfig's rule.)
     if cfg.num_warps not in (4, 8) or cfg.block_m % (16 * cfg.num_warps) or cfg.block_k != 64:
         return (
             f"the warp-specialized kernel needs num_warps 4 or 8, block_m a multiple of 16 x num_warps "

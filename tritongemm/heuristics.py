@@ -15,15 +15,12 @@ from typing import NamedTuple
 
 from .configs import MAX_SPLIT_K, GemmProblem, TileConfig, split_width, wave_efficiency
 from .device import DeviceInfo
+from .schedules import cdiv, split_tail_schedule
 
 
 def pow2_at_least(x: int, lo: int, hi: int) -> int:
     """The power of two >= ``x``, clamped to [lo, hi]."""
     return min(max(1 << max(x - 1, 0).bit_length(), lo), hi)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class Tile(NamedTuple):
@@ -245,33 +242,6 @@ def small_problem_tile(problem: GemmProblem, device: DeviceInfo) -> Tile | None:
     return narrow if tiles_of(problem, narrow.block_m, narrow.block_n) <= device.sm_count else SMALL_WIDE_TILE
 
 
-#: Stream-K's hybrid schedule streams the last partial wave of tiles plus this
-#: many full waves before it (CUTLASS's "DP + SK": 0 streams only the sliver,
-#: 1 gives every program one to two tiles' worth of streamed work).
-STREAM_K_EXTRA_WAVES = 1
-
-
-class StreamKSchedule(NamedTuple):
-    programs: int
-    dp_tiles: int
-    iters_per_program: int
-
-
-def stream_k_schedule(
-    tiles: int, k_tiles: int, sm_count: int, extra_waves: int | None = None
-) -> StreamKSchedule:
-    """Stream-K's grid: one program per SM (all resident at once: a finisher may
-    wait for its contributors).  Whole waves run data-parallel; the rest of
-    the tiles' K-steps are cut into equal contiguous shares."""
-    extra = STREAM_K_EXTRA_WAVES if extra_waves is None else extra_waves
-    programs = max(1, min(sm_count, tiles * k_tiles))
-    full_waves = tiles // programs
-    dp_waves = max(full_waves - extra, 0) if tiles % programs else full_waves
-    dp_tiles = dp_waves * programs
-    iters_per_program = max(1, cdiv((tiles - dp_tiles) * k_tiles, programs))
-    return StreamKSchedule(programs, dp_tiles, iters_per_program)
-
-
 # Stream-K's tile and its efficiency against a full wave of the same tile's
 # sliced-K schedule: 896x2432x4096 (133 tiles on 132 SMs) ran in 37.4 us where
 # the ideal 133/132 of one wave is 23.4 us (H100, fp16, CUDA-graph timing;
@@ -397,6 +367,31 @@ def split_width_tile(
     return None if best is None else (best, best_score)
 
 
+# The warp-specialized 128x128 tile with its last wave split into K-chunks
+# (``split_tail_schedule``): where the tail splits at least in two, it runs
+# whole_waves + chunk / K-steps waves of work.  H100, bf16, against the heuristic
+# then (sweeps/ws_split_tail_sweep.json): 256x3584x18944 0.96 (0.85), 256x3072x8192
+# 0.93 (0.84), 2048x3584x3584 0.99 (0.93), 512x14336x4096 1.02 (0.94).  Where a
+# split-width tile fits the SMs it stays ahead at K <= 4096 (3072^3 0.85 against
+# 128x192's 0.94, 12608x768x3072 0.76 against 0.89), so that rule goes first.
+SPLIT_TAIL_SPEED = 0.92  # the menu's 128x128
+
+
+def split_tail_tile(problem: GemmProblem, device: DeviceInfo, menu_score: float) -> tuple[Tile, float] | None:
+    """The warp-specialized 128x128 tile with a split last wave (and its score), where it beats the
+    menu tile's ``menu_score`` by ``SPLIT_WIDTH_MARGIN``, else None."""
+    if not warp_specialized_fits(problem, device):
+        return None
+    tile, sms = WS_DEEP_TILE, device.sm_count
+    tiles, k_tiles = tiles_of(problem, tile.block_m, tile.block_n), cdiv(problem.k, tile.block_k)
+    schedule = split_tail_schedule(tiles, k_tiles, sms)
+    if schedule.tile_span < 2 * schedule.iters_per_program:  # the tail does not split
+        return None
+    waves = schedule.dp_tiles // sms + schedule.iters_per_program / k_tiles
+    score = tiles / sms / waves * SPLIT_TAIL_SPEED
+    return (tile, score) if score > menu_score * SPLIT_WIDTH_MARGIN else None
+
+
 def warp_specialized_fits(problem: GemmProblem, device: DeviceInfo) -> bool:
     """Can the warp-specialized kernel take this problem class (sm_90, one 2-byte matrix)?"""
     return device.capability == (9, 0) and problem.batch == 1 and problem.elem_size == 2
@@ -490,6 +485,12 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
             f"{score:.2f}): the warp-specialized kernel, two accumulators of {first} + "
             f"{rest} columns"
         )
+    tail = split_tail_tile(problem, device, score)
+    if tail is not None:
+        return tail[0].config(tma=True, persistent=True, warp_specialize=True, stream_k=True), (
+            f"{rule}; the warp-specialized 128x128 tile with its last wave split into K-chunks scores "
+            f"{tail[1]:.2f}: whole waves, then each remaining tile in equal chunks, one per SM"
+        )
     ws = warp_specialized_tile(problem, device)
     if ws is not None:
         return ws.config(tma=True, persistent=True, warp_specialize=True), (
@@ -526,5 +527,4 @@ __all__ = [
     "Choice",
     "heuristic_choice",
     "heuristic_config",
-    "stream_k_schedule",
 ]

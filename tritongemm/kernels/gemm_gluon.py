@@ -32,6 +32,23 @@ before releasing it.  In CUTLASS's terms (``MmaSingleStage`` /
   carries it across tile boundaries, so the next tile's first loads overlap this
   tile's epilogue.
 
+With ``STREAM_K`` (one consumer, one accumulator) the persistent schedule is
+``gemm_streamk``'s data-parallel + Stream-K hybrid: whole tiles first, then the
+remaining tiles' K-steps in equal contiguous shares, one per program, each walked
+backwards one tile segment at a time.  A streamed tile may span more of the
+shares' iterations than it has K-steps (``tile_span``), which lets the launcher
+cut each tile of the last wave into equal chunks that start at the same K offset
+in every tile (``schedules.split_tail_schedule``), so neighbouring programs load
+the same K-step of shared panels together, as whole tiles do.  The producer walks
+the same segments, so its loads run ahead across segment boundaries as they do
+across tiles.  A segment that does not reach its tile's last K-step is a partial:
+the consumer stores it in its program's fp32 workspace slot and counts it in with
+a release atomic; the program that computes the last K-step waits for the count,
+adds the partials in program order (deterministic), re-arms the counter and runs
+the epilogue.  A program only waits on lower program ids that contribute before
+they wait on anyone, and every program is resident (one per SM), so the wait
+cannot deadlock.
+
 The epilogue (``out = act(alpha * acc + beta * D) + R``, optionally storing the
 pre-activation ``Z``; the same arithmetic as ``gemm.finish_tile``) works on the
 accumulator in its wgmma register layout, writes the tile to one shared-memory
@@ -44,51 +61,23 @@ has at import time.  On a Triton without usable Gluon the module still imports;
 ``GLUON_AVAILABLE`` is False and ``GLUON_UNAVAILABLE_REASON`` says why.
 """
 
-import inspect
-
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-except Exception as exc:  # no triton.experimental.gluon, or no Hopper ops in it
-    GLUON_UNAVAILABLE_REASON = f"triton's Gluon Hopper API is not importable ({type(exc).__name__}: {exc})"
-else:
-    GLUON_UNAVAILABLE_REASON = ""
-    # Triton 3.6 takes warp_specialize([(fn, args), ...], warps, regs); earlier releases took
-    # (default_args, default_fn, worker_args, worker_fns, ...), which this kernel does not speak.
-    if list(inspect.signature(gl.warp_specialize).parameters)[:1] != ["functions_and_args"]:
-        GLUON_UNAVAILABLE_REASON = "gl.warp_specialize predates the list-of-partitions form (triton < 3.6)"
-    # Triton 3.9 renamed the TMA copies (the old names remain, raising an error when called).
-    tma_load = getattr(tma, "async_load", None) or getattr(tma, "async_copy_global_to_shared", None)
-    tma_store = getattr(tma, "async_store", None) or getattr(tma, "async_copy_shared_to_global", None)
-    if tma_load is None or tma_store is None:
-        GLUON_UNAVAILABLE_REASON = "gluon's hopper.tma has neither async_load nor async_copy_global_to_shared"
-
-GLUON_AVAILABLE: bool = not GLUON_UNAVAILABLE_REASON
-
-if not GLUON_AVAILABLE:
-
-    class _Absent:
-        """Lets the definitions below execute (never compile) where gluon is missing."""
-
-        constexpr = None
-
-        @staticmethod
-        def jit(fn):
-            return fn
-
-        @staticmethod
-        def constexpr_function(fn):
-            return fn
-
-    gluon = gl = _Absent
-
+from .gluon_common import (
+    GLUON_AVAILABLE,
+    GLUON_UNAVAILABLE_REASON,
+    fence_async_shared,
+    finish_tile,
+    gl,
+    gluon,
+    mbarrier,
+    streamk_collect,
+    streamk_contribute,
+    streamk_segment,
+    tma,
+    tma_load,
+    tma_store,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 #: Registers per thread of the producer warp; it holds a few scalars only.  setmaxnreg hands the
 #: rest to the consumers (CUTLASS's sm90 kernels give their producer 40 as well).
@@ -135,6 +124,54 @@ def tile_coords(tile_id, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GRO
 
 
 @gluon.jit
+def load_k_steps(
+    descs,
+    ring,
+    off_m,
+    off_n,
+    k_begin,
+    k_end,
+    step,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    A_ROW_MAJOR: gl.constexpr,
+    B_ROW_MAJOR: gl.constexpr,
+    BLOCK_N2: gl.constexpr,
+):
+    """Load K-steps ``k_begin .. k_end - 1`` of the tile at (off_m, off_n) into the ring from ring step
+    ``step`` on; returns the next ring step."""
+    a_desc, b_desc, b2_desc = descs
+    a_ring, b_ring, b2_ring, ready, empty, _ = ring
+    nbytes: gl.constexpr = slot_bytes(
+        a_desc.block_type.nbytes, b_desc.block_type.nbytes, b2_desc.block_type.nbytes, BLOCK_N2 > 0
+    )
+    for ki in range(k_begin, k_end):
+        slot = step % NUM_STAGES
+        # A fresh mbarrier counts as having completed the phase before phase 0,
+        # so the first lap finds every slot empty.
+        mbarrier.wait(empty.index(slot), ((step // NUM_STAGES) & 1) ^ 1)
+        bar = ready.index(slot)
+        mbarrier.expect(bar, nbytes)
+        off_k = ki * BLOCK_K
+        if A_ROW_MAJOR:
+            tma_load(a_desc, [off_m, off_k], bar, a_ring.index(slot))
+        else:
+            tma_load(a_desc, [off_k, off_m], bar, a_ring.index(slot))
+        if B_ROW_MAJOR:
+            tma_load(b_desc, [off_k, off_n], bar, b_ring.index(slot))
+        else:
+            tma_load(b_desc, [off_n, off_k], bar, b_ring.index(slot))
+        if BLOCK_N2 > 0:  # the tile's last BLOCK_N2 columns of B
+            if B_ROW_MAJOR:
+                tma_load(b2_desc, [off_k, off_n + BLOCK_N], bar, b2_ring.index(slot))
+            else:
+                tma_load(b2_desc, [off_n + BLOCK_N, off_k], bar, b2_ring.index(slot))
+        step += 1
+    return step
+
+
+@gluon.jit
 def producer(
     a_desc,
     b_desc,
@@ -143,6 +180,7 @@ def producer(
     M,
     N,
     K,
+    sk,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr,
@@ -151,97 +189,34 @@ def producer(
     A_ROW_MAJOR: gl.constexpr,
     B_ROW_MAJOR: gl.constexpr,
     BLOCK_N2: gl.constexpr,
+    STREAM_K: gl.constexpr,
 ):
-    """The load partition: fill ring slots in the order the consumers drain them."""
-    a_ring, b_ring, b2_ring, ready, empty, _ = ring
+    """The load partition: fill ring slots in the order the consumers drain them (whole tiles, then, with
+    STREAM_K, this program's share of the streamed K-steps, walked backwards as the consumer walks it)."""
+    dp_tiles, iters_per_program, tile_span = sk
+    descs = (a_desc, b_desc, b2_desc)
     TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2)
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, TILE_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    nbytes: gl.constexpr = slot_bytes(
-        a_desc.block_type.nbytes, b_desc.block_type.nbytes, b2_desc.block_type.nbytes, BLOCK_N2 > 0
-    )
     step = 0  # K-steps issued by this program so far, over all its tiles
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    for tile_id in range(gl.program_id(0), dp_tiles, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, TILE_N, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * TILE_N
-        for ki in range(k_tiles):
-            slot = step % NUM_STAGES
-            # A fresh mbarrier counts as having completed the phase before phase 0,
-            # so the first lap finds every slot empty.
-            mbarrier.wait(empty.index(slot), ((step // NUM_STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
-            mbarrier.expect(bar, nbytes)
-            off_k = ki * BLOCK_K
-            if A_ROW_MAJOR:
-                tma_load(a_desc, [off_m, off_k], bar, a_ring.index(slot))
-            else:
-                tma_load(a_desc, [off_k, off_m], bar, a_ring.index(slot))
-            if B_ROW_MAJOR:
-                tma_load(b_desc, [off_k, off_n], bar, b_ring.index(slot))
-            else:
-                tma_load(b_desc, [off_n, off_k], bar, b_ring.index(slot))
-            if BLOCK_N2 > 0:  # the tile's last BLOCK_N2 columns of B
-                if B_ROW_MAJOR:
-                    tma_load(b2_desc, [off_k, off_n + BLOCK_N], bar, b2_ring.index(slot))
-                else:
-                    tma_load(b2_desc, [off_n + BLOCK_N, off_k], bar, b2_ring.index(slot))
-            step += 1
-
-
-@gluon.jit
-def activate(x, ACTIVATION: gl.constexpr):
-    """``gemm.activate`` in Gluon (which has no sigmoid: 1 / (1 + exp(-x)) is what tl.sigmoid computes)."""
-    if ACTIVATION == "relu":
-        x = gl.maximum(x, 0.0)
-    elif ACTIVATION == "gelu":
-        x = 0.5 * x * (1.0 + gl.erf(x * 0.7071067811865476))
-    elif ACTIVATION == "gelu_tanh":
-        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        x = x / (1.0 + gl.exp(-2.0 * u))
-    elif ACTIVATION == "silu":
-        x = x / (1.0 + gl.exp(-x))
-    return x
-
-
-@gluon.jit
-def finish_tile(
-    acc,
-    off_m,
-    off_n,
-    epi,
-    HAS_ALPHA: gl.constexpr,
-    HAS_ADDEND: gl.constexpr,
-    ACTIVATION: gl.constexpr,
-    HAS_RESIDUAL: gl.constexpr,
-    STORE_PREACT: gl.constexpr,
-):
-    """``gemm.finish_tile`` on the accumulator in its wgmma layout: z = alpha acc + beta D, y = act(z) + R.
-
-    ``epi`` holds the epilogue's runtime values (the kernel's ``epi``)."""
-    # fmt: off
-    (M, N, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn, z_ptr, stride_zm, stride_zn,
-     alpha, beta) = epi
-    # fmt: on
-    BLOCK_M: gl.constexpr = acc.shape[0]
-    BLOCK_N: gl.constexpr = acc.shape[1]
-    offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
-    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
-    rows = gl.expand_dims(offs_m, 1)
-    cols = gl.expand_dims(offs_n, 0)
-    mask = (rows < M) & (cols < N)
-    if HAS_ALPHA:
-        acc = acc * alpha
-    if HAS_ADDEND:
-        d = gl.load(d_ptr + rows * stride_dm + cols * stride_dn, mask=mask, other=0.0)
-        acc = acc + beta * d.to(gl.float32)
-    if STORE_PREACT:
-        gl.store(z_ptr + rows * stride_zm + cols * stride_zn, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    acc = activate(acc, ACTIVATION)
-    if HAS_RESIDUAL:
-        r = gl.load(r_ptr + rows * stride_rm + cols * stride_rn, mask=mask, other=0.0)
-        acc = acc + r.to(gl.float32)
-    return acc
+        step = load_k_steps(
+            descs, ring, pid_m * BLOCK_M, pid_n * TILE_N, 0, k_tiles, step,
+            BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
+        )  # fmt: skip
+    if STREAM_K:
+        first = gl.program_id(0) * iters_per_program
+        last = gl.minimum(first + iters_per_program, (num_tiles - dp_tiles) * tile_span)
+        while last > first:
+            tile, tile_start, seg_start = streamk_segment(first, last, tile_span)
+            pid_m, pid_n = tile_coords(dp_tiles + tile, M, N, BLOCK_M, TILE_N, GROUP_M)
+            seg_end = gl.minimum(last - tile_start, k_tiles)  # (a tile's span may end past its K-steps)
+            step = load_k_steps(
+                descs, ring, pid_m * BLOCK_M, pid_n * TILE_N, seg_start - tile_start, seg_end,
+                step, BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
+            )  # fmt: skip
+            last = seg_start
 
 
 @gluon.jit
@@ -253,6 +228,8 @@ def consumer(
     c2_smem,
     epi,
     K,
+    sk,
+    fixup,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr,
@@ -268,6 +245,7 @@ def consumer(
     CONSUMER: gl.constexpr,
     CONSUMERS: gl.constexpr,
     BLOCK_N2: gl.constexpr,
+    STREAM_K: gl.constexpr,
 ):
     """A consumer partition: wgmma over the ring, then the epilogue and the TMA store of each of its tiles.
 
@@ -285,6 +263,7 @@ def consumer(
     cannot tell that phase from the one two laps earlier.
     """
     a_ring, b_ring, b2_ring, ready, empty, turn = ring
+    dp_tiles, iters_per_program, tile_span = sk
     M = epi[0]
     N = epi[1]
     acc_layout: gl.constexpr = accumulator_layout(BLOCK_M, BLOCK_N, gl.num_warps())
@@ -300,7 +279,7 @@ def consumer(
     k_tiles = gl.cdiv(K, BLOCK_K)
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    for tile_id in range(pid + CONSUMER * nprog, num_tiles, CONSUMERS * nprog):
+    for tile_id in range(pid + CONSUMER * nprog, dp_tiles, CONSUMERS * nprog):
         step = (tile_id - pid) // nprog * k_tiles  # the ring step of this tile's first K-step
         pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, TILE_N, GROUP_M)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
@@ -370,10 +349,57 @@ def consumer(
         tma_store(c_desc, [off_m, off_n], c_smem)
         if BLOCK_N2 > 0:
             tma_store(c2_desc, [off_m, off_n + BLOCK_N], c2_smem)
+    if STREAM_K:  # (one consumer, one accumulator: the launcher's rule)
+        # This program's share of the streamed tiles' K-steps, walked backwards one tile segment at a
+        # time (see gemm_streamk): its contribution first, the tile it finishes last.
+        step = (dp_tiles - pid + nprog - 1) // nprog * k_tiles  # after its whole tiles' K-steps
+        first = pid * iters_per_program
+        last = gl.minimum(first + iters_per_program, (num_tiles - dp_tiles) * tile_span)
+        while last > first:
+            tile, tile_start, seg_start = streamk_segment(first, last, tile_span)
+            steps = gl.minimum(last, tile_start + k_tiles) - seg_start
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+            for ki in range(steps):
+                slot = step % NUM_STAGES
+                mbarrier.wait(ready.index(slot), (step // NUM_STAGES) & 1)
+                a = a_ring.index(slot)
+                if not A_ROW_MAJOR:
+                    a = a.permute((1, 0))
+                b = b_ring.index(slot)
+                if not B_ROW_MAJOR:
+                    b = b.permute((1, 0))
+                acc = warpgroup_mma(a, b, acc, is_async=True)
+                acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
+                if IN_FLIGHT:
+                    mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=ki > 0)
+                else:
+                    mbarrier.arrive(empty.index(slot))
+                step += 1
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            if IN_FLIGHT:
+                mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=steps > 0)
+            if last < tile_start + tile_span:  # a later program computes this tile's last K-step
+                streamk_contribute(acc, fixup, tile, pid)
+            else:
+                if seg_start > tile_start:
+                    acc = streamk_collect(acc, fixup, tile, tile_start, pid, iters_per_program)
+                pid_m, pid_n = tile_coords(dp_tiles + tile, M, N, BLOCK_M, TILE_N, GROUP_M)
+                off_m = pid_m * BLOCK_M
+                off_n = pid_n * TILE_N
+                acc = finish_tile(
+                    acc, off_m, off_n, epi, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT
+                )
+                tma.store_wait(0)
+                c_smem.store(acc.to(c_desc.dtype))
+                fence_async_shared()
+                tma_store(c_desc, [off_m, off_n], c_smem)
+            last = seg_start
     tma.store_wait(0)
 
 
-@gluon.jit
+# Triton 3.6 fails to lower the kernel (ConvertTritonGPUToLLVM asserts) when ``tile_span`` is specialized
+# to the constant 1 (one K-step per tile); a runtime value costs nothing.
+@gluon.jit(do_not_specialize=["tile_span"])
 def gemm_gluon_kernel(
     a_desc,
     b_desc,
@@ -383,9 +409,14 @@ def gemm_gluon_kernel(
     d_ptr,
     r_ptr,
     z_ptr,
+    ws_ptr,
+    count_ptr,
     M,
     N,
     K,
+    dp_tiles,
+    iters_per_program,
+    tile_span,
     stride_dm,
     stride_dn,
     stride_rm,
@@ -408,6 +439,7 @@ def gemm_gluon_kernel(
     STORE_PREACT: gl.constexpr,
     CONSUMERS: gl.constexpr,
     BLOCK_N2: gl.constexpr,
+    STREAM_K: gl.constexpr,
 ):
     """C = act(alpha * A @ B + beta * D) + R on a persistent grid (program p takes tiles p, p + grid, ...).
 
@@ -418,6 +450,13 @@ def gemm_gluon_kernel(
     BLOCK_N2 columns have their own accumulator, read B through ``b2_desc`` and are
     stored through ``c2_desc`` (Gluon tensors have power-of-two shapes); otherwise
     ``b2_desc`` / ``c2_desc`` are never read.
+
+    Tiles ``0 .. dp_tiles - 1`` run whole (``dp_tiles`` is every tile without STREAM_K).  With
+    STREAM_K (one consumer, ``BLOCK_N2 == 0``) the K-steps of the rest are shared out, each program
+    taking ``iters_per_program`` of them, where each streamed tile spans ``tile_span >= cdiv(K, BLOCK_K)``
+    of the shares' iterations (those past its K-steps are skipped); ``ws_ptr`` holds one fp32 partial tile per program and
+    ``count_ptr`` one arrival counter per streamed tile, zero at launch and re-armed to zero by the
+    kernel (``launch.stream_k.StreamKBuffers``).  Without STREAM_K neither is read.
     """
     dtype: gl.constexpr = a_desc.dtype
     a_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -444,6 +483,8 @@ def gemm_gluon_kernel(
     # Runtime values travel to the partitions in tuples; constexprs are written out in each call
     # (a tuple bound to a name would turn them into runtime values).
     ring = (a_ring, b_ring, b2_ring, ready, empty, turn)
+    sk = (dp_tiles, iters_per_program, tile_span)
+    fixup = (ws_ptr, count_ptr)
     # fmt: off
     epi = (M, N, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn, z_ptr, stride_zm, stride_zn,
            alpha, beta)
@@ -451,11 +492,12 @@ def gemm_gluon_kernel(
         # Cooperative (or a single warpgroup): the kernel's num_warps run every tile together.
         gl.warp_specialize(
             [
-                (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K,
+                (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 1, BLOCK_N2)),
-                (producer, (a_desc, b_desc, b2_desc, ring, M, N, K,
-                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2)),
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 1, BLOCK_N2, STREAM_K)),
+                (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
+                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
+                            STREAM_K)),
             ],
             [1],
             [PRODUCER_REGS],
@@ -465,14 +507,15 @@ def gemm_gluon_kernel(
         # epilogue runs while the other's wgmma keep the tensor cores busy.
         gl.warp_specialize(
             [
-                (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K,
+                (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 2, BLOCK_N2)),
-                (consumer, (ring, c_desc, c_tiles.index(1), c2_desc, c2_tiles.index(1), epi, K,
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 2, BLOCK_N2, False)),
+                (consumer, (ring, c_desc, c_tiles.index(1), c2_desc, c2_tiles.index(1), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 1, 2, BLOCK_N2)),
-                (producer, (a_desc, b_desc, b2_desc, ring, M, N, K,
-                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2)),
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 1, 2, BLOCK_N2, False)),
+                (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
+                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
+                            STREAM_K)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -483,3 +526,6 @@ def gemm_gluon_kernel(
         mbarrier.invalidate(empty.index(s))
     for c in gl.static_range(2):
         mbarrier.invalidate(turn.index(c))
+
+
+__all__ = ["GLUON_AVAILABLE", "GLUON_UNAVAILABLE_REASON", "gemm_gluon_kernel"]

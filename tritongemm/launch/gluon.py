@@ -4,7 +4,9 @@ a persistent grid of one program per SM.
 Reads from ``plan.config``: ``block_m``, ``block_n`` (a power of two, or the sum
 of two: see ``configs.split_width``), ``block_k``, ``group_m``, ``num_stages`` (the ring's
 slots), ``num_warps`` (the warps of each consumer: 4 per warpgroup; the producer
-warp comes on top) and ``pingpong`` (two consumers on alternate tiles, else one).
+warp comes on top), ``pingpong`` (two consumers on alternate tiles, else one) and
+``stream_k`` (whole waves, then the last wave's tiles split into K-chunks:
+``schedules.split_tail_schedule``, with ``StreamKBuffers``' workspace and counters).
 From ``plan.device``: ``sm_count``.
 """
 
@@ -17,6 +19,7 @@ from ..configs import split_width
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, gemm_gluon_kernel
 from .common import KernelArgs, Launch
 from .pointer import epilogue_constexprs
+from .stream_k import StreamKBuffers
 
 if GLUON_AVAILABLE:
     from triton.experimental.gluon import language as gl
@@ -26,7 +29,20 @@ if GLUON_AVAILABLE:
 else:
     GL_DTYPES = {}
 
-RUNTIME = ("a_desc", "b_desc", "b2_desc", "c_desc", "c2_desc", "d_ptr", "r_ptr", "z_ptr", "alpha", "beta")
+RUNTIME = (
+    "a_desc",
+    "b_desc",
+    "b2_desc",
+    "c_desc",
+    "c2_desc",
+    "d_ptr",
+    "r_ptr",
+    "z_ptr",
+    "ws_ptr",
+    "count_ptr",
+    "alpha",
+    "beta",
+)
 
 #: Registers per SM (every sm_90 part).
 REGISTER_FILE = 65536
@@ -76,6 +92,12 @@ class GluonLauncher:
         consumers = 2 if cfg.pingpong else 1
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         programs = max(1, min(plan.device.sm_count, tiles))
+        dp_tiles, iters_per_program, tile_span = tiles, 0, 0
+        self.buffers = None
+        if cfg.stream_k:
+            # (one consumer on a power-of-two block_n: TileConfig's rule)
+            self.buffers = StreamKBuffers(cfg, a, tiles, K, plan.device.sm_count, split_tail=True)
+            programs, dp_tiles, iters_per_program, tile_span = self.buffers.schedule
         self.main = Launch(
             KernelArgs(
                 gemm_gluon_kernel,
@@ -83,6 +105,9 @@ class GluonLauncher:
                 M=M,
                 N=N,
                 K=K,
+                dp_tiles=dp_tiles,
+                iters_per_program=iters_per_program,
+                tile_span=tile_span,
                 stride_dm=d2.stride(0),
                 stride_dn=d2.stride(1),
                 stride_rm=r2.stride(0),
@@ -98,6 +123,7 @@ class GluonLauncher:
                 A_ROW_MAJOR=a_row_major,
                 B_ROW_MAJOR=b_row_major,
                 CONSUMERS=consumers,
+                STREAM_K=cfg.stream_k,
                 **epilogue_constexprs(call),
             ),
             (programs,),
@@ -119,4 +145,9 @@ class GluonLauncher:
     takes_bases = True  # reads only data pointers (see ``launch.launcher_for``)
 
     def __call__(self, a, b, out, d, r, z, alpha, beta):
-        self.main(a, b, b, out, out, d, r, z, alpha, beta)  # the launch puts a, b, out in descriptors
+        ws, counts = (
+            self.buffers.get(a.device) if self.buffers is not None else (out, out)
+        )  # unread without STREAM_K
+        self.main(
+            a, b, b, out, out, d, r, z, ws, counts, alpha, beta
+        )  # the launch puts a, b, out in descriptors

@@ -5,18 +5,19 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..heuristics import StreamKSchedule, stream_k_schedule
 from ..kernels import streamk_kernel
+from ..schedules import StreamKSchedule, split_tail_schedule, stream_k_schedule
 from .common import KernelArgs, Launch, arrival_counters, workspace_dtype
 from .pointer import RUNTIME, epilogue_constexprs, mainloop_constexprs
 
 
 class StreamKBuffers:
     """Stream-K's schedule, and the per-tile arrival counters and per-program partial slots it needs
-    (shared by this kernel and the TMA kernel's Stream-K)."""
+    (shared by this kernel, the TMA kernel's Stream-K and, with ``split_tail``, the Gluon kernel's)."""
 
-    def __init__(self, cfg, a: torch.Tensor, tiles: int, K: int, sm_count: int):
-        self.schedule: StreamKSchedule = stream_k_schedule(tiles, triton.cdiv(K, cfg.block_k), sm_count)
+    def __init__(self, cfg, a: torch.Tensor, tiles: int, K: int, sm_count: int, split_tail: bool = False):
+        schedule = split_tail_schedule if split_tail else stream_k_schedule
+        self.schedule: StreamKSchedule = schedule(tiles, triton.cdiv(K, cfg.block_k), sm_count)
         self.counters = tiles - self.schedule.dp_tiles
         self.ws_shape = (self.schedule.programs, cfg.block_m, cfg.block_n)
         self.ws_dtype = workspace_dtype(a.dtype)

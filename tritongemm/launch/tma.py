@@ -44,7 +44,7 @@ class TmaLauncher:
         self.buffers = None
         if cfg.stream_k:
             self.buffers = StreamKBuffers(cfg, a, tiles, K, plan.device.sm_count)
-            programs, dp_tiles, iters_per_program = self.buffers.schedule
+            programs, dp_tiles, iters_per_program, _ = self.buffers.schedule
         self.main = Launch(
             KernelArgs(
                 gemm_tma_kernel,
