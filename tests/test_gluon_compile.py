@@ -297,11 +297,11 @@ def test_launcher_binds_every_kernel_argument_and_describes_each_operand_as_stor
         0,
         0,
     )
-    # Stream-K: 6 tiles x 48 K-steps on 4 SMs: one whole wave, then the last 2 tiles in halves of 24 K-steps
+    # Stream-K: 6 tiles x 56 K-steps on 4 SMs: one whole wave, then the last 2 tiles in halves of 28 K-steps
     # (schedules.split_tail_schedule); the launch passes the workspace (a slot per program) and the counters.
     x_long, w_long = (
-        torch.randn(300, 3072, dtype=torch.bfloat16),
-        torch.randn(136, 3072, dtype=torch.bfloat16),
+        torch.randn(300, 3584, dtype=torch.bfloat16),
+        torch.randn(136, 3584, dtype=torch.bfloat16),
     )
     sk = GluonLauncher(
         SimpleNamespace(config=replace(cfg, stream_k=True), device=plan.device),
@@ -311,8 +311,8 @@ def test_launcher_binds_every_kernel_argument_and_describes_each_operand_as_stor
     assert (fixed["STREAM_K"], fixed["dp_tiles"], fixed["iters_per_program"], fixed["tile_span"]) == (
         True,
         4,
-        24,
-        48,
+        28,
+        56,
     )
     assert sk.main.grid == (4, 1, 1)
     ws, counts = sk.buffers.get(x.device)

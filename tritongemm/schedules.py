@@ -54,9 +54,11 @@ def stream_k_schedule(
 # only the last, partial wave, each of its tiles into S equal K-chunks, one per program:
 # programs p and p + S run the same chunk of neighbouring tiles side by side, as whole
 # tiles do.
-#: The fewest K-steps in a chunk: chunks of 4-8 steps lost to the fix-up (512x4608x3584 0.59 against
-#: 0.68 unsplit, 1536^3 0.54, 1024^3 0.65); from 24 on they gained (sweeps/ws_split_tail_sweep.json).
-SPLIT_TAIL_MIN_STEPS = 24
+#: The fewest K-steps in a chunk.  Chunks of 4-8 steps lost to the fix-up (512x4608x3584 0.59 against
+#: 0.68 unsplit, 1536^3 0.54, 1024^3 0.65; sweeps/ws_split_tail_sweep.json); chunks of 24 lost in all
+#: three cases measured (256x3072x3072 0.83 against 0.91 in sweeps/split_tail_ab.json; 3072^3 and
+#: 12608x768x3072 against 128x192); from 28 on they gained or tied (split_tail_ab.json, 23 cases).
+SPLIT_TAIL_MIN_STEPS = 28
 
 
 def split_tail_schedule(tiles: int, k_tiles: int, sm_count: int) -> StreamKSchedule:
