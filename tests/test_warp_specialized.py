@@ -269,6 +269,13 @@ def test_pingpong_every_layout_ragged_edges_and_odd_tile_counts(cfg, layout, dty
     assert_close(tritongemm.matmul(a, b, config=cfg), a.double() @ b.double(), dtype=dtype)
 
 
+def _check_addmm(a, b, cfg) -> None:
+    """``addmm(c, a, b, beta=0.5, alpha=2.0)`` under ``cfg`` against float64."""
+    c = random_tensor((a.shape[0], b.shape[1]), a.dtype, a.device)
+    out = tritongemm.addmm(c, a, b, beta=0.5, alpha=2.0, config=cfg)
+    assert_close(out, 0.5 * c.double() + 2.0 * (a.double() @ b.double()), dtype=a.dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", PINGPONG + SPLIT_WIDTH, ids=lambda c: c.short())
 def test_pingpong_fused_epilogue_gradients_and_cuda_graph(cfg, device):
@@ -276,9 +283,7 @@ def test_pingpong_fused_epilogue_gradients_and_cuda_graph(cfg, device):
     dtype = torch.bfloat16
     _check_fused_linear(*_fused_linear_operands(4000, 1032, 512, device), "gelu", config=cfg)
     a, b = make_operands(2048, 2048, 512, "NT", dtype, device)
-    c = random_tensor((2048, 2048), dtype, device)
-    out = tritongemm.addmm(c, a, b, beta=0.5, alpha=2.0, config=cfg)
-    assert_close(out, 0.5 * c.double() + 2.0 * (a.double() @ b.double()), dtype=dtype)
+    _check_addmm(a, b, cfg)
     tritongemm.matmul(a, b, config=cfg)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -328,9 +333,7 @@ def test_stream_k_fused_epilogue_gradients_cuda_graph_and_shared_counters(cfg, d
     dtype = torch.bfloat16
     _check_fused_linear(*_fused_linear_operands(1000, 1032, 3000, device), "gelu", config=cfg)
     a, b = make_operands(2048, 2048, 1536, "NT", dtype, device)
-    c = random_tensor((2048, 2048), dtype, device)
-    out = tritongemm.addmm(c, a, b, beta=0.5, alpha=2.0, config=cfg)
-    assert_close(out, 0.5 * c.double() + 2.0 * (a.double() @ b.double()), dtype=dtype)
+    _check_addmm(a, b, cfg)
     # Two problems in turn on one stream share the arrival counters: each launch leaves them re-armed.
     small = make_operands(700, 500, 3000, "NN", dtype, device)
     for _ in range(3):

@@ -220,6 +220,36 @@ def producer(
 
 
 @gluon.jit
+def ready_operands(
+    ring, step, NUM_STAGES: gl.constexpr, A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr
+):
+    """Wait until ring step ``step``'s slot is loaded; its index and A's and B's tiles as wgmma reads them
+    (a slot holding a tile transposed is read through a permuted view)."""
+    a_ring, b_ring, _, ready, _, _ = ring
+    slot = step % NUM_STAGES
+    mbarrier.wait(ready.index(slot), (step // NUM_STAGES) & 1)
+    a = a_ring.index(slot)
+    if not A_ROW_MAJOR:
+        a = a.permute((1, 0))
+    b = b_ring.index(slot)
+    if not B_ROW_MAJOR:
+        b = b.permute((1, 0))
+    return slot, a, b
+
+
+@gluon.jit
+def release_slot(ring, step, slot, not_first, IN_FLIGHT: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """After issuing ring step ``step``'s wgmma (``slot``): with one wgmma left in flight, the previous
+    step's has retired and its slot may be refilled (none before a segment's first step); with none in
+    flight, this step's own slot."""
+    empty = ring[4]
+    if IN_FLIGHT:
+        mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=not_first)
+    else:
+        mbarrier.arrive(empty.index(slot))
+
+
+@gluon.jit
 def consumer(
     ring,
     c_desc,
@@ -291,14 +321,7 @@ def consumer(
             j = (tile_id - pid) // (CONSUMERS * nprog)
             mbarrier.wait(turn.index(CONSUMER), (j & 1) ^ (1 if CONSUMER == 0 else 0))
         for ki in range(k_tiles):
-            slot = step % NUM_STAGES
-            mbarrier.wait(ready.index(slot), (step // NUM_STAGES) & 1)
-            a = a_ring.index(slot)
-            if not A_ROW_MAJOR:  # the slot holds A's tile transposed; wgmma reads it through a view
-                a = a.permute((1, 0))
-            b = b_ring.index(slot)
-            if not B_ROW_MAJOR:
-                b = b.permute((1, 0))
+            slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
             acc = warpgroup_mma(a, b, acc, is_async=True)
             if BLOCK_N2 > 0:
                 b2 = b2_ring.index(slot)
@@ -308,11 +331,7 @@ def consumer(
                 acc, acc2 = warpgroup_mma_wait(IN_FLIGHT * WGMMAS, deps=(acc, acc2))
             else:
                 acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
-            if IN_FLIGHT:
-                # The previous K-step's wgmma has retired: its slot may be refilled.
-                mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=ki > 0)
-            else:
-                mbarrier.arrive(empty.index(slot))
+            release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES)
             step += 1
         if CONSUMERS > 1:
             mbarrier.arrive(turn.index((CONSUMER + 1) % CONSUMERS))  # every wgmma of this tile is issued
@@ -360,20 +379,10 @@ def consumer(
             steps = gl.minimum(last, tile_start + k_tiles) - seg_start
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
             for ki in range(steps):
-                slot = step % NUM_STAGES
-                mbarrier.wait(ready.index(slot), (step // NUM_STAGES) & 1)
-                a = a_ring.index(slot)
-                if not A_ROW_MAJOR:
-                    a = a.permute((1, 0))
-                b = b_ring.index(slot)
-                if not B_ROW_MAJOR:
-                    b = b.permute((1, 0))
+                slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
                 acc = warpgroup_mma(a, b, acc, is_async=True)
                 acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
-                if IN_FLIGHT:
-                    mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=ki > 0)
-                else:
-                    mbarrier.arrive(empty.index(slot))
+                release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES)
                 step += 1
             acc = warpgroup_mma_wait(0, deps=(acc,))
             if IN_FLIGHT:
