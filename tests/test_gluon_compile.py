@@ -89,9 +89,11 @@ def compile_kernel(
     consumers=1,
     bn2=0,
     stream_k=False,
+    subtile=False,
 ):
     """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers
-    (``bn``: the tile's first, power-of-two part of N; ``bn2``: its second part, 0 for none)."""
+    (``bn``: the tile's first, power-of-two part of N; ``bn2``: its second part, 0 for none;
+    ``subtile``: ``bn2 == bn``, both halves staged through one buffer)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel = gg.gemm_gluon_kernel
@@ -111,6 +113,7 @@ def compile_kernel(
         CONSUMERS=consumers,
         BLOCK_N2=bn2,
         STREAM_K=stream_k,
+        EPILOGUE_SUBTILE=subtile,
     )
     bn2 = bn2 or bn  # without a second part the launcher passes B's and C's descriptors again
     types = dict(
@@ -189,13 +192,21 @@ CASES = [
     ("fp16", 64, 128, 64, 5, False, True, 4, "gelu", True, 2, 64),  # 64 x 192 ping-pong, whole epilogue
     ("bf16", 128, 64, 64, 6, True, True, 4, "none", False, 1, 32),  # 128 x 96, NN (B's 32 columns row-major)
 ]
+#: Power-of-two tiles as two halves staged through one half-width buffer (epilogue_subtile): the
+#: warps, stages, layouts and epilogues as above, and a fourth slot for 128 x 256 in 224 KiB.
+SUBTILE_CASES = [
+    ("bf16", 128, 128, 64, 4, True, False, 8, "none", False, 1, 128),  # 128 x 256 in four stages, TN
+    ("fp16", 128, 128, 64, 4, False, True, 8, "gelu", True, 1, 128),  # A transposed, whole epilogue
+    ("bf16", 64, 64, 64, 5, True, True, 4, "none", False, 2, 64),  # 64 x 128 ping-pong, NN
+]
 
 
-def case_id(c):
+def case_id(c, subtile=False):
     dt, bm, bn, bk, s, ar, br, w, act, full, consumers, bn2 = c
     return (
         f"{dt}-{bm}x{bn + bn2}x{bk}-s{s}-A{'N' if ar else 'T'}B{'N' if br else 'T'}-w{w}-{'full' if full else act}"
         + ("-pingpong" if consumers == 2 else "")
+        + ("-subtile" if subtile else "")
     )
 
 
@@ -219,6 +230,27 @@ def test_compiles_to_a_warp_specialized_wgmma_tma_kernel(case):
         assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232", ptx), (
             "no register raise for consumer 2"
         )
+
+
+@needs_gluon
+@pytest.mark.parametrize("case", SUBTILE_CASES, ids=[case_id(c, True) for c in SUBTILE_CASES])
+def test_subtiled_epilogue_stages_both_halves_through_one_buffer(case):
+    dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full, consumers, bn2 = case
+    ptx, smem = compiled_facts(
+        dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full, consumers, bn2, False, True
+    )
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bn}k16", ptx), f"no m64n{bn} wgmma"
+    assert ".local" not in ptx, "two accumulators spill"
+    stores = re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::\w+\.bulk_group", ptx)
+    assert len(stores) >= 2, "the halves are not stored separately"
+    # In program order: the first half's store, the wait for it to be read out, the second half's store.
+    assert re.search(
+        r"bulk_group.*?bulk\.wait_group\.read\s+0.*?global\.shared::\w+\.bulk_group", ptx, re.S
+    ), "the second half does not wait for the first's store"
+    # The ring and one half-width staging tile per consumer; a whole-width one would not fit 128 x 256 x 4.
+    ring = stages * (bm + 2 * bn) * bk * 2
+    assert ring + consumers * bm * bn * 2 <= smem <= H100_SMEM, f"{smem} bytes of shared memory"
+    assert smem < ring + consumers * bm * 2 * bn * 2
 
 
 STREAM_K_CASES = [

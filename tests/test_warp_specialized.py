@@ -18,11 +18,15 @@ from tritongemm.device import KNOWN_DEVICES, DeviceInfo
 from tritongemm.eligibility import Operand, warp_specialized_shared_bytes, warp_specialized_unsupported_reason
 from tritongemm.heuristics import (
     SPLIT_WIDTH_TILES,
+    WIDE_TILE_FEW_WAVES,
+    WIDE_TILE_MANY_WAVES,
+    WIDE_TILE_SINGLE_WAVE,
     WS_DEEP_TILE,
     WS_NARROW_TILE,
     heuristic_choice,
     heuristic_config,
     warp_specialized_tile,
+    wide_tile_config,
 )
 from tritongemm.kernels.gemm_gluon import GLUON_AVAILABLE
 from tritongemm.plan import plan
@@ -57,17 +61,38 @@ def test_heuristic_takes_the_warp_specialized_kernel_for_short_k_over_many_tiles
 @pytest.mark.parametrize(
     "problem,device",
     [
-        (GemmProblem(4096, 4096, 4096, dtype="bf16"), H100),  # long K: the TMA kernel ties, and stays
         (GemmProblem(512, 768, 768, dtype="bf16"), H100),  # less than one wave of tiles
         (GemmProblem(12608, 768, 768, dtype="fp32"), H100),  # 4-byte elements
         (GemmProblem(12608, 768, 768, batch=4, dtype="bf16"), H100),  # batched
         (GemmProblem(12608, 768, 768, dtype="bf16"), A100),  # not sm_90
     ],
-    ids=["long-k", "one-wave", "fp32", "batched", "a100"],
+    ids=["one-wave", "fp32", "batched", "a100"],
 )
 def test_heuristic_keeps_other_shape_classes_off_it(problem, device):
     assert warp_specialized_tile(problem, device) is None
     assert not heuristic_config(problem, device).warp_specialize
+
+
+@pytest.mark.parametrize(
+    "m,n,k,expected",
+    [
+        (1024, 3584, 3584, WIDE_TILE_SINGLE_WAVE),  # 112 tiles of 128x256: one per SM, the TMA kernel
+        (2048, 2048, 2048, WIDE_TILE_SINGLE_WAVE),  # 128 tiles
+        (512, 16384, 3072, WIDE_TILE_FEW_WAVES),  # 256 tiles: 1.9 waves
+        (6144, 2048, 4096, WIDE_TILE_FEW_WAVES),  # 384 tiles: 2.9 waves
+        (4096, 4096, 4096, WIDE_TILE_MANY_WAVES),  # 512 tiles: 3.9 waves
+        (8192, 57344, 8192, WIDE_TILE_MANY_WAVES),
+    ],
+)
+def test_the_menus_128x256_tile_takes_its_ring_and_kernel_from_its_waves(m, n, k, expected):
+    problem = GemmProblem(m, n, k, dtype="bf16", layout="NT")
+    choice = heuristic_choice(problem, H100)
+    assert choice.config == expected and "waves" in choice.rule
+    assert expected.warp_specialize == (expected is not WIDE_TILE_SINGLE_WAVE)
+    # Where the warp-specialized kernel cannot go (batched, fp32, not sm_90) the rule stays out.
+    assert wide_tile_config(replace(problem, batch=2), H100) is None
+    assert wide_tile_config(problem, A100) is None and not heuristic_config(problem, A100).warp_specialize
+    assert not heuristic_config(replace(problem, dtype="fp32"), H100).epilogue_subtile
 
 
 @pytest.mark.parametrize(
@@ -253,10 +278,27 @@ SPLIT_WIDTH = [
     TileConfig(64, 192, 64, 8, 4, 5, tma=True, persistent=True, warp_specialize=True, pingpong=True),
     TileConfig(128, 96, 64, 8, 4, 6, tma=True, persistent=True, warp_specialize=True),
 ]
+#: Power-of-two tiles as two halves staged through one half-width buffer (epilogue_subtile).
+SUBTILE = [
+    TileConfig(128, 256, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True, epilogue_subtile=True),
+    TileConfig(
+        64,
+        128,
+        64,
+        8,
+        4,
+        5,
+        tma=True,
+        persistent=True,
+        warp_specialize=True,
+        pingpong=True,
+        epilogue_subtile=True,
+    ),
+]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", PINGPONG + SPLIT_WIDTH, ids=lambda c: c.short())
+@pytest.mark.parametrize("cfg", PINGPONG + SPLIT_WIDTH + SUBTILE, ids=lambda c: c.short())
 @pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k", [(3000, 2056, 776), (1000, 304, 72), (128, 128, 64)])
@@ -277,7 +319,7 @@ def _check_addmm(a, b, cfg) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", PINGPONG + SPLIT_WIDTH, ids=lambda c: c.short())
+@pytest.mark.parametrize("cfg", PINGPONG + SPLIT_WIDTH + SUBTILE, ids=lambda c: c.short())
 def test_pingpong_fused_epilogue_gradients_and_cuda_graph(cfg, device):
     _needs_hopper()
     dtype = torch.bfloat16
@@ -409,6 +451,38 @@ def test_split_width_config_rules_budget_and_fallback():
     chosen = plan(problem, A100, Request(config=shallow), *ops, torch.bfloat16, torch.bfloat16, "always")
     assert (chosen.kernel, chosen.config.block_n, chosen.config.warp_specialize) == ("pointer", 128, False)
     assert "sm_90" in chosen.fallback
+
+
+def test_subtile_config_rules_budget_and_fallback():
+    deep = SUBTILE[0]
+    assert deep.short() == "128x256x64 g8 w8 s4 tma+persistent+ws+subtile"
+    assert deep.accumulator_widths == (128, 128) and SUBTILE[1].accumulator_widths == (64, 64)
+    # A half-width staging tile frees a ring slot: 128 x 256 fits four stages, not five; whole, only three.
+    assert warp_specialized_shared_bytes(deep) == 4 * (128 + 256) * 64 * 2 + 128 * 128 * 2 + 16 * 4
+    assert warp_specialized_shared_bytes(deep) <= H100.smem_per_block
+    assert warp_specialized_shared_bytes(replace(deep, num_stages=5)) > H100.smem_per_block
+    assert warp_specialized_shared_bytes(replace(deep, epilogue_subtile=False)) > H100.smem_per_block
+    ops = [Operand.contiguous(4096, 4096, 2)] * 3
+    reason = warp_specialized_unsupported_reason(deep, *ops, torch.bfloat16, torch.bfloat16, H100, False)
+    assert reason is None or "Gluon unavailable" in reason
+    for bad in (dict(block_n=192), dict(stream_k=True)):  # halves of a power of two; no Stream-K
+        with pytest.raises(tritongemm.ConfigError, match="epilogue_subtile"):
+            replace(deep, **bad)
+    # Off sm_90 the TMA kernel takes the same tile, its epilogue in two halves as well.
+    assert deep.without_warp_specialization() == TileConfig(
+        128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True
+    )
+    problem = GemmProblem(4096, 4096, 4096, dtype="bf16", layout="NT")
+    chosen = plan(
+        problem,
+        A100,
+        Request(config=replace(deep, num_stages=2)),
+        *ops,
+        torch.bfloat16,
+        torch.bfloat16,
+        "always",
+    )
+    assert (chosen.kernel, chosen.config.warp_specialize) == ("pointer", False)
 
 
 def test_unaligned_c_is_padded_for_the_warp_specialized_kernel():

@@ -181,6 +181,11 @@ class TileConfig:
             raise ConfigError(
                 "TileConfig.stream_k with tma=True needs persistent=True (Stream-K is a persistent grid)"
             )
+        if self.epilogue_subtile and self.warp_specialize and (self.stream_k or not _is_pow2(self.block_n)):
+            raise ConfigError(
+                "TileConfig.epilogue_subtile with warp_specialize runs a power-of-two block_n as two halves "
+                f"and has no Stream-K (got block_n={self.block_n}, stream_k={self.stream_k})"
+            )
         if self.stream_k and (self.pingpong or not _is_pow2(self.block_n)):
             raise ConfigError(
                 "TileConfig.stream_k with warp_specialize runs one consumer (pingpong=False) on a "
@@ -234,6 +239,14 @@ class TileConfig:
 
     def accumulator_registers(self, acc_size: int = 4) -> int:
         return self.thread_fragment * acc_size // 4
+
+    @property
+    def accumulator_widths(self) -> tuple[int, int]:
+        """The warp-specialized kernel's accumulators per tile, as widths (second 0 for none): a two-part
+        width's parts (192 -> 128 + 64), with ``epilogue_subtile`` the halves (256 -> 128 + 128)."""
+        if self.epilogue_subtile and self.warp_specialize:
+            return self.block_n // 2, self.block_n // 2
+        return split_width(self.block_n)
 
     # -- conversions -------------------------------------------------------------------
     def without_warp_specialization(self) -> TileConfig:

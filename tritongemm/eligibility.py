@@ -173,10 +173,11 @@ __all__ = [
 def warp_specialized_shared_bytes(cfg, elem_size: int = 2) -> int:
     """Shared memory of the warp-specialized kernel (``kernels/gemm_gluon.py``): the ring of
     ``num_stages`` A and B tiles, the output tile staged for its TMA store (one per ping-pong
-    consumer), and one mbarrier pair per slot."""
+    consumer; half of it with ``epilogue_subtile``), and one mbarrier pair per slot."""
     ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem_size
     out_tiles = 2 if cfg.pingpong else 1
-    return ring + out_tiles * cfg.block_m * cfg.block_n * elem_size + 16 * cfg.num_stages
+    out_tile = cfg.block_m * cfg.block_n * elem_size // (2 if cfg.epilogue_subtile else 1)
+    return ring + out_tiles * out_tile + 16 * cfg.num_stages
 
 
 def warp_specialized_unsupported_reason(

@@ -392,6 +392,39 @@ def split_tail_tile(problem: GemmProblem, device: DeviceInfo, menu_score: float)
     return (tile, score) if score > menu_score * SPLIT_WIDTH_MARGIN else None
 
 
+# Where the menu picks 128x256 on sm_90, its ring depth, epilogue staging and kernel follow the waves of
+# tiles (sweeps/wide_tile_sweep.json: H100, bf16, the 59 target shapes where TMA 128x256 at 3 stages ran,
+# geomean 0.962 of cuBLAS).  Up to one wave each SM has one tile: a fourth slot to fill its pipeline
+# (224 KiB with the output staged in halves) on the TMA kernel, 1024x3584x3584 0.945 (0.863), 512x8192x3584
+# 1.00 (0.90).  Below WIDE_TILE_DEEP_WAVES the warp-specialized kernel with the same ring: 512x16384x3072
+# 0.96 (0.89), 8192x1024x4096 0.97 (0.94).  Beyond, with many tiles per SM, overlapping each epilogue
+# whole matters more than the fourth slot: the warp-specialized kernel at 3 stages, 6000x16384x3072
+# 1.00 (0.94), 4096x6144x4096 0.98 (0.94), 8192x10240x8192 1.00 (0.95), where its 4 stages gave 0.97-0.98.
+WIDE_TILE_DEEP_WAVES = 3.5
+WIDE_TILE_SINGLE_WAVE = TileConfig(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True)
+WIDE_TILE_FEW_WAVES = replace(WIDE_TILE_SINGLE_WAVE, warp_specialize=True)
+WIDE_TILE_MANY_WAVES = TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True)
+
+
+def wide_tile_config(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, str] | None:
+    """The menu's 128x256 tile on sm_90 by its waves (one tile per SM, a few, many), else None."""
+    if not warp_specialized_fits(problem, device):
+        return None
+    waves = tiles_of(problem, 128, 256) / device.sm_count
+    if waves <= 1:
+        return WIDE_TILE_SINGLE_WAVE, (
+            f"one tile per SM ({waves:.2f} waves): the TMA kernel, 4 stages, the output staged in halves"
+        )
+    if waves < WIDE_TILE_DEEP_WAVES:
+        return WIDE_TILE_FEW_WAVES, (
+            f"{waves:.2f} waves: the warp-specialized kernel, 4 stages, the output staged in halves"
+        )
+    return (
+        WIDE_TILE_MANY_WAVES,
+        f"{waves:.2f} waves: the warp-specialized kernel, each epilogue overlapped whole",
+    )
+
+
 def warp_specialized_fits(problem: GemmProblem, device: DeviceInfo) -> bool:
     """Can the warp-specialized kernel take this problem class (sm_90, one 2-byte matrix)?"""
     return device.capability == (9, 0) and problem.batch == 1 and problem.elem_size == 2
@@ -511,6 +544,9 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
             rule + "; 128x128 tiles on the warp-specialized kernel, one consumer warpgroup, a 6-deep ring "
             "(sm_90: at or above the TMA kernel's 6 stages on every shape swept)"
         )
+    wide = wide_tile_config(problem, device) if tma and (tile.block_m, tile.block_n) == (128, 256) else None
+    if wide is not None:
+        return wide[0], f"{rule}; {wide[1]}"
     # Persistent even for a single wave: measured on the H100, the data-parallel
     # TMA grid loses up to 40% with a transposed A at 2048^3 (sweeps/sweep_layouts.csv).
     cfg = tile.config(tma=tma, persistent=tma)

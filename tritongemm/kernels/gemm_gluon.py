@@ -276,6 +276,7 @@ def consumer(
     CONSUMERS: gl.constexpr,
     BLOCK_N2: gl.constexpr,
     STREAM_K: gl.constexpr,
+    EPILOGUE_SUBTILE: gl.constexpr,
 ):
     """A consumer partition: wgmma over the ring, then the epilogue and the TMA store of each of its tiles.
 
@@ -363,11 +364,21 @@ def consumer(
         tma.store_wait(0)
         c_smem.store(acc.to(c_desc.dtype))
         if BLOCK_N2 > 0:
-            c2_smem.store(acc2.to(c2_desc.dtype))
-        fence_async_shared()
-        tma_store(c_desc, [off_m, off_n], c_smem)
-        if BLOCK_N2 > 0:
-            tma_store(c2_desc, [off_m, off_n + BLOCK_N], c2_smem)
+            if EPILOGUE_SUBTILE:  # one staging buffer: the second half waits for the first's store
+                fence_async_shared()
+                tma_store(c_desc, [off_m, off_n], c_smem)
+                tma.store_wait(0)
+                c_smem.store(acc2.to(c_desc.dtype))
+                fence_async_shared()
+                tma_store(c_desc, [off_m, off_n + BLOCK_N], c_smem)
+            else:
+                c2_smem.store(acc2.to(c2_desc.dtype))
+                fence_async_shared()
+                tma_store(c_desc, [off_m, off_n], c_smem)
+                tma_store(c2_desc, [off_m, off_n + BLOCK_N], c2_smem)
+        else:
+            fence_async_shared()
+            tma_store(c_desc, [off_m, off_n], c_smem)
     if STREAM_K:  # (one consumer, one accumulator: the launcher's rule)
         # This program's share of the streamed tiles' K-steps, walked backwards one tile segment at a
         # time (see gemm_streamk): its contribution first, the tile it finishes last.
@@ -449,6 +460,7 @@ def gemm_gluon_kernel(
     CONSUMERS: gl.constexpr,
     BLOCK_N2: gl.constexpr,
     STREAM_K: gl.constexpr,
+    EPILOGUE_SUBTILE: gl.constexpr,
 ):
     """C = act(alpha * A @ B + beta * D) + R on a persistent grid (program p takes tiles p, p + grid, ...).
 
@@ -458,7 +470,10 @@ def gemm_gluon_kernel(
     ``BLOCK_N2 > 0`` a tile is BLOCK_N + BLOCK_N2 wide (e.g. 128 + 64): its last
     BLOCK_N2 columns have their own accumulator, read B through ``b2_desc`` and are
     stored through ``c2_desc`` (Gluon tensors have power-of-two shapes); otherwise
-    ``b2_desc`` / ``c2_desc`` are never read.
+    ``b2_desc`` / ``c2_desc`` are never read.  ``EPILOGUE_SUBTILE`` (with ``BLOCK_N2 == BLOCK_N``)
+    is a power-of-two tile run as two halves: two accumulators, and one half-width staging
+    buffer that both halves pass through in turn (the second waits for the first's TMA store),
+    which frees the shared memory of a ring slot (128x256: four stages in 224 KiB instead of three).
 
     Tiles ``0 .. dp_tiles - 1`` run whole (``dp_tiles`` is every tile without STREAM_K).  With
     STREAM_K (one consumer, ``BLOCK_N2 == 0``) the K-steps of the rest are shared out, each program
@@ -472,14 +487,14 @@ def gemm_gluon_kernel(
     b_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
     # One output staging tile per consumer: each stores its own tiles.
     c_tiles = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
-    if BLOCK_N2 > 0:  # the tile's last BLOCK_N2 columns: B's and C's in buffers of their own
+    b2_ring = b_ring
+    c2_tiles = c_tiles
+    if BLOCK_N2 > 0:  # the tile's last BLOCK_N2 columns: B's in a ring of its own, C's staged on its own
         b2_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b2_desc.block_type.shape, b2_desc.layout)
-        c2_tiles = gl.allocate_shared_memory(
-            c2_desc.dtype, [CONSUMERS] + c2_desc.block_type.shape, c2_desc.layout
-        )
-    else:
-        b2_ring = b_ring
-        c2_tiles = c_tiles
+        if not EPILOGUE_SUBTILE:  # (subtiled: both halves pass through c_tiles in turn)
+            c2_tiles = gl.allocate_shared_memory(
+                c2_desc.dtype, [CONSUMERS] + c2_desc.block_type.shape, c2_desc.layout
+            )
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -503,7 +518,8 @@ def gemm_gluon_kernel(
             [
                 (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 1, BLOCK_N2, STREAM_K)),
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 1, BLOCK_N2, STREAM_K,
+                            EPILOGUE_SUBTILE)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
                             STREAM_K)),
@@ -518,10 +534,12 @@ def gemm_gluon_kernel(
             [
                 (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 2, BLOCK_N2, False)),
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 2, BLOCK_N2, False,
+                            EPILOGUE_SUBTILE)),
                 (consumer, (ring, c_desc, c_tiles.index(1), c2_desc, c2_tiles.index(1), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 1, 2, BLOCK_N2, False)),
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 1, 2, BLOCK_N2, False,
+                            EPILOGUE_SUBTILE)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
                             STREAM_K)),

@@ -2,9 +2,10 @@
 a persistent grid of one program per SM.
 
 Reads from ``plan.config``: ``block_m``, ``block_n`` (a power of two, or the sum
-of two: see ``configs.split_width``), ``block_k``, ``group_m``, ``num_stages`` (the ring's
-slots), ``num_warps`` (the warps of each consumer: 4 per warpgroup; the producer
-warp comes on top), ``pingpong`` (two consumers on alternate tiles, else one) and
+of two: see ``configs.split_width``; its accumulators: ``TileConfig.accumulator_widths``),
+``epilogue_subtile`` (a power-of-two tile as two halves through one half-width staging
+buffer), ``block_k``, ``group_m``, ``num_stages`` (the ring's slots), ``num_warps`` (the
+warps of each consumer: 4 per warpgroup; the producer warp comes on top), ``pingpong`` (two consumers on alternate tiles, else one) and
 ``stream_k`` (whole waves, then the last wave's tiles split into K-chunks:
 ``schedules.split_tail_schedule``, with ``StreamKBuffers``' workspace and counters).
 From ``plan.device``: ``sm_count``.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..configs import split_width
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, gemm_gluon_kernel
 from .common import KernelArgs, Launch
 from .pointer import epilogue_constexprs
@@ -82,13 +82,15 @@ class GluonLauncher:
             raise ValueError(
                 "the Gluon kernel stores C through a row-major descriptor: out needs a unit last stride"
             )
-        bn, bn2 = split_width(cfg.block_n)
+        bn, bn2 = cfg.accumulator_widths
         self.a_desc, a_row_major = descriptor(a2, cfg.block_m, cfg.block_k)
         self.b_desc, b_row_major = descriptor(b2, cfg.block_k, bn)
         self.c_desc, _ = descriptor(c2, cfg.block_m, bn)
-        # Without a second part the kernel never reads these: B's and C's own descriptors stand in.
-        self.b2_desc = descriptor(b2, cfg.block_k, bn2)[0] if bn2 else self.b_desc
-        self.c2_desc = descriptor(c2, cfg.block_m, bn2)[0] if bn2 else self.c_desc
+        # Without a second part the kernel never reads these, and two equal halves share one box:
+        # B's and C's own descriptors stand in.
+        split = bn2 and bn2 != bn
+        self.b2_desc = descriptor(b2, cfg.block_k, bn2)[0] if split else self.b_desc
+        self.c2_desc = descriptor(c2, cfg.block_m, bn2)[0] if split else self.c_desc
         consumers = 2 if cfg.pingpong else 1
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         programs = max(1, min(plan.device.sm_count, tiles))
@@ -124,6 +126,7 @@ class GluonLauncher:
                 B_ROW_MAJOR=b_row_major,
                 CONSUMERS=consumers,
                 STREAM_K=cfg.stream_k,
+                EPILOGUE_SUBTILE=cfg.epilogue_subtile,
                 **epilogue_constexprs(call),
             ),
             (programs,),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from ..configs import ConfigError, GemmProblem, TileConfig, wave_efficiency
 from ..device import DeviceInfo
@@ -22,18 +23,27 @@ def _rank(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> float:
     return wave_efficiency(tiles, device.sm_count) * min(reuse, 1.0) + full_line + 0.005 * cfg.num_stages
 
 
-#: (block_m, block_n, num_warps, num_stages, pingpong) of the Gluon kernel worth timing (rule 7).
+#: (block_m, block_n, num_warps, num_stages, pingpong, epilogue_subtile) of the Gluon kernel worth
+#: timing (rule 7).
 WARP_SPECIALIZED_TILES = (
-    (128, 128, 4, 6, False),
-    (64, 128, 4, 6, False),
-    (128, 256, 8, 3, False),
-    (128, 128, 4, 5, True),
-    (64, 128, 4, 6, True),
-    (64, 256, 4, 4, True),
+    (128, 128, 4, 6, False, False),
+    (64, 128, 4, 6, False, False),
+    (128, 256, 8, 3, False, False),
+    (
+        128,
+        256,
+        8,
+        4,
+        False,
+        True,
+    ),  # a fourth slot in the store buffer's half (heuristics.WIDE_TILE_FEW_WAVES)
+    (128, 128, 4, 5, True, False),
+    (64, 128, 4, 6, True, False),
+    (64, 256, 4, 4, True, False),
     # widths that are not powers of two (two accumulators): heuristics.SPLIT_WIDTH_TILES
-    (128, 192, 8, 4, False),
-    (128, 160, 8, 5, False),
-    (128, 96, 4, 6, False),
+    (128, 192, 8, 4, False, False),
+    (128, 160, 8, 5, False, False),
+    (128, 96, 4, 6, False, False),
 )
 
 
@@ -46,7 +56,8 @@ def candidate_configs(
     1. a tile dimension is at most the problem's, rounded up to a power of two
        (larger tiles only compute masked-out zeros), and at least 16 (tl.dot);
     2. shared memory (stages x (A tile + B tile), + the TMA store buffer) fits
-       the device;
+       the device; where the whole store buffer does not, its half does (the
+       epilogue stored in two halves);
     3. the accumulator fragment fits the register budget, and every thread
        holds at least 8 accumulators (else the warps outnumber the work);
     4. deep pipelines only when K holds that many K-tiles;
@@ -58,7 +69,7 @@ def candidate_configs(
     7. On sm_90 (2-byte types, one matrix): the warp-specialized Gluon
        kernel's measured tiles (added after the trim): one consumer
        warpgroup on 128x128 or 64x128 at 6 stages, two cooperating on
-       128x256, and ping-pong consumers on 128x128, 64x128 and 64x256
+       128x256 (3 stages, or 4 with the output staged in halves), and ping-pong consumers on 128x128, 64x128 and 64x256
        (``benchmarks/results/h100/sweeps/pingpong_sweep.txt``).
     Then the ``max_configs`` best by a rough score (SM fill x operand reuse)
     are kept, and the heuristic's own choice is always among them.
@@ -97,11 +108,12 @@ def candidate_configs(
                             continue  # rule 4
                         consider(TileConfig(bm, bn, bk, 8, warps, stages))
                         if hopper_tma and bm >= 64 and stages >= 3:  # rule 5
-                            consider(
-                                TileConfig(
-                                    bm, bn, bk, 8, warps, stages, tma=True, persistent=tiles > device.sm_count
-                                )
+                            cfg = TileConfig(
+                                bm, bn, bk, 8, warps, stages, tma=True, persistent=tiles > device.sm_count
                             )
+                            consider(cfg)
+                            if cfg.smem_bytes(problem.elem_size) > device.smem_per_block:  # rule 2
+                                consider(replace(cfg, epilogue_subtile=True))
                     if tiles < device.sm_count and k_tiles_of[bk] >= 8:  # rule 5
                         for split_k in (2, 4, 8, 16):
                             if split_k * 4 <= k_tiles_of[bk]:
@@ -133,9 +145,11 @@ def candidate_configs(
     gluon = hopper_tma and device.capability == (9, 0) and not device.interpreter  # Gluon never interprets
     if gluon and problem.batch == 1 and problem.k > 0:  # rule 7
         ws = dict(tma=True, persistent=True, warp_specialize=True)
-        for bm, bn, warps, stages, pingpong in WARP_SPECIALIZED_TILES:
+        for bm, bn, warps, stages, pingpong, subtile in WARP_SPECIALIZED_TILES:
             if bm <= cap_m and bn <= cap_n:  # rule 1
-                cfg = TileConfig(bm, bn, 64, 8, warps, stages, pingpong=pingpong, **ws)
+                cfg = TileConfig(
+                    bm, bn, 64, 8, warps, stages, pingpong=pingpong, epilogue_subtile=subtile, **ws
+                )
                 if (
                     cfg not in ranked
                     and warp_specialized_shared_bytes(cfg, problem.elem_size) <= device.smem_per_block
