@@ -54,6 +54,10 @@ pre-activation ``Z``; the same arithmetic as ``gemm.finish_tile``) works on the
 accumulator in its wgmma register layout, writes the tile to one shared-memory
 buffer and stores it with TMA.  The store is only waited for before the next
 tile's epilogue reuses the buffer, so it overlaps the next tile's mainloop.
+With ``EPILOGUE_SUBTILE`` a power-of-two tile runs as two halves (two
+accumulators) staged in turn through a half-width buffer, which leaves room for
+one more ring slot (CUTLASS sizes its stage count from what the epilogue's
+shared memory leaves, the same trade).
 
 Gluon's API moved between Triton 3.6 and 3.9 (``tma.async_copy_global_to_shared``
 became ``tma.async_load``, ...): the shims below pick the spelling this Triton
