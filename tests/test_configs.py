@@ -224,6 +224,10 @@ def test_candidate_configs_offer_the_warp_specialized_tiles_on_sm90_only():
     ws = [c for c in candidate_configs(problem, h100) if c.warp_specialize]
     tiles = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.pingpong, c.epilogue_subtile) for c in ws}
     assert tiles == set(WARP_SPECIALIZED_TILES)
+    # Rule 2: where a TMA config's whole store buffer does not fit, its half does (128x256 at 4 stages).
+    deep = TileConfig(128, 256, 64, 8, 8, 4, tma=True, persistent=True)
+    assert deep.smem_bytes(2) > h100.smem_per_block
+    assert dataclasses.replace(deep, epilogue_subtile=True) in candidate_configs(problem, h100)
     assert any(c.pingpong for c in ws) and any(not c.pingpong for c in ws)
     assert all(warp_specialized_shared_bytes(c) <= h100.smem_per_block for c in ws)
     for other, dev in (

@@ -5,9 +5,10 @@ Reads from ``plan.config``: ``block_m``, ``block_n`` (a power of two, or the sum
 of two: see ``configs.split_width``; its accumulators: ``TileConfig.accumulator_widths``),
 ``epilogue_subtile`` (a power-of-two tile as two halves through one half-width staging
 buffer), ``block_k``, ``group_m``, ``num_stages`` (the ring's slots), ``num_warps`` (the
-warps of each consumer: 4 per warpgroup; the producer warp comes on top), ``pingpong`` (two consumers on alternate tiles, else one) and
-``stream_k`` (whole waves, then the last wave's tiles split into K-chunks:
-``schedules.split_tail_schedule``, with ``StreamKBuffers``' workspace and counters).
+warps of each consumer: 4 per warpgroup; the producer warp comes on top), ``pingpong`` (two
+consumers on alternate tiles, else one) and ``stream_k`` (whole waves, then the last wave's
+tiles split into K-chunks: ``schedules.split_tail_schedule``, with ``StreamKBuffers``'
+workspace and counters).
 From ``plan.device``: ``sm_count``.
 """
 

@@ -29,14 +29,8 @@ WARP_SPECIALIZED_TILES = (
     (128, 128, 4, 6, False, False),
     (64, 128, 4, 6, False, False),
     (128, 256, 8, 3, False, False),
-    (
-        128,
-        256,
-        8,
-        4,
-        False,
-        True,
-    ),  # a fourth slot in the store buffer's half (heuristics.WIDE_TILE_FEW_WAVES)
+    # a fourth slot where half the output staging buffer is freed (heuristics.WIDE_TILE_FEW_WAVES)
+    (128, 256, 8, 4, False, True),
     (128, 128, 4, 5, True, False),
     (64, 128, 4, 6, True, False),
     (64, 256, 4, 4, True, False),
@@ -69,7 +63,8 @@ def candidate_configs(
     7. On sm_90 (2-byte types, one matrix): the warp-specialized Gluon
        kernel's measured tiles (added after the trim): one consumer
        warpgroup on 128x128 or 64x128 at 6 stages, two cooperating on
-       128x256 (3 stages, or 4 with the output staged in halves), and ping-pong consumers on 128x128, 64x128 and 64x256
+       128x256 (3 stages, or 4 with the output staged in halves), and
+       ping-pong consumers on 128x128, 64x128 and 64x256
        (``benchmarks/results/h100/sweeps/pingpong_sweep.txt``).
     Then the ``max_configs`` best by a rough score (SM fill x operand reuse)
     are kept, and the heuristic's own choice is always among them.
