@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import tritongemm
-from tritongemm import KNOWN_DEVICES, TileConfig, explain, launch
+from tritongemm import KNOWN_DEVICES, TileConfig, explain, fastpath, launch
 from tritongemm.call import Epilogue, GemmCall, Request
 from tritongemm.configs import GemmProblem
 from tritongemm.eligibility import Operand, stride_hint, vector_bytes
-from tritongemm.launch.aligned import MatrixCopy, PadCopy, PaddedLauncher, rows_fast
+from tritongemm.launch.aligned import MatrixCopy, PadCopy, PaddedLauncher, SharedCopy, rows_fast
 from tritongemm.launch.common import Launch
 from tritongemm.launch.pointer import stride_hints
 from tritongemm.plan import TMA_STORE_KERNELS, layout_letters, plan
@@ -540,6 +540,45 @@ def test_fast_path_keeps_padded_calls(device, padding, monkeypatch):
     (entry,) = fastpath.ENTRIES.values()
     assert entry is not None and isinstance(entry.launcher, PaddedLauncher)
     assert launches == [2, 2, 2]
+    fastpath.ENTRIES.clear()
+
+
+def test_backward_copies_an_unaligned_gradient_once_for_both_gemms(device, padding, monkeypatch):
+    """An odd output width (an LM head's vocabulary): both gradient GEMMs read dZ, whose rows are not
+    16-byte aligned.  Repeated calls copy it once, aligned, for both, not once in each GEMM."""
+    _needs_tma(device)
+    padding("always")
+    launch.clear_plan_cache()
+    fastpath.ENTRIES.clear()
+    dtype = torch.float16
+    x = random_tensor((2, 19, 16), dtype, device).requires_grad_()  # K = 16: x's and w's rows aligned
+    w = random_tensor((11, 16), dtype, device).requires_grad_()
+    grad = random_tensor((2, 19, 11), dtype, device)
+    launches = _copy_launches(monkeypatch)
+    tritongemm.linear(x, w).backward(grad)  # the whole way, which builds the entry
+    assert launches == [1, 1], launches  # each gradient GEMM copies dZ for itself
+    x.grad = w.grad = None
+    launches.clear()
+    shared = []
+    real = SharedCopy.__call__
+    monkeypatch.setattr(
+        SharedCopy, "__call__", lambda self, t: shared.append(tuple(t.shape)) or real(self, t)
+    )
+    y = tritongemm.linear(x, w)
+    y.backward(grad)
+    assert shared == [(2, 19, 11)]
+    assert launches == [1], launches  # dZ into the shared workspace; neither gradient GEMM copies more
+    xd, wd = (t.detach().double().requires_grad_() for t in (x, w))
+    ref = xd @ wd.T
+    ref.backward(grad.double())
+    assert_close(y, ref)
+    assert_close(x.grad, xd.grad)
+    assert_close(w.grad, wd.grad)
+    # Only one gradient wanted: no shared copy (its one GEMM copies dZ, as any call does).
+    shared.clear()
+    for _ in range(2):  # (the second call takes the entry)
+        tritongemm.linear(x.detach(), w).backward(grad)
+    assert shared == []
     fastpath.ENTRIES.clear()
 
 

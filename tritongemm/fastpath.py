@@ -200,7 +200,7 @@ class Entry:
                 grads = self.grad_launches[key] = _grad_launches(self, needs, g, x, w)
         if grads is None:  # double backward, a transform, or layouts without bases-only launchers
             return self.slow_backward(needs, g, x, w)
-        operands = (g, x, w)
+        operands = (g, x, w) if grads[2] is None else (grads[2](g), x, w)  # (dZ copied once, aligned)
         grad_x = grad_w = None
         if grads[0] is not None:
             grad_x = grads[0](operands)
@@ -287,29 +287,53 @@ class _GradLaunch:
         self.shape, self.dtype, self.device = shape, like.dtype, like.device
         self.transpose = transpose
 
+    def copies(self, place: int) -> bool:
+        """Whether the launcher copies the operand at ``place`` into an aligned workspace of its own."""
+        a_ws, b_ws = getattr(self.launcher, "a_ws", None), getattr(self.launcher, "b_ws", None)
+        return (self.a == place and a_ws is not None) or (self.b == place and b_ws is not None)
+
     def __call__(self, operands) -> torch.Tensor:
         out = alloc_out(self.shape, self.dtype, self.device)
         self.launcher(operands[self.a], operands[self.b], out, out, out, out, 1.0, 0.0)
         return out.mT if self.transpose else out
 
 
+G, X, W = 0, 1, 2  # places in the (g, x, w) a gradient launch is called with
+
+
 def _grad_launches(entry: Entry, needs, g, x, w):
-    """[grad-x launch, grad-w launch] for gradients of ``g``'s layout, or None (take the whole way).
+    """(grad-x launch, grad-w launch, dZ's shared aligned copy or None) for gradients of ``g``'s layout,
+    or None (take the whole way).
 
     The operand order and orientation follow ``autograd.backward_gemms`` on the
     forward's views (``a``: x, folded; ``b``: ``w.mT`` for linear, else ``w``), so
     the same kernels run as there: dA = dZ B^T (or dA^T = B dZ^T for a
     column-major A), dB = A^T dZ (or dB^T = dZ^T A for a column-major B, e.g. ``w.mT``).
+    Where both would copy an unaligned dZ into workspaces of their own (an LM head's odd
+    vocabulary), dZ is copied once, aligned, and both read that copy.
     """
     if g.dtype != entry.dtype:
         return None
-    (m, n), k = entry.mn, entry.k
+    (m, n) = entry.mn
     try:
         g2 = g if entry.fold is None else g.view(m, n)
     except RuntimeError:
         return None  # strides that do not fold (the whole way copies)
     a, b = entry.views(x, w)
-    G, X, W = 0, 1, 2  # places in the (g, x, w) a gradient launch is called with
+    grads = _plan_grad_launches(entry, needs, g2, a, b, g)
+    if grads is None or not all(launch_ is not None and launch_.copies(G) for launch_ in grads):
+        return None if grads is None else (*grads, None)
+    shared = launch.SharedCopy(g2)
+    aligned = _plan_grad_launches(entry, needs, shared.example(), a, b, g)
+    if aligned is None or any(launch_.copies(G) for launch_ in aligned):
+        return (*grads, None)
+    return (*aligned, shared)
+
+
+def _plan_grad_launches(entry: Entry, needs, g2, a, b, g):
+    """[grad-x launch, grad-w launch] (None where not needed) planned on ``g2`` (dZ as (M, N)), or None
+    where a launcher reads more than its tensors' data pointers."""
+    (m, n), k = entry.mn, entry.k
     # (slot, lhs place, lhs view, rhs place, rhs view, planned output, allocated shape, returned transposed)
     specs = []
     if needs[0]:

@@ -26,7 +26,7 @@ from ..device import device_info, interpreter_enabled
 from ..eligibility import Operand
 from ..plan import PADDING_POLICIES, Plan, layout_letters, plan
 from ..semantics import dtype_name
-from .aligned import PaddedLauncher
+from .aligned import PaddedLauncher, SharedCopy
 from .common import COUNTERS, arrival_counters  # noqa: F401  (tests inspect the counters)
 from .gemv import GemvLauncher
 from .gluon import GluonLauncher
@@ -245,6 +245,7 @@ def clear_plan_cache() -> None:
 
 
 __all__ = [
+    "SharedCopy",
     "clear_plan_cache",
     "gemm",
     "launcher_for",
