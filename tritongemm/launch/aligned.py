@@ -288,27 +288,23 @@ class SharedCopy:
     of it: backward's dZ, which each gradient GEMM's ``PaddedLauncher`` would otherwise copy for itself
     (an LM head's 8192 x 30522 dZ: 0.38 ms a copy on an H100).
 
-    Built on a tensor of the layout every call will have; ``example()`` is a fresh workspace of that
-    layout to plan the GEMMs on (kept by nothing).  A call reads the tensor's data pointer only and
-    returns the aligned copy.
+    Built on a matrix (2-D) of the layout every call will have; ``example()`` is a fresh workspace of
+    that layout to plan the GEMMs on (kept by nothing).  A call reads the tensor's data pointer only
+    (any tensor over the same memory will do) and returns the aligned copy.
     """
 
     def __init__(self, t: torch.Tensor):
         self.ws = Workspace(t)
         ((self.numel, self.dtype),) = allocate_pools([self.ws])
         self.device = t.device
-        matrix = MatrixCopy.of(t, self.example()) if t.dim() == 2 else None
-        self.launch = PadCopy(matrix) if matrix is not None else None
+        self.launch = PadCopy(MatrixCopy.of(t, self.example()))  # (a matrix has no batch dims to collapse)
 
     def example(self) -> torch.Tensor:
         return self.ws.view(torch.empty(self.numel, dtype=self.dtype, device=self.device))
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         dst = self.example()
-        if self.launch is not None:
-            self.launch(t, dst, t, dst)
-        else:
-            dst.copy_(t.view(self.ws.shape))
+        self.launch(t, dst, t, dst)
         return dst
 
 

@@ -149,9 +149,7 @@ class GluonLauncher:
     takes_bases = True  # reads only data pointers (see ``launch.launcher_for``)
 
     def __call__(self, a, b, out, d, r, z, alpha, beta):
-        ws, counts = (
-            self.buffers.get(a.device) if self.buffers is not None else (out, out)
-        )  # unread without STREAM_K
-        self.main(
-            a, b, b, out, out, d, r, z, ws, counts, alpha, beta
-        )  # the launch puts a, b, out in descriptors
+        # The launch puts a, b and out in descriptors; without STREAM_K, out stands in for the unread
+        # workspace and counters.
+        ws, counts = self.buffers.get(a.device) if self.buffers is not None else (out, out)
+        self.main(a, b, b, out, out, d, r, z, ws, counts, alpha, beta)
