@@ -27,7 +27,9 @@ from ``timm`` when asked for.  For each model and workload:
   the logits' own error (a tie that any rounding may break).  A case that fails
   is recorded ``failed_gate`` with the reason, and never timed.
 * timing: ``do_bench`` medians, the variants of a (model, workload) in
-  interleaved rounds (``harness.time_round``).
+  interleaved rounds (``harness.time_round``), each round at least
+  ``MIN_STEPS_PER_ROUND`` steps of each variant, with Python's garbage
+  collector paused while a round times (as ``timeit`` does).
 
 Then the per-GEMM breakdown (``gemm_breakdown``): the distinct GEMMs each
 workload runs, captured at the aten level during one stock step, timed alone
@@ -46,7 +48,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -72,6 +76,10 @@ COMPILED_WORKLOADS = ("infer", "train_amp")
 #: A variant may err (against the fp32 reference) by this many times what stock errs.
 GATE_FACTOR = 4.0
 LEARNING_RATE = 1e-5
+#: Each round times at least this many steps of every variant.  A launch-bound step takes 5-200 ms, so
+#: the suite's share of ``rep_ms`` per round (100 ms over 7 rounds) would time it once, and a median of
+#: one host-jittered sample per round swung such cases by +-10% between runs.
+MIN_STEPS_PER_ROUND = 5
 
 # ----------------------------------------------------------------------------------
 # The models
@@ -813,9 +821,13 @@ def run_workload(
         order = range(len(slots)) if r % 2 == 0 else reversed(range(len(slots)))
         for i in order:
             if isinstance(slots[i], harness.Prepared):
-                failed = harness.time_round(
-                    slots[i], device, warmup_ms if r == 0 else warmup_ms / 5, rep_ms / rounds
-                )
+                with _collector_paused():
+                    failed = harness.time_round(
+                        slots[i],
+                        device,
+                        warmup_ms if r == 0 else warmup_ms / 5,
+                        round_rep_ms(slots[i].samples, rep_ms, rounds),
+                    )
                 if failed is not None:
                     slots[i] = failed
     rows = []
@@ -839,6 +851,29 @@ def run_workload(
     del variants, optimizer, slots
     _free(device)
     return rows
+
+
+def round_rep_ms(samples: Sequence[float], rep_ms: float, rounds: int) -> float:
+    """One round's ``do_bench`` time for a variant: its share of ``rep_ms``, but, once its step time
+    is known (after the first round), long enough for ``MIN_STEPS_PER_ROUND`` steps."""
+    share = rep_ms / rounds
+    if not samples:
+        return share
+    return max(share, (MIN_STEPS_PER_ROUND + 0.5) * statistics.median(samples))
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Collect now, then keep Python's cyclic garbage collector off while timing (``timeit`` does the
+    same): a collection inside one variant's round would charge that variant for every variant's garbage."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def finish_rows(rows: list[dict]) -> None:

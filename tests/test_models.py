@@ -300,6 +300,34 @@ def test_mixed_precision_training_gate(device):
             assert by[v]["status"] == harness.FAILED_GATE and "dtype" in by[v]["message"]
 
 
+def test_each_round_times_several_steps_of_a_slow_step():
+    """A launch-bound step (tens of ms) gets MIN_STEPS_PER_ROUND steps a round, not the 1 that the
+    suite's share of ``rep_ms`` would buy; a fast step keeps the share; round 0 has no estimate yet."""
+    share = 100 / 7
+    assert models.round_rep_ms([], 100, 7) == pytest.approx(share)
+    assert models.round_rep_ms([0.05, 0.06, 0.04], 100, 7) == pytest.approx(share)
+    slow = models.round_rep_ms([20.0, 30.0, 25.0], 100, 7)
+    assert slow // 25.0 >= models.MIN_STEPS_PER_ROUND  # do_bench repeats int(rep / estimate) times
+    assert slow < 25.0 * (models.MIN_STEPS_PER_ROUND + 1)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_collector_paused_while_timing_and_restored(enabled):
+    import gc
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with models._collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() is enabled
+        with pytest.raises(RuntimeError), models._collector_paused():
+            raise RuntimeError("a failed round")
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 def test_case_selection():
     default = models.select_cases()
     names = {s.name for s, _ in default}
