@@ -17,6 +17,7 @@ from tritongemm.call import NO_REQUEST, Request
 from tritongemm.device import KNOWN_DEVICES, DeviceInfo
 from tritongemm.eligibility import Operand, warp_specialized_shared_bytes, warp_specialized_unsupported_reason
 from tritongemm.heuristics import (
+    NARROW_ROW_TILES,
     SPLIT_WIDTH_TILES,
     WIDE_TILE_FEW_WAVES,
     WIDE_TILE_MANY_WAVES,
@@ -25,6 +26,7 @@ from tritongemm.heuristics import (
     WS_NARROW_TILE,
     heuristic_choice,
     heuristic_config,
+    narrow_row_order,
     warp_specialized_tile,
     wide_tile_config,
 )
@@ -93,6 +95,38 @@ def test_the_menus_128x256_tile_takes_its_ring_and_kernel_from_its_waves(m, n, k
     assert wide_tile_config(replace(problem, batch=2), H100) is None
     assert wide_tile_config(problem, A100) is None and not heuristic_config(problem, A100).warp_specialize
     assert not heuristic_config(replace(problem, dtype="fp32"), H100).epilogue_subtile
+
+
+@pytest.mark.parametrize(
+    "m,n,k,layout,tiles_along_n",
+    [
+        (8192, 768, 3072, "NT", 6),  # BERT-base down: 128x128 tiles
+        (8192, 768, 3072, "NN", 6),
+        (12608, 768, 3072, "NT", 4),  # 128x192
+        (12608, 1280, 5120, "NT", 5),  # 128x256
+        (8192, 1024, 4096, "NT", 4),
+        (8192, 1280, 5120, "NT", 10),  # 128x128: grouped order stays
+        (8192, 2304, 768, "NT", 18),
+        (4096, 14336, 4096, "NT", 56),
+    ],
+)
+def test_a_short_row_of_tiles_runs_row_after_row(m, n, k, layout, tiles_along_n):
+    choice = heuristic_choice(GemmProblem(m, n, k, dtype="bf16", layout=layout), H100)
+    cfg = choice.config
+    assert cfg.warp_specialize and -(-n // cfg.block_n) == tiles_along_n, choice
+    if tiles_along_n <= NARROW_ROW_TILES:
+        assert cfg.group_m == 1 and "row of tiles after another" in choice.rule, choice
+    else:
+        assert cfg.group_m == 8 and "row of tiles" not in choice.rule, choice
+
+
+def test_row_order_leaves_other_kernels_and_stream_k_alone():
+    narrow = GemmProblem(8192, 768, 3072, dtype="bf16")
+    assert narrow_row_order(replace(WS, group_m=8), narrow) == replace(WS, group_m=1)
+    assert narrow_row_order(replace(WS, warp_specialize=False), narrow) is None  # TMA kernel: not measured
+    assert narrow_row_order(replace(WS, block_n=128, num_warps=4, stream_k=True), narrow) is None
+    assert narrow_row_order(WS, GemmProblem(8192, 8192, 3072, dtype="bf16")) is None
+    assert heuristic_config(narrow, A100).group_m == 8  # off sm_90 nothing changes
 
 
 @pytest.mark.parametrize(

@@ -439,6 +439,25 @@ def warp_specialized_tile(problem: GemmProblem, device: DeviceInfo) -> Tile | No
     return WS_NARROW_TILE if problem.k < 512 else WS_DEEP_TILE
 
 
+# The warp-specialized kernel's tile order where a row of tiles is short.  With at most
+# NARROW_ROW_TILES tiles along N, walking one row of tiles after another (group_m = 1) beat the grouped
+# order (group_m = 8), do_bench against cuBLAS (H100, bf16, sweeps/group_m_ab.json): 8192x768x3072
+# 0.83 -> 0.96 (NN: 0.83 -> 0.97), 12608x768x3072 (128x192) 0.89 -> 0.93, 12608x768x768 0.91 -> 0.94,
+# 12608x1280x5120 (128x256) 0.96 -> 0.98, 8192x1024x4096 0.97 -> 0.98; 8192x768x768 and 3072x768x8192
+# TN even.  With 8-10 tiles along N it was even or group_m = 4 won (8192x1280x5120 0.84 -> 0.91);
+# from 18 on, group_m = 1 lost (8192x2304x768 1.01 -> 0.90, 4096x14336x4096 0.97 -> 0.84).
+NARROW_ROW_TILES = 6
+
+
+def narrow_row_order(cfg: TileConfig, problem: GemmProblem) -> TileConfig | None:
+    """``cfg`` in row-after-row tile order where N spans at most NARROW_ROW_TILES of its tiles, else None."""
+    if not cfg.warp_specialize or cfg.stream_k or cfg.group_m == 1:
+        return None
+    if cdiv(problem.n, cfg.block_n) > NARROW_ROW_TILES:
+        return None
+    return replace(cfg, group_m=1)
+
+
 def fit_shared_memory(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> TileConfig:
     """Halve block_k (not below 16) until the stages fit the device's shared memory."""
     while cfg.smem_bytes(problem.elem_size) > device.smem_per_block and cfg.block_k > 16:
@@ -469,6 +488,9 @@ def heuristic_choice(problem: GemmProblem, device: DeviceInfo) -> Choice:
     # The shape-class tiles were measured on an H100: on a GPU with less shared
     # memory a long K step is the part to give up.
     cfg, rule = _gpu_choice(problem, device)
+    if (narrow := narrow_row_order(cfg, problem)) is not None:
+        cfg = narrow
+        rule += f"; at most {NARROW_ROW_TILES} tiles along N: one row of tiles after another"
     return Choice(fit_shared_memory(cfg, problem, device), rule)
 
 
