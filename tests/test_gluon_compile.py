@@ -67,11 +67,15 @@ def sm90_target():
         holder._active = saved
 
 
-def descriptor_type(dtype: str, block: list[int]) -> str:
-    """The signature string the launcher's TensorDescriptor specializes to."""
+def descriptor_type(dtype: str, block: list[int], cga=None) -> str:
+    """The signature string the launcher's TensorDescriptor specializes to (``cga``: its box's CGA
+    layout in a cluster)."""
     from triton.experimental.gluon import language as gl
 
-    layout = gl.NVMMASharedLayout.get_default_for(block, {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype])
+    extra = {} if cga is None else {"cga_layout": cga}
+    layout = gl.NVMMASharedLayout.get_default_for(
+        block, {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype], **extra
+    )
     return f"tensordesc<{dtype}[{block[0]},{block[1]}],{layout!r}>"
 
 
@@ -90,6 +94,8 @@ def compile_kernel(
     bn2=0,
     stream_k=False,
     subtile=False,
+    cluster_m=1,
+    cluster_n=1,
 ):
     """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers
     (``bn``: the tile's first, power-of-two part of N; ``bn2``: its second part, 0 for none;
@@ -114,14 +120,17 @@ def compile_kernel(
         BLOCK_N2=bn2,
         STREAM_K=stream_k,
         EPILOGUE_SUBTILE=subtile,
+        CLUSTER_M=cluster_m,
+        CLUSTER_N=cluster_n,
     )
     bn2 = bn2 or bn  # without a second part the launcher passes B's and C's descriptors again
+    ga, gb, gc = gg.cluster_layouts(cluster_m, cluster_n, a_row_major, b_row_major)
     types = dict(
-        a_desc=descriptor_type(dtype, [bm, bk] if a_row_major else [bk, bm]),
-        b_desc=descriptor_type(dtype, [bk, bn] if b_row_major else [bn, bk]),
-        b2_desc=descriptor_type(dtype, [bk, bn2] if b_row_major else [bn2, bk]),
-        c_desc=descriptor_type(dtype, [bm, bn]),
-        c2_desc=descriptor_type(dtype, [bm, bn2]),
+        a_desc=descriptor_type(dtype, [bm, bk] if a_row_major else [bk, bm], ga),
+        b_desc=descriptor_type(dtype, [bk, bn] if b_row_major else [bn, bk], gb),
+        b2_desc=descriptor_type(dtype, [bk, bn2] if b_row_major else [bn2, bk], gb),
+        c_desc=descriptor_type(dtype, [bm, bn], gc),
+        c2_desc=descriptor_type(dtype, [bm, bn2], gc),
         d_ptr=f"*{dtype}",
         r_ptr=f"*{dtype}",
         z_ptr=f"*{dtype}",
@@ -144,7 +153,7 @@ def compile_kernel(
         return triton.compile(
             GluonASTSource(kernel, signature, constexprs, attrs),
             target=target,
-            options=dict(num_warps=num_warps, maxnreg=maxnreg),
+            options=dict(num_warps=num_warps, maxnreg=maxnreg, num_ctas=cluster_m * cluster_n),
         )
 
 
@@ -276,6 +285,53 @@ def test_stream_k_compiles_with_its_fix_up(case):
     assert re.search(rf"bar\.sync\s+\d+,\s*{warps * 32};", ptx), "no barrier over the consumer's warps"
     ring = stages * (bm + bn) * bk * 2
     assert ring + bm * bn * 2 <= smem <= H100_SMEM
+
+
+needs_clusters = pytest.mark.skipif(
+    not gg.CLUSTER_AVAILABLE, reason=f"no Gluon clusters: {gg.CLUSTER_UNAVAILABLE_REASON}"
+)
+CLUSTER_CASES = [
+    # dtype, CTA tile BM x BN, stages, A row-major, B row-major, warps, activation, full epilogue, cluster
+    ("fp16", 128, 256, 3, True, False, 8, "none", False, (2, 1)),  # TN, B shared along M
+    ("bf16", 128, 256, 3, False, True, 8, "gelu", True, (2, 1)),  # A transposed, whole epilogue
+    ("bf16", 128, 128, 4, True, True, 4, "none", False, (1, 2)),  # NN, A shared along N
+    ("fp16", 128, 128, 5, False, False, 8, "silu", False, (1, 2)),  # both transposed
+]
+
+
+@needs_clusters
+@pytest.mark.parametrize(
+    "case",
+    CLUSTER_CASES,
+    ids=[f"{c[0]}-{c[1]}x{c[2]}-cluster{c[9][0]}x{c[9][1]}-{c[7]}" for c in CLUSTER_CASES],
+)
+def test_a_cluster_of_two_shares_one_operand_by_multicast(case):
+    dtype, bm, bn, stages, a_rm, b_rm, warps, activation, full, (cm, cn) = case
+    ptx, smem = compiled_facts(
+        dtype, bm * cm, bn * cn, 64, stages, a_rm, b_rm, warps, activation, full, 1, 0, False, False, cm, cn
+    )
+    assert re.search(r"\.reqnctapercluster 2", ptx), "not launched as a cluster of two"
+    # The shared operand's box is multicast (from the first CTA; a box wider than the 128-byte swizzle
+    # goes as several copies), the CTA's own half is a plain copy as before.
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\S*multicast::cluster", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.mbarrier", ptx)
+    # Each consumer releases the shared slot in the first CTA: a cluster-scope arrive.
+    assert "mbarrier.arrive.shared::cluster" in ptx
+    assert "%cluster_ctarank" in ptx and "wgmma.mma_async" in ptx and ".local" not in ptx
+    # Shared memory is the CTA's: its ring of bm x 64 + 64 x bn boxes and its output tile.
+    ring = stages * (bm + bn) * 64 * 2
+    assert ring + bm * bn * 2 <= smem <= H100_SMEM, f"{smem} bytes of shared memory"
+
+
+def test_cluster_layouts_split_the_clustered_dimension_and_share_the_other():
+    # (A's, B's, C's) layouts as each descriptor stores its box: A^T / B^T when not row-major.
+    assert gg.cluster_layouts(1, 1, True, True) == (None, None, None)
+    assert gg.cluster_layouts(2, 1, True, False) == ([[1, 0]], [[0, 0]], [[1, 0]])
+    assert gg.cluster_layouts(2, 1, False, True) == ([[0, 1]], [[0, 0]], [[1, 0]])
+    assert gg.cluster_layouts(1, 2, True, True) == ([[0, 0]], [[0, 1]], [[0, 1]])
+    assert gg.cluster_layouts(1, 2, True, False) == ([[0, 0]], [[1, 0]], [[0, 1]])
+    with pytest.raises(ValueError, match="two CTAs"):
+        gg.cluster_layouts(2, 2, True, True)
 
 
 @needs_gluon

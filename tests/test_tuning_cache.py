@@ -164,6 +164,8 @@ BAD_CONFIGS = {
     "num_warps_3": ({**GOOD, "num_warps": 3}, "num_warps"),
     "num_stages_99": ({**GOOD, "num_stages": 99}, "num_stages"),
     "split_k_1000": ({**GOOD, "split_k": 1000}, "split_k"),
+    "cluster_m_8": ({**GOOD, "cluster_m": 8}, "cluster_m"),
+    "cluster_n_0": ({**GOOD, "cluster_n": 0}, "cluster_n"),
     "block_m_float": ({**GOOD, "block_m": 32.0}, "block_m=32.0 must be an integer"),
     "block_m_string": ({**GOOD, "block_m": "32"}, "must be an integer"),
     "group_m_bool": ({**GOOD, "group_m": True}, "group_m=True must be an integer"),

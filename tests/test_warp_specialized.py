@@ -30,7 +30,7 @@ from tritongemm.heuristics import (
     warp_specialized_tile,
     wide_tile_config,
 )
-from tritongemm.kernels.gemm_gluon import GLUON_AVAILABLE
+from tritongemm.kernels.gemm_gluon import CLUSTER_AVAILABLE, GLUON_AVAILABLE
 from tritongemm.plan import plan
 from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor
 
@@ -331,15 +331,44 @@ SUBTILE = [
 ]
 
 
+#: Clusters of two CTAs sharing one operand by TMA multicast (a Triton with Gluon CGA layouts, 3.7+):
+#: B shared along M, A along N, a two-part width and a subtiled epilogue in a cluster.
+CLUSTER = [
+    TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True, cluster_m=2),
+    TileConfig(128, 128, 64, 8, 4, 6, tma=True, persistent=True, warp_specialize=True, cluster_n=2),
+    TileConfig(128, 96, 64, 8, 4, 6, tma=True, persistent=True, warp_specialize=True, cluster_m=2),
+    TileConfig(
+        128,
+        256,
+        64,
+        8,
+        8,
+        4,
+        tma=True,
+        persistent=True,
+        warp_specialize=True,
+        epilogue_subtile=True,
+        cluster_n=2,
+    ),
+]
+
+
+def _needs_clusters(cfg):
+    if cfg.cluster_m * cfg.cluster_n > 1 and not CLUSTER_AVAILABLE:
+        pytest.skip("clusters need a Triton whose Gluon has CGA layouts and TMA multicast (3.7+)")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", PINGPONG + SPLIT_WIDTH + SUBTILE, ids=lambda c: c.short())
+@pytest.mark.parametrize("cfg", PINGPONG + SPLIT_WIDTH + SUBTILE + CLUSTER, ids=lambda c: c.short())
 @pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k", [(3000, 2056, 776), (1000, 304, 72), (128, 128, 64)])
 def test_pingpong_every_layout_ragged_edges_and_odd_tile_counts(cfg, layout, dtype, m, n, k, device):
-    """Two consumers on alternate tiles, or two accumulators per tile: odd and even tile counts per
-    program, one tile in all (whose second part lies wholly outside N), short K."""
+    """Two consumers on alternate tiles, two accumulators per tile, or two CTAs per tile pair: odd and
+    even tile counts per program, one tile in all (whose second part, or second CTA's, lies wholly
+    outside the matrix), short K."""
     _needs_hopper()
+    _needs_clusters(cfg)
     a, b = make_operands(m, n, k, layout, dtype, device)
     assert explain(a, b, config=cfg).kernel == "gluon_ws"
     assert_close(tritongemm.matmul(a, b, config=cfg), a.double() @ b.double(), dtype=dtype)
@@ -353,9 +382,10 @@ def _check_addmm(a, b, cfg) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", PINGPONG + SPLIT_WIDTH + SUBTILE, ids=lambda c: c.short())
+@pytest.mark.parametrize("cfg", PINGPONG + SPLIT_WIDTH + SUBTILE + CLUSTER, ids=lambda c: c.short())
 def test_pingpong_fused_epilogue_gradients_and_cuda_graph(cfg, device):
     _needs_hopper()
+    _needs_clusters(cfg)
     dtype = torch.bfloat16
     _check_fused_linear(*_fused_linear_operands(4000, 1032, 512, device), "gelu", config=cfg)
     a, b = make_operands(2048, 2048, 512, "NT", dtype, device)
@@ -517,6 +547,83 @@ def test_subtile_config_rules_budget_and_fallback():
         "always",
     )
     assert (chosen.kernel, chosen.config.warp_specialize) == ("pointer", False)
+
+
+def test_cluster_config_rules_budget_and_fallback():
+    pair = CLUSTER[0]
+    assert pair.short() == "128x128x64 g8 w8 s4 tma+persistent+ws+cluster2x1"
+    assert "sharing B by TMA multicast" in pair.describe() and "sharing A" in CLUSTER[1].describe()
+    assert TileConfig.from_dict(pair.to_dict()) == pair
+    for bad in (dict(cluster_n=2), dict(cluster_m=4), dict(cluster_m=0)):
+        with pytest.raises(tritongemm.ConfigError, match="2x1 or 1x2"):
+            replace(pair, **bad)
+    for bad in (dict(warp_specialize=False), dict(stream_k=True), dict(num_warps=4, pingpong=True)):
+        with pytest.raises(tritongemm.ConfigError, match="cluster_m/cluster_n need warp_specialize"):
+            replace(pair, **bad)
+    # A third mbarrier per slot: the shared box's, held by the first CTA.
+    assert (
+        warp_specialized_shared_bytes(pair)
+        == warp_specialized_shared_bytes(replace(pair, cluster_m=1)) + 8 * 4
+    )
+    ops = [Operand.contiguous(4096, 4096, 2)] * 3
+    reason = warp_specialized_unsupported_reason(pair, *ops, torch.bfloat16, torch.bfloat16, H100, False)
+    if CLUSTER_AVAILABLE:
+        assert reason is None
+    elif GLUON_AVAILABLE:
+        assert "clusters of CTAs unavailable" in reason and "3.7" in reason
+    # Off the warp-specialized kernel the same CTA tile runs, one CTA a tile.
+    assert pair.without_warp_specialization() == TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True)
+    problem = GemmProblem(4096, 4096, 4096, dtype="bf16", layout="NT")
+    chosen = plan(
+        problem,
+        A100,
+        Request(config=replace(pair, num_stages=2)),
+        *ops,
+        torch.bfloat16,
+        torch.bfloat16,
+        "always",
+    )
+    assert (chosen.kernel, chosen.config.cluster_m) == ("pointer", 1)
+
+
+@pytest.mark.skipif(not CLUSTER_AVAILABLE, reason="clusters need Gluon CGA layouts (Triton 3.7+)")
+def test_cluster_launch_counts_clusters_and_describes_each_ctas_part():
+    from types import SimpleNamespace
+
+    from tritongemm.call import GemmCall
+    from tritongemm.launch.gluon import GluonLauncher
+
+    x = torch.randn(300, 192, dtype=torch.bfloat16)
+    w = torch.randn(136, 192, dtype=torch.bfloat16)
+    out = torch.empty(300, 136, dtype=torch.bfloat16)
+    device = SimpleNamespace(sm_count=132)
+    launcher = GluonLauncher(
+        SimpleNamespace(config=CLUSTER[0], device=device), GemmCall(), x, w.T, out, out, out, out, False
+    )
+    fixed = dict(zip(launcher.main.args.names, launcher.main.args.template))
+    # The kernel's tile is the cluster's (256 x 128): 2 x 2 of them, a program (cluster) each.
+    assert (fixed["BLOCK_M"], fixed["BLOCK_N"], fixed["CLUSTER_M"], fixed["CLUSTER_N"]) == (256, 128, 2, 1)
+    assert launcher.main.grid == (4, 1, 1) and launcher.main.options["num_ctas"] == 2
+    assert launcher.a_desc.block_shape == [256, 64] and launcher.a_desc.layout.cga_layout == [[1, 0]]
+    assert launcher.b_desc.block_shape == [128, 64] and launcher.b_desc.layout.cga_layout == [[0, 0]]
+    assert launcher.c_desc.layout.cga_layout == [[1, 0]]
+    # A persistent grid of clusters: half the SMs' count of programs.
+    big = torch.empty(8192, 8192, dtype=torch.bfloat16)
+    wide = GluonLauncher(
+        SimpleNamespace(config=CLUSTER[1], device=device),
+        GemmCall(),
+        big[:, :192],
+        big[:192],
+        big,
+        big,
+        big,
+        big,
+        False,
+    )
+    assert (
+        wide.main.grid == (66, 1, 1)
+        and dict(zip(wide.main.args.names, wide.main.args.template))["BLOCK_N"] == 256
+    )
 
 
 def test_unaligned_c_is_padded_for_the_warp_specialized_kernel():

@@ -119,6 +119,12 @@ class TileConfig:
     # epilogue runs under the other's mainloop (CUTLASS's ping-pong); without it the consumer warps
     # share every tile (one warpgroup, or CUTLASS's cooperative with num_warps=8).
     pingpong: bool = False
+    # with warp_specialize: a cluster of cluster_m x cluster_n CTAs (two at most) that run neighbouring
+    # tiles along M (N) and share their B (A) box: one TMA multicast writes it into both CTAs' shared
+    # memory, halving that operand's L2 traffic (CUTLASS's ClusterShape).  Needs a Triton whose Gluon
+    # has CGA layouts and multicast (3.7+; kernels.gluon_common.CLUSTER_AVAILABLE).
+    cluster_m: int = 1
+    cluster_n: int = 1
     # work decomposition: K cut into split_k slices run by separate programs
     # (pointer kernel), partials reduced in a fixed order: by a second kernel
     # (CUTLASS's "parallel" split-K), or, with split_k_inline, by the last
@@ -169,6 +175,16 @@ class TileConfig:
                 f"(a warpgroup per consumer; got warp_specialize={self.warp_specialize}, "
                 f"num_warps={self.num_warps})"
             )
+        if (self.cluster_m, self.cluster_n) != (1, 1):
+            if (self.cluster_m, self.cluster_n) not in ((2, 1), (1, 2)):
+                raise ConfigError(
+                    f"TileConfig cluster {self.cluster_m}x{self.cluster_n}: a cluster is 2x1 or 1x2 CTAs"
+                )
+            if not self.warp_specialize or self.pingpong or self.stream_k:
+                raise ConfigError(
+                    "TileConfig.cluster_m/cluster_n need warp_specialize=True with one cooperative consumer "
+                    "and no Stream-K"
+                )
         if not 1 <= self.split_k <= MAX_SPLIT_K:
             raise ConfigError(f"TileConfig.split_k={self.split_k} must be in [1, {MAX_SPLIT_K}]")
         if self.split_k_inline and self.split_k == 1:
@@ -252,7 +268,14 @@ class TileConfig:
     def without_warp_specialization(self) -> TileConfig:
         """The nearest config for the TMA kernel: no warp specialization and a power-of-two
         ``block_n`` (a two-part width such as 192 keeps its larger part, 128)."""
-        return replace(self, warp_specialize=False, pingpong=False, block_n=split_width(self.block_n)[0])
+        return replace(
+            self,
+            warp_specialize=False,
+            pingpong=False,
+            cluster_m=1,
+            cluster_n=1,
+            block_n=split_width(self.block_n)[0],
+        )
 
     def with_pipeline(self, pipeline: str | int) -> TileConfig:
         """The same tiles under another mainloop scheme (name or stage count)."""
@@ -312,6 +335,8 @@ class TileConfig:
             )
             if on
         ]
+        if self.cluster_m * self.cluster_n > 1:
+            flags.append(f"cluster{self.cluster_m}x{self.cluster_n}")
         if self.split_k > 1:
             flags.append(f"splitk{self.split_k}" + ("i" if self.split_k_inline else ""))
         if self.stream_k:
@@ -352,7 +377,13 @@ class TileConfig:
                     if self.warp_specialize
                     else ""
                 )
-                + (" (epilogue in two halves)" if self.epilogue_subtile else ""),
+                + (" (epilogue in two halves)" if self.epilogue_subtile else "")
+                + (
+                    f" (clusters of {self.cluster_m}x{self.cluster_n} CTAs sharing "
+                    f"{'B' if self.cluster_m > 1 else 'A'} by TMA multicast)"
+                    if self.cluster_m * self.cluster_n > 1
+                    else ""
+                ),
             ]
         )
 

@@ -177,14 +177,15 @@ def warp_specialized_shared_bytes(cfg, elem_size: int = 2) -> int:
     ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem_size
     out_tiles = 2 if cfg.pingpong else 1
     out_tile = cfg.block_m * cfg.block_n * elem_size // (2 if cfg.epilogue_subtile else 1)
-    return ring + out_tiles * out_tile + 16 * cfg.num_stages
+    barriers = 16 if cfg.cluster_m * cfg.cluster_n == 1 else 24  # (a cluster's slots have a third)
+    return ring + out_tiles * out_tile + barriers * cfg.num_stages
 
 
 def warp_specialized_unsupported_reason(
     cfg, a: Operand, b: Operand, c: Operand, dtype: torch.dtype, out_dtype, device: DeviceInfo, batched: bool
 ) -> str | None:
     """Why the Gluon warp-specialized kernel cannot run this config on these operands (None when it can)."""
-    from .kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON
+    from .kernels.gluon_common import CLUSTER_UNAVAILABLE_REASON, GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON
 
     if device.interpreter:
         return "Gluon kernels do not run on Triton's interpreter"
@@ -192,6 +193,8 @@ def warp_specialized_unsupported_reason(
         return f"the warp-specialized kernel is written for sm_90 ({device.name})"
     if not GLUON_AVAILABLE:
         return f"Gluon unavailable: {GLUON_UNAVAILABLE_REASON}"
+    if cfg.cluster_m * cfg.cluster_n > 1 and CLUSTER_UNAVAILABLE_REASON:
+        return f"clusters of CTAs unavailable: {CLUSTER_UNAVAILABLE_REASON}"
     if dtype not in (torch.float16, torch.bfloat16) or out_dtype != dtype:
         return f"the warp-specialized kernel takes fp16/bf16 in and out ({dtype} -> {out_dtype})"
     if batched:

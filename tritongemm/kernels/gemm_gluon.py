@@ -66,18 +66,25 @@ has at import time.  On a Triton without usable Gluon the module still imports;
 """
 
 from .gluon_common import (
+    CLUSTER_AVAILABLE,
+    CLUSTER_UNAVAILABLE_REASON,
     GLUON_AVAILABLE,
     GLUON_UNAVAILABLE_REASON,
+    accumulator_layout,
+    barriers,
+    cluster_layouts,
     fence_async_shared,
     finish_tile,
     gl,
     gluon,
+    load_box,
     mbarrier,
+    slot_bytes,
     streamk_collect,
     streamk_contribute,
     streamk_segment,
+    tile_width,
     tma,
-    tma_load,
     tma_store,
     warpgroup_mma,
     warpgroup_mma_wait,
@@ -90,28 +97,6 @@ PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 #: each consumer 232): with the producer's 40 and the first consumer's share of what is left, 2 x 232 x 128
 #: + 40 x 128 registers fit the 64K register file.
 CONSUMER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
-
-
-@gluon.constexpr_function
-def accumulator_layout(BLOCK_M, BLOCK_N, num_warps):
-    """wgmma's register layout for a BLOCK_M x BLOCK_N fp32 tile on ``num_warps`` warps: warpgroups
-    stacked along M (each owns BLOCK_M / groups rows), one instruction as wide as BLOCK_N allows."""
-    n = min(BLOCK_N, 256)
-    while BLOCK_N % n:
-        n -= 8
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
-
-
-@gluon.constexpr_function
-def tile_width(BLOCK_N, BLOCK_N2):
-    """The tile's N extent: its power-of-two part and the second part (0 for none)."""
-    return BLOCK_N + BLOCK_N2
-
-
-@gluon.constexpr_function
-def slot_bytes(a_bytes, b_bytes, b2_bytes, has_b2):
-    """The bytes the copy engine writes into one ring slot (A's box, B's, and B's second part if any)."""
-    return a_bytes + b_bytes + (b2_bytes if has_b2 else 0)
 
 
 @gluon.jit
@@ -142,35 +127,49 @@ def load_k_steps(
     A_ROW_MAJOR: gl.constexpr,
     B_ROW_MAJOR: gl.constexpr,
     BLOCK_N2: gl.constexpr,
+    CLUSTER_M: gl.constexpr,
+    CLUSTER_N: gl.constexpr,
 ):
     """Load K-steps ``k_begin .. k_end - 1`` of the tile at (off_m, off_n) into the ring from ring step
-    ``step`` on; returns the next ring step."""
+    ``step`` on; returns the next ring step.
+
+    In a cluster of two along M (N), B's (A's) box is the same for both CTAs: the first CTA's copy
+    writes it into both CTAs' slots (TMA multicast), which it may do once both CTAs' consumers are
+    done with the slot (``gathered``); each CTA loads its own half of the other operand."""
     a_desc, b_desc, b2_desc = descs
-    a_ring, b_ring, b2_ring, ready, empty, _ = ring
-    nbytes: gl.constexpr = slot_bytes(
-        a_desc.block_type.nbytes, b_desc.block_type.nbytes, b2_desc.block_type.nbytes, BLOCK_N2 > 0
-    )
+    a_ring, b_ring, b2_ring, ready, empty, _, gathered = ring
+    if CLUSTER_M * CLUSTER_N > 1:
+        nbytes: gl.constexpr = slot_bytes(
+            a_desc.nbytes_per_cta, b_desc.nbytes_per_cta, b2_desc.nbytes_per_cta, BLOCK_N2 > 0
+        )
+    else:
+        nbytes: gl.constexpr = slot_bytes(
+            a_desc.block_type.nbytes, b_desc.block_type.nbytes, b2_desc.block_type.nbytes, BLOCK_N2 > 0
+        )
     for ki in range(k_begin, k_end):
         slot = step % NUM_STAGES
         # A fresh mbarrier counts as having completed the phase before phase 0,
         # so the first lap finds every slot empty.
-        mbarrier.wait(empty.index(slot), ((step // NUM_STAGES) & 1) ^ 1)
+        phase = ((step // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(empty.index(slot), phase)
+        if CLUSTER_M * CLUSTER_N > 1:
+            mbarrier.wait(gathered.index(slot), phase)  # (a wait in the first CTA only)
         bar = ready.index(slot)
         mbarrier.expect(bar, nbytes)
         off_k = ki * BLOCK_K
         if A_ROW_MAJOR:
-            tma_load(a_desc, [off_m, off_k], bar, a_ring.index(slot))
+            load_box(a_desc, off_m, off_k, bar, a_ring.index(slot), CLUSTER_N > 1)
         else:
-            tma_load(a_desc, [off_k, off_m], bar, a_ring.index(slot))
+            load_box(a_desc, off_k, off_m, bar, a_ring.index(slot), CLUSTER_N > 1)
         if B_ROW_MAJOR:
-            tma_load(b_desc, [off_k, off_n], bar, b_ring.index(slot))
+            load_box(b_desc, off_k, off_n, bar, b_ring.index(slot), CLUSTER_M > 1)
         else:
-            tma_load(b_desc, [off_n, off_k], bar, b_ring.index(slot))
+            load_box(b_desc, off_n, off_k, bar, b_ring.index(slot), CLUSTER_M > 1)
         if BLOCK_N2 > 0:  # the tile's last BLOCK_N2 columns of B
             if B_ROW_MAJOR:
-                tma_load(b2_desc, [off_k, off_n + BLOCK_N], bar, b2_ring.index(slot))
+                load_box(b2_desc, off_k, off_n + BLOCK_N, bar, b2_ring.index(slot), CLUSTER_M > 1)
             else:
-                tma_load(b2_desc, [off_n + BLOCK_N, off_k], bar, b2_ring.index(slot))
+                load_box(b2_desc, off_n + BLOCK_N, off_k, bar, b2_ring.index(slot), CLUSTER_M > 1)
         step += 1
     return step
 
@@ -194,6 +193,8 @@ def producer(
     B_ROW_MAJOR: gl.constexpr,
     BLOCK_N2: gl.constexpr,
     STREAM_K: gl.constexpr,
+    CLUSTER_M: gl.constexpr,
+    CLUSTER_N: gl.constexpr,
 ):
     """The load partition: fill ring slots in the order the consumers drain them (whole tiles, then, with
     STREAM_K, this program's share of the streamed K-steps, walked backwards as the consumer walks it)."""
@@ -207,7 +208,7 @@ def producer(
         pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, TILE_N, GROUP_M)
         step = load_k_steps(
             descs, ring, pid_m * BLOCK_M, pid_n * TILE_N, 0, k_tiles, step,
-            BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
+            BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2, CLUSTER_M, CLUSTER_N,
         )  # fmt: skip
     if STREAM_K:
         first = gl.program_id(0) * iters_per_program
@@ -218,7 +219,7 @@ def producer(
             seg_end = gl.minimum(last - tile_start, k_tiles)  # (a tile's span may end past its K-steps)
             step = load_k_steps(
                 descs, ring, pid_m * BLOCK_M, pid_n * TILE_N, seg_start - tile_start, seg_end,
-                step, BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
+                step, BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2, 1, 1,
             )  # fmt: skip
             last = seg_start
 
@@ -229,7 +230,7 @@ def ready_operands(
 ):
     """Wait until ring step ``step``'s slot is loaded; its index and A's and B's tiles as wgmma reads them
     (a slot holding a tile transposed is read through a permuted view)."""
-    a_ring, b_ring, _, ready, _, _ = ring
+    a_ring, b_ring, _, ready, _, _, _ = ring
     slot = step % NUM_STAGES
     mbarrier.wait(ready.index(slot), (step // NUM_STAGES) & 1)
     a = a_ring.index(slot)
@@ -242,15 +243,25 @@ def ready_operands(
 
 
 @gluon.jit
-def release_slot(ring, step, slot, not_first, IN_FLIGHT: gl.constexpr, NUM_STAGES: gl.constexpr):
+def free_slot(ring, slot, pred, CLUSTERED: gl.constexpr):
+    """This CTA's consumers are done reading ``slot``: its producer may refill it, and in a cluster so
+    may the first CTA's multicast (``gathered`` completes once both CTAs arrive)."""
+    mbarrier.arrive(ring[4].index(slot), pred=pred)
+    if CLUSTERED:
+        mbarrier.arrive(ring[6].index(slot), pred=pred)
+
+
+@gluon.jit
+def release_slot(
+    ring, step, slot, not_first, IN_FLIGHT: gl.constexpr, NUM_STAGES: gl.constexpr, CLUSTERED: gl.constexpr
+):
     """After issuing ring step ``step``'s wgmma (``slot``): with one wgmma left in flight, the previous
     step's has retired and its slot may be refilled (none before a segment's first step); with none in
     flight, this step's own slot."""
-    empty = ring[4]
     if IN_FLIGHT:
-        mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=not_first)
+        free_slot(ring, (step + NUM_STAGES - 1) % NUM_STAGES, not_first, CLUSTERED)
     else:
-        mbarrier.arrive(empty.index(slot))
+        free_slot(ring, slot, True, CLUSTERED)
 
 
 @gluon.jit
@@ -281,6 +292,8 @@ def consumer(
     BLOCK_N2: gl.constexpr,
     STREAM_K: gl.constexpr,
     EPILOGUE_SUBTILE: gl.constexpr,
+    CLUSTER_M: gl.constexpr,
+    CLUSTER_N: gl.constexpr,
 ):
     """A consumer partition: wgmma over the ring, then the epilogue and the TMA store of each of its tiles.
 
@@ -297,14 +310,15 @@ def consumer(
     ``ready`` barrier more than one phase ahead of the producer: a parity wait
     cannot tell that phase from the one two laps earlier.
     """
-    a_ring, b_ring, b2_ring, ready, empty, turn = ring
+    a_ring, b_ring, b2_ring, ready, empty, turn, _ = ring
     dp_tiles, iters_per_program, tile_span = sk
+    CLUSTERED: gl.constexpr = CLUSTER_M * CLUSTER_N > 1
     M = epi[0]
     N = epi[1]
-    acc_layout: gl.constexpr = accumulator_layout(BLOCK_M, BLOCK_N, gl.num_warps())
+    acc_layout: gl.constexpr = accumulator_layout(BLOCK_M, BLOCK_N, gl.num_warps(), CLUSTER_M, CLUSTER_N)
     # (BLOCK_N2 == 0: a layout nothing uses)
     acc2_layout: gl.constexpr = accumulator_layout(
-        BLOCK_M, BLOCK_N2 if BLOCK_N2 > 0 else BLOCK_N, gl.num_warps()
+        BLOCK_M, BLOCK_N2 if BLOCK_N2 > 0 else BLOCK_N, gl.num_warps(), CLUSTER_M, CLUSTER_N
     )
     TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2)
     # One K-step's wgmma (one per accumulator) left in flight needs a second slot to load into meanwhile.
@@ -336,7 +350,7 @@ def consumer(
                 acc, acc2 = warpgroup_mma_wait(IN_FLIGHT * WGMMAS, deps=(acc, acc2))
             else:
                 acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
-            release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES)
+            release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES, CLUSTERED)
             step += 1
         if CONSUMERS > 1:
             mbarrier.arrive(turn.index((CONSUMER + 1) % CONSUMERS))  # every wgmma of this tile is issued
@@ -345,7 +359,7 @@ def consumer(
         else:
             acc = warpgroup_mma_wait(0, deps=(acc,))
         if IN_FLIGHT:
-            mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=k_tiles > 0)
+            free_slot(ring, (step + NUM_STAGES - 1) % NUM_STAGES, k_tiles > 0, CLUSTERED)
 
         off_m = pid_m * BLOCK_M
         off_n = pid_n * TILE_N
@@ -397,7 +411,7 @@ def consumer(
                 slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
                 acc = warpgroup_mma(a, b, acc, is_async=True)
                 acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
-                release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES)
+                release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES, False)
                 step += 1
             acc = warpgroup_mma_wait(0, deps=(acc,))
             if IN_FLIGHT:
@@ -465,6 +479,8 @@ def gemm_gluon_kernel(
     BLOCK_N2: gl.constexpr,
     STREAM_K: gl.constexpr,
     EPILOGUE_SUBTILE: gl.constexpr,
+    CLUSTER_M: gl.constexpr = 1,
+    CLUSTER_N: gl.constexpr = 1,
 ):
     """C = act(alpha * A @ B + beta * D) + R on a persistent grid (program p takes tiles p, p + grid, ...).
 
@@ -479,12 +495,13 @@ def gemm_gluon_kernel(
     buffer that both halves pass through in turn (the second waits for the first's TMA store),
     which frees the shared memory of a ring slot (128x256: four stages in 224 KiB instead of three).
 
-    Tiles ``0 .. dp_tiles - 1`` run whole (``dp_tiles`` is every tile without STREAM_K).  With
-    STREAM_K (one consumer, ``BLOCK_N2 == 0``) the K-steps of the rest are shared out, each program
-    taking ``iters_per_program`` of them, where each streamed tile spans ``tile_span >= cdiv(K, BLOCK_K)``
-    of the shares' iterations (those past its K-steps are skipped); ``ws_ptr`` holds one fp32 partial tile per program and
-    ``count_ptr`` one arrival counter per streamed tile, zero at launch and re-armed to zero by the
-    kernel (``launch.stream_k.StreamKBuffers``).  Without STREAM_K neither is read.
+    Tiles ``0 .. dp_tiles - 1`` run whole (``dp_tiles`` is every tile without STREAM_K).  With STREAM_K
+    (one consumer, ``BLOCK_N2 == 0``) the K-steps of the rest are shared out, each program taking
+    ``iters_per_program`` of them, where each streamed tile spans ``tile_span >= cdiv(K, BLOCK_K)`` of the
+    shares' iterations (those past its K-steps are skipped); ``ws_ptr`` holds one fp32 partial tile per
+    program and ``count_ptr`` one arrival counter per streamed tile, zero at launch and re-armed to zero
+    by the kernel (``launch.stream_k.StreamKBuffers``).  Without STREAM_K neither is read.
+    CLUSTER_M (N) = 2: a program is two CTAs, BLOCK_M (N) theirs, sharing B's (A's) box (``load_k_steps``).
     """
     dtype: gl.constexpr = a_desc.dtype
     a_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -499,18 +516,30 @@ def gemm_gluon_kernel(
             c2_tiles = gl.allocate_shared_memory(
                 c2_desc.dtype, [CONSUMERS] + c2_desc.block_type.shape, c2_desc.layout
             )
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    CTAS: gl.constexpr = CLUSTER_M * CLUSTER_N
+    gl.static_assert(
+        CTAS == 1 or (CTAS == 2 and CONSUMERS == 1 and not STREAM_K),
+        "a cluster is two CTAs of one cooperative consumer, without Stream-K",
+    )
+    ready = barriers(NUM_STAGES, CTAS, False)
+    empty = barriers(NUM_STAGES, CTAS, False)
+    turn = barriers(2, CTAS, False)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     for c in gl.static_range(2):
         mbarrier.init(turn.index(c), count=1)
+    if CTAS > 1:
+        # The slot of the box the two CTAs share is free once both CTAs' consumers are done with it.
+        gathered = barriers(NUM_STAGES, CTAS, True)
+        for s in gl.static_range(NUM_STAGES):
+            mbarrier.init(gathered.index(s), count=1)
+    else:
+        gathered = empty
 
     # Runtime values travel to the partitions in tuples; constexprs are written out in each call
     # (a tuple bound to a name would turn them into runtime values).
-    ring = (a_ring, b_ring, b2_ring, ready, empty, turn)
+    ring = (a_ring, b_ring, b2_ring, ready, empty, turn, gathered)
     sk = (dp_tiles, iters_per_program, tile_span)
     fixup = (ws_ptr, count_ptr)
     # fmt: off
@@ -523,10 +552,10 @@ def gemm_gluon_kernel(
                 (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
                             HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 1, BLOCK_N2, STREAM_K,
-                            EPILOGUE_SUBTILE)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
-                            STREAM_K)),
+                            STREAM_K, CLUSTER_M, CLUSTER_N)),
             ],
             [1],
             [PRODUCER_REGS],
@@ -539,14 +568,14 @@ def gemm_gluon_kernel(
                 (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
                             HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 2, BLOCK_N2, False,
-                            EPILOGUE_SUBTILE)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N)),
                 (consumer, (ring, c_desc, c_tiles.index(1), c2_desc, c2_tiles.index(1), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
                             HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 1, 2, BLOCK_N2, False,
-                            EPILOGUE_SUBTILE)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
-                            STREAM_K)),
+                            STREAM_K, CLUSTER_M, CLUSTER_N)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -555,8 +584,17 @@ def gemm_gluon_kernel(
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
+        if CTAS > 1:
+            mbarrier.invalidate(gathered.index(s))
     for c in gl.static_range(2):
         mbarrier.invalidate(turn.index(c))
 
 
-__all__ = ["GLUON_AVAILABLE", "GLUON_UNAVAILABLE_REASON", "gemm_gluon_kernel"]
+__all__ = [
+    "CLUSTER_AVAILABLE",
+    "CLUSTER_UNAVAILABLE_REASON",
+    "GLUON_AVAILABLE",
+    "GLUON_UNAVAILABLE_REASON",
+    "cluster_layouts",
+    "gemm_gluon_kernel",
+]

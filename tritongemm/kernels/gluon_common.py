@@ -2,13 +2,17 @@
 
 * The Gluon Hopper API, feature-detected: the names this Triton has for the TMA
   copies and the CTA barrier, and ``GLUON_AVAILABLE`` / ``GLUON_UNAVAILABLE_REASON``
-  (the module imports, and its functions are defined, where Gluon is missing).
+  (the module imports, and its functions are defined, where Gluon is missing);
+  clusters of CTAs (``CLUSTER_AVAILABLE``: CGA layouts and TMA multicast, Triton 3.7+).
+* The tile arithmetic: wgmma's accumulator layout, a slot's bytes, clusters' CGA layouts
+  and mbarriers.
 * The fused epilogue on the wgmma accumulator (``gemm.finish_tile``'s arithmetic).
 * Stream-K's fix-up (``gemm_streamk``'s protocol): a contributor stores its partial
   tile in its program's slot and counts it in; the finisher waits for the count,
   adds the partials in program order and re-arms the counter.
 """
 
+import dataclasses
 import inspect
 
 try:
@@ -43,6 +47,20 @@ else:
 
 GLUON_AVAILABLE: bool = not GLUON_UNAVAILABLE_REASON
 
+# Clusters (two CTAs sharing a box by TMA multicast) need Gluon's CGA layouts (Triton 3.7+).
+CLUSTER_UNAVAILABLE_REASON = GLUON_UNAVAILABLE_REASON
+if GLUON_AVAILABLE:
+    try:
+        _layout_fields = {f.name for f in dataclasses.fields(gl.NVMMASharedLayout)}
+        _load_args = inspect.signature(tma_load).parameters
+    except (TypeError, ValueError):
+        _layout_fields, _load_args = set(), {}
+    if "cga_layout" not in _layout_fields or "multicast" not in _load_args:
+        CLUSTER_UNAVAILABLE_REASON = "this Triton's Gluon has no CGA layouts or TMA multicast (Triton < 3.7)"
+    elif not hasattr(mbarrier, "allocate_mbarrier"):
+        CLUSTER_UNAVAILABLE_REASON = "this Triton's Gluon has no cluster-wide mbarriers"
+CLUSTER_AVAILABLE: bool = not CLUSTER_UNAVAILABLE_REASON
+
 if not GLUON_AVAILABLE:
 
     class _Absent:
@@ -59,6 +77,91 @@ if not GLUON_AVAILABLE:
             return fn
 
     gluon = gl = _Absent
+
+
+if CLUSTER_AVAILABLE:
+    cluster_mbarriers = mbarrier.allocate_mbarrier
+else:  # (a name for the jit functions below to refer to; never called where clusters are unavailable)
+
+    @gluon.jit
+    def cluster_mbarriers(batch: gl.constexpr = None, two_ctas: gl.constexpr = False):
+        gl.static_assert(False, "clusters need Triton 3.7+ (CLUSTER_UNAVAILABLE_REASON)")
+
+
+@gluon.constexpr_function
+def cluster_split(CLUSTER_M):
+    """The CGA layout of a tile split between a cluster's two CTAs: along its rows (CLUSTER_M == 2)
+    or its columns."""
+    return [[1, 0]] if CLUSTER_M == 2 else [[0, 1]]
+
+
+def cluster_layouts(cluster_m: int, cluster_n: int, a_row_major: bool, b_row_major: bool):
+    """The CGA layouts of A's, B's and C's boxes (as their descriptors lay them out: A^T and B^T
+    when not row-major) for a cluster of ``cluster_m`` x ``cluster_n`` CTAs, or ``(None,) * 3``
+    without one.  Split along M (N), each CTA holds its half of A (B) and of C, and B's (A's)
+    box is the same for both (basis [0, 0]: multicast)."""
+    if cluster_m * cluster_n == 1:
+        return None, None, None
+    if cluster_m * cluster_n != 2:
+        raise ValueError(f"a cluster is two CTAs, got {cluster_m} x {cluster_n}")
+    split_rows, split_cols, same = [[1, 0]], [[0, 1]], [[0, 0]]
+    if cluster_m == 2:
+        return (split_rows if a_row_major else split_cols), same, split_rows
+    return same, (split_cols if b_row_major else split_rows), split_cols
+
+
+@gluon.constexpr_function
+def accumulator_layout(BLOCK_M, BLOCK_N, num_warps, CLUSTER_M=1, CLUSTER_N=1):
+    """wgmma's register layout for a BLOCK_M x BLOCK_N fp32 tile on ``num_warps`` warps: warpgroups
+    stacked along M (each owns BLOCK_M / groups rows), one instruction as wide as BLOCK_N allows.
+    In a cluster the tile is the cluster's: each CTA holds its CLUSTER_M x CLUSTER_N share."""
+    width = BLOCK_N // CLUSTER_N
+    n = min(width, 256)
+    while width % n:
+        n -= 8
+    if CLUSTER_M * CLUSTER_N == 1:
+        return gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16]
+        )
+    return gl.NVMMADistributedLayout(
+        version=[3, 0],
+        warps_per_cta=[num_warps, 1],
+        instr_shape=[16, n, 16],
+        cga_layout=cluster_split(CLUSTER_M),
+    )
+
+
+@gluon.constexpr_function
+def tile_width(BLOCK_N, BLOCK_N2):
+    """The tile's N extent: its power-of-two part and the second part (0 for none)."""
+    return BLOCK_N + BLOCK_N2
+
+
+@gluon.constexpr_function
+def slot_bytes(a_bytes, b_bytes, b2_bytes, has_b2):
+    """The bytes the copy engine writes into one ring slot (A's box, B's, and B's second part if any)."""
+    return a_bytes + b_bytes + (b2_bytes if has_b2 else 0)
+
+
+@gluon.jit
+def barriers(count: gl.constexpr, CTAS: gl.constexpr, CLUSTER_WIDE: gl.constexpr):
+    """``count`` mbarriers in each of a cluster's ``CTAS`` CTAs, or with ``CLUSTER_WIDE`` (two CTAs)
+    ``count`` for the pair, held by the first CTA: both CTAs arrive on them, the first one waits."""
+    if CTAS == 1:
+        bars = gl.allocate_shared_memory(gl.int64, [count, 1], mbarrier.MBarrierLayout())
+    else:
+        bars = cluster_mbarriers(batch=count, two_ctas=CLUSTER_WIDE)
+    return bars
+
+
+@gluon.jit
+def load_box(desc, row, col, bar, dst, MULTICAST: gl.constexpr):
+    """TMA-load ``desc``'s box at (row, col) into ``dst``, counted on ``bar``; with MULTICAST into the
+    same slot of every CTA of the cluster (``dst``'s layout says which CTAs share the box)."""
+    if MULTICAST:
+        tma_load(desc, [row, col], bar, dst, multicast=True)
+    else:
+        tma_load(desc, [row, col], bar, dst)
 
 
 @gluon.jit

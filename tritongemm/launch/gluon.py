@@ -8,7 +8,9 @@ buffer), ``block_k``, ``group_m``, ``num_stages`` (the ring's slots), ``num_warp
 warps of each consumer: 4 per warpgroup; the producer warp comes on top), ``pingpong`` (two
 consumers on alternate tiles, else one) and ``stream_k`` (whole waves, then the last wave's
 tiles split into K-chunks: ``schedules.split_tail_schedule``, with ``StreamKBuffers``'
-workspace and counters).
+workspace and counters), ``cluster_m`` / ``cluster_n`` (two CTAs a cluster: the kernel's tile is
+the cluster's, each descriptor's box carries the CGA layout that says which CTA holds which part,
+and the grid counts clusters).
 From ``plan.device``: ``sm_count``.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, gemm_gluon_kernel
+from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, cluster_layouts, gemm_gluon_kernel
 from .common import KernelArgs, Launch
 from .pointer import epilogue_constexprs
 from .stream_k import StreamKBuffers
@@ -49,14 +51,16 @@ RUNTIME = (
 REGISTER_FILE = 65536
 
 
-def descriptor(t: torch.Tensor, rows_block: int, cols_block: int):
-    """A descriptor of ``t`` (2-D) in the orientation whose last stride is 1, and whether ``t`` was row-major."""
+def descriptor(t: torch.Tensor, rows_block: int, cols_block: int, cga=None):
+    """A descriptor of ``t`` (2-D) in the orientation whose last stride is 1, and whether ``t`` was row-major.
+    ``cga``: the box's CGA layout in a cluster (``kernels.gluon_common.cluster_layouts``)."""
     r, c = t.shape
     if t.stride(1) == 1:
         shape, strides, block, row_major = [r, c], [t.stride(0), 1], [rows_block, cols_block], True
     else:
         shape, strides, block, row_major = [c, r], [t.stride(1), 1], [cols_block, rows_block], False
-    layout = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
+    extra = {} if cga is None else {"cga_layout": cga}
+    layout = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype], **extra)
     return TensorDescriptor(t, shape, strides, block, layout), row_major
 
 
@@ -84,17 +88,22 @@ class GluonLauncher:
                 "the Gluon kernel stores C through a row-major descriptor: out needs a unit last stride"
             )
         bn, bn2 = cfg.accumulator_widths
-        self.a_desc, a_row_major = descriptor(a2, cfg.block_m, cfg.block_k)
-        self.b_desc, b_row_major = descriptor(b2, cfg.block_k, bn)
-        self.c_desc, _ = descriptor(c2, cfg.block_m, bn)
-        # Without a second part the kernel never reads these, and two equal halves share one box:
+        cm, cn = cfg.cluster_m, cfg.cluster_n
+        ctas = cm * cn
+        # Without a second part the kernel never reads b2 / c2, and two equal halves share one box:
         # B's and C's own descriptors stand in.
         split = bn2 and bn2 != bn
-        self.b2_desc = descriptor(b2, cfg.block_k, bn2)[0] if split else self.b_desc
-        self.c2_desc = descriptor(c2, cfg.block_m, bn2)[0] if split else self.c_desc
+        # In a cluster the kernel's tile (and each box) is the cluster's: cm x cn CTA tiles.
+        block_m, bn, bn2 = cfg.block_m * cm, bn * cn, bn2 * cn
+        a_cga, b_cga, c_cga = cluster_layouts(cm, cn, a2.stride(1) == 1, b2.stride(1) == 1)
+        self.a_desc, a_row_major = descriptor(a2, block_m, cfg.block_k, a_cga)
+        self.b_desc, b_row_major = descriptor(b2, cfg.block_k, bn, b_cga)
+        self.c_desc, _ = descriptor(c2, block_m, bn, c_cga)
+        self.b2_desc = descriptor(b2, cfg.block_k, bn2, b_cga)[0] if split else self.b_desc
+        self.c2_desc = descriptor(c2, block_m, bn2, c_cga)[0] if split else self.c_desc
         consumers = 2 if cfg.pingpong else 1
-        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-        programs = max(1, min(plan.device.sm_count, tiles))
+        tiles = triton.cdiv(M, block_m) * triton.cdiv(N, bn + bn2)
+        programs = max(1, min(plan.device.sm_count // ctas, tiles))  # (clusters, in a cluster)
         dp_tiles, iters_per_program, tile_span = tiles, 0, 0
         self.buffers = None
         if cfg.stream_k:
@@ -117,7 +126,7 @@ class GluonLauncher:
                 stride_rn=r2.stride(1),
                 stride_zm=c2.stride(0),
                 stride_zn=c2.stride(1),
-                BLOCK_M=cfg.block_m,
+                BLOCK_M=block_m,
                 BLOCK_N=bn,
                 BLOCK_N2=bn2,
                 BLOCK_K=cfg.block_k,
@@ -128,6 +137,8 @@ class GluonLauncher:
                 CONSUMERS=consumers,
                 STREAM_K=cfg.stream_k,
                 EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+                CLUSTER_M=cm,
+                CLUSTER_N=cn,
                 **epilogue_constexprs(call),
             ),
             (programs,),
@@ -142,6 +153,8 @@ class GluonLauncher:
             ),
         )
         self.main.options["maxnreg"] = max_registers(cfg.num_warps * consumers)
+        if ctas > 1:
+            self.main.options["num_ctas"] = ctas
         # The templates need no tensor: every launch rebases them (a cached launcher keeps no operand alive).
         for template in (self.a_desc, self.b_desc, self.b2_desc, self.c_desc, self.c2_desc):
             template.base = None

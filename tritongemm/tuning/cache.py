@@ -75,7 +75,7 @@ LOCK_TIMEOUT_S = 60.0
 #: everything the tuner can produce: tiles up to 256 (TMA boxes are at most
 #: 256 wide) and GEMV K steps up to 2048 bytes (1024 fp16 elements); GEMV
 #: tiles may be narrower than 16 (TileConfig enforces 16 for tl.dot tiles).
-#: group_m beyond 64 tile-rows gains no L2 reuse on any GPU we target.
+#: group_m beyond 64 tile-rows gains no L2 reuse on any GPU we target; a cluster is two CTAs at most.
 CONFIG_BOUNDS: dict[str, tuple[int, int]] = {
     "block_m": (1, 1024),
     "block_n": (1, 1024),
@@ -84,6 +84,8 @@ CONFIG_BOUNDS: dict[str, tuple[int, int]] = {
     "num_warps": (1, 16),
     "num_stages": (MIN_STAGES, MAX_STAGES),
     "split_k": (1, MAX_SPLIT_K),
+    "cluster_m": (1, 2),
+    "cluster_n": (1, 2),
 }
 #: Fields an entry's config must name (the flags default to off when absent,
 #: as in entries written before a flag existed).
