@@ -517,6 +517,13 @@ def test_split_width_config_rules_budget_and_fallback():
     assert "sm_90" in chosen.fallback
 
 
+def _planned_on_an_a100(cfg):
+    """The plan for a contiguous bf16 4096^3 NT problem on an A100 (no TMA, no Gluon) under ``cfg``."""
+    ops = [Operand.contiguous(4096, 4096, 2)] * 3
+    problem = GemmProblem(4096, 4096, 4096, dtype="bf16", layout="NT")
+    return plan(problem, A100, Request(config=cfg), *ops, torch.bfloat16, torch.bfloat16, "always")
+
+
 def test_subtile_config_rules_budget_and_fallback():
     deep = SUBTILE[0]
     assert deep.short() == "128x256x64 g8 w8 s4 tma+persistent+ws+subtile"
@@ -536,16 +543,7 @@ def test_subtile_config_rules_budget_and_fallback():
     assert deep.without_warp_specialization() == TileConfig(
         128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True
     )
-    problem = GemmProblem(4096, 4096, 4096, dtype="bf16", layout="NT")
-    chosen = plan(
-        problem,
-        A100,
-        Request(config=replace(deep, num_stages=2)),
-        *ops,
-        torch.bfloat16,
-        torch.bfloat16,
-        "always",
-    )
+    chosen = _planned_on_an_a100(replace(deep, num_stages=2))
     assert (chosen.kernel, chosen.config.warp_specialize) == ("pointer", False)
 
 
@@ -573,16 +571,7 @@ def test_cluster_config_rules_budget_and_fallback():
         assert "clusters of CTAs unavailable" in reason and "3.7" in reason
     # Off the warp-specialized kernel the same CTA tile runs, one CTA a tile.
     assert pair.without_warp_specialization() == TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True)
-    problem = GemmProblem(4096, 4096, 4096, dtype="bf16", layout="NT")
-    chosen = plan(
-        problem,
-        A100,
-        Request(config=replace(pair, num_stages=2)),
-        *ops,
-        torch.bfloat16,
-        torch.bfloat16,
-        "always",
-    )
+    chosen = _planned_on_an_a100(replace(pair, num_stages=2))
     assert (chosen.kernel, chosen.config.cluster_m) == ("pointer", 1)
 
 
