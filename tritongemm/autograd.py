@@ -105,7 +105,7 @@ def gemm_op(
         call = call._replace(epilogue=ep._replace(store_preact=True))
     if is_tracing(a):
         if distributed.is_dtensor(a):  # DTensor runs the custom op on the shards, by its sharding rule
-            return distributed.gemm(_traceable_gemm, call, a, b, addend, residual, gemm_op)
+            return distributed.gemm(_traceable_gemm, call, a, b, addend, residual)
         return _traceable_gemm(call, a, b, addend, residual)
     if _functorch_active():
         return GemmTransformFunction.apply(a, b, addend, residual, call)[0]

@@ -26,14 +26,6 @@ The rule, for ``out = act(alpha * a @ b + beta * addend) + residual`` with
   the GEMM with the linear part on the shards, the reduction, then the
   activation and the residual on the reduced sum (``split_epilogue``).
 
-Eager calls in the plans' two common layouts skip that door (``on_local_shards``):
-DTensor's dispatch of a custom op costs about 0.5 ms of host time a call (torch 2.11,
-two H200s), which made a converted forward host-bound.  A column-wise GEMM (``a``
-replicated, ``b`` sharded on N) and a row-wise one (both sharded on K, a linear
-epilogue) run tritongemm's autograd op on the local shards and wrap the result with
-``DTensor.from_local``, as DTensor itself would place it; the input's gradient is
-marked partial where its forward was replicated.
-
 Nothing here is imported by ``import tritongemm``'s path unless a DTensor
 shows up: ``torch.distributed`` is read from ``sys.modules`` (a DTensor cannot
 exist before ``torch.distributed.tensor`` is imported).
@@ -191,70 +183,17 @@ def split_epilogue(call, a, b) -> bool:
     return call.epilogue.activation != "none" and _reduction_sharded(a, b)
 
 
-def on_local_shards(local_gemm, call, a, b, addend, residual):
-    """A column-wise or row-wise GEMM on a 1-D mesh, run by ``local_gemm`` (the eager autograd op) on
-    the local shards and wrapped as DTensor would place it; None for every other case.
-
-    Column-wise: ``a`` replicated, ``b`` (K, N) sharded on N, the epilogue operands on their last
-    dimension; the output is sharded on N, and ``a``'s gradient is a partial sum.  Row-wise: both
-    sharded on K, no epilogue operand, no activation; the output is a partial sum.
-    """
-    from torch.distributed.tensor import DTensor, Partial, Shard
-
-    if torch.compiler.is_compiling() or not isinstance(b, DTensor) or b.ndim != 2:
-        return None
-    mesh = a.device_mesh
-    extra = [t for t in (addend, residual) if t is not None]
-    if mesh.ndim != 1 or b.device_mesh != mesh or any(not isinstance(t, DTensor) for t in extra):
-        return None
-    if any(t.device_mesh != mesh for t in extra):
-        return None
-
-    def split_on(t, dim):
-        p = t.placements[0]
-        return isinstance(p, Shard) and p.dim % t.ndim == dim % t.ndim
-
-    a_grad = None
-    if a.placements[0].is_replicate() and split_on(b, 1) and all(split_on(t, -1) for t in extra):
-        placement, a_grad = Shard(a.ndim - 1), [Partial()]
-    elif split_on(a, -1) and split_on(b, 0) and not extra and call.epilogue.activation == "none":
-        placement = Partial()
-    else:
-        return None
-    out = local_gemm(
-        call,
-        a.to_local(grad_placements=a_grad),
-        b.to_local(),
-        *(None if t is None else t.to_local() for t in (addend, residual)),
-    )
-    shape = (*a.shape[:-1], b.shape[1])
-    return DTensor.from_local(out, mesh, [placement], run_check=False, shape=shape, stride=_contiguous(shape))
-
-
-def _contiguous(shape) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
-
-
-def gemm(traceable_gemm, call, a, b, addend, residual, local_gemm=None):
+def gemm(traceable_gemm, call, a, b, addend, residual):
     """The autograd op's custom-op door for DTensor operands.
 
     ``traceable_gemm(call, a, b, addend, residual)`` is that door (passed in:
-    this module sits below ``autograd``); ``local_gemm`` (same arguments, plain
-    tensors) runs the layouts ``on_local_shards`` takes.  With the reduction
-    split and an activation, the GEMM with the linear part of the epilogue runs
-    sharded and the activation and residual run on DTensor after its reduction.
+    this module sits below ``autograd``).  With the reduction split and an
+    activation, the GEMM with the linear part of the epilogue runs sharded and
+    the activation and residual run on DTensor after its reduction.
     """
     error = registration_error()
     if error is not None:
         raise UnsupportedInputError(f"tritongemm: {error}")
-    if local_gemm is not None:
-        out = on_local_shards(local_gemm, call, a, b, addend, residual)
-        if out is not None:
-            return out
     if not split_epilogue(call, a, b):
         return traceable_gemm(call, a, b, addend, residual)
     ep = call.epilogue
@@ -264,4 +203,4 @@ def gemm(traceable_gemm, call, a, b, addend, residual, local_gemm=None):
     return y + residual if residual is not None else y
 
 
-__all__ = ["is_dtensor", "any_dtensor", "dtensor_reason", "registration_error", "gemm", "on_local_shards"]
+__all__ = ["is_dtensor", "any_dtensor", "dtensor_reason", "registration_error", "gemm"]
