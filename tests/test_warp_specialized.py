@@ -18,6 +18,8 @@ from tritongemm.device import KNOWN_DEVICES, DeviceInfo
 from tritongemm.eligibility import Operand, warp_specialized_shared_bytes, warp_specialized_unsupported_reason
 from tritongemm.heuristics import (
     NARROW_ROW_TILES,
+    SHORT_ROW_GROUP_M,
+    SHORT_ROW_TILES,
     SPLIT_WIDTH_TILES,
     WIDE_TILE_FEW_WAVES,
     WIDE_TILE_MANY_WAVES,
@@ -89,7 +91,8 @@ def test_heuristic_keeps_other_shape_classes_off_it(problem, device):
 def test_the_menus_128x256_tile_takes_its_ring_and_kernel_from_its_waves(m, n, k, expected):
     problem = GemmProblem(m, n, k, dtype="bf16", layout="NT")
     choice = heuristic_choice(problem, H100)
-    assert choice.config == expected and "waves" in choice.rule
+    # (6144 x 2048: 8 tiles along N, so the tile order is groups of 4 rows: narrow_row_order)
+    assert choice.config == (narrow_row_order(expected, problem) or expected) and "waves" in choice.rule
     assert expected.warp_specialize == (expected is not WIDE_TILE_SINGLE_WAVE)
     # Where the warp-specialized kernel cannot go (batched, fp32, not sm_90) the rule stays out.
     assert wide_tile_config(replace(problem, batch=2), H100) is None
@@ -105,8 +108,10 @@ def test_the_menus_128x256_tile_takes_its_ring_and_kernel_from_its_waves(m, n, k
         (12608, 768, 3072, "NT", 4),  # 128x192
         (12608, 1280, 5120, "NT", 5),  # 128x256
         (8192, 1024, 4096, "NT", 4),
-        (8192, 1280, 5120, "NT", 10),  # 128x128: grouped order stays
-        (8192, 2304, 768, "NT", 18),
+        (8192, 1280, 5120, "NT", 10),  # 128x128: groups of 4 rows
+        (4096, 1536, 6144, "NT", 12),
+        (8192, 1792, 7168, "NT", 14),
+        (8192, 2304, 768, "NT", 18),  # the grouped order stays
         (4096, 14336, 4096, "NT", 56),
     ],
 )
@@ -116,8 +121,11 @@ def test_a_short_row_of_tiles_runs_row_after_row(m, n, k, layout, tiles_along_n)
     assert cfg.warp_specialize and -(-n // cfg.block_n) == tiles_along_n, choice
     if tiles_along_n <= NARROW_ROW_TILES:
         assert cfg.group_m == 1 and "row of tiles after another" in choice.rule, choice
+    elif tiles_along_n <= SHORT_ROW_TILES:
+        assert cfg.group_m == SHORT_ROW_GROUP_M == 4 and "groups of 4 rows of tiles" in choice.rule, choice
     else:
-        assert cfg.group_m == 8 and "row of tiles" not in choice.rule, choice
+        assert cfg.group_m == 8 and "rows of tiles" not in choice.rule, choice
+        assert "row of tiles" not in choice.rule, choice
 
 
 def test_row_order_leaves_other_kernels_and_stream_k_alone():
@@ -125,7 +133,9 @@ def test_row_order_leaves_other_kernels_and_stream_k_alone():
     assert narrow_row_order(replace(WS, group_m=8), narrow) == replace(WS, group_m=1)
     assert narrow_row_order(replace(WS, warp_specialize=False), narrow) is None  # TMA kernel: not measured
     assert narrow_row_order(replace(WS, block_n=128, num_warps=4, stream_k=True), narrow) is None
-    assert narrow_row_order(WS, GemmProblem(8192, 8192, 3072, dtype="bf16")) is None
+    assert narrow_row_order(WS, GemmProblem(8192, 8192, 3072, dtype="bf16")) is None  # 32 tiles along N
+    assert narrow_row_order(WS, GemmProblem(8192, 2048, 3072, dtype="bf16")) == replace(WS, group_m=4)
+    assert narrow_row_order(replace(WS, group_m=2), narrow) is None  # a config's own tile order stays
     assert heuristic_config(narrow, A100).group_m == 8  # off sm_90 nothing changes
 
 

@@ -444,18 +444,26 @@ def warp_specialized_tile(problem: GemmProblem, device: DeviceInfo) -> Tile | No
 # order (group_m = 8), do_bench against cuBLAS (H100, bf16, sweeps/group_m_ab.json): 8192x768x3072
 # 0.83 -> 0.96 (NN: 0.83 -> 0.97), 12608x768x3072 (128x192) 0.89 -> 0.93, 12608x768x768 0.91 -> 0.94,
 # 12608x1280x5120 (128x256) 0.96 -> 0.98, 8192x1024x4096 0.97 -> 0.98; 8192x768x768 and 3072x768x8192
-# TN even.  With 8-10 tiles along N it was even or group_m = 4 won (8192x1280x5120 0.84 -> 0.91);
-# from 18 on, group_m = 1 lost (8192x2304x768 1.01 -> 0.90, 4096x14336x4096 0.97 -> 0.84).
+# TN even.  From 18 on, group_m = 1 lost (8192x2304x768 1.01 -> 0.90, 4096x14336x4096 0.97 -> 0.84).
+# With 7-14 tiles, groups of 4 rows won or tied in 10 of 11 shapes (sweeps/group_m_mid_ab.txt): 8192x1280x5120
+# 0.86 -> 0.92, 4096x1536x6144 0.86 -> 0.94, 6000x1408x4096 0.90 -> 0.98, 8192x2048x8192 1.005 -> 0.997;
+# even at 16 tiles (3072^3), 0.97 -> 0.93 at 56 (4096x14336x4096).
 NARROW_ROW_TILES = 6
+SHORT_ROW_TILES = 14
+SHORT_ROW_GROUP_M = 4
 
 
 def narrow_row_order(cfg: TileConfig, problem: GemmProblem) -> TileConfig | None:
-    """``cfg`` in row-after-row tile order where N spans at most NARROW_ROW_TILES of its tiles, else None."""
-    if not cfg.warp_specialize or cfg.stream_k or cfg.group_m == 1:
+    """``cfg`` in row-after-row tile order where N spans at most NARROW_ROW_TILES of its tiles, in groups of
+    SHORT_ROW_GROUP_M rows where it spans at most SHORT_ROW_TILES; else None (the grouped order stays)."""
+    if not cfg.warp_specialize or cfg.stream_k or cfg.group_m != 8:
         return None
-    if cdiv(problem.n, cfg.block_n) > NARROW_ROW_TILES:
-        return None
-    return replace(cfg, group_m=1)
+    tiles = cdiv(problem.n, cfg.block_n)
+    if tiles <= NARROW_ROW_TILES:
+        return replace(cfg, group_m=1)
+    if tiles <= SHORT_ROW_TILES:
+        return replace(cfg, group_m=SHORT_ROW_GROUP_M)
+    return None
 
 
 def fit_shared_memory(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> TileConfig:
@@ -490,7 +498,11 @@ def heuristic_choice(problem: GemmProblem, device: DeviceInfo) -> Choice:
     cfg, rule = _gpu_choice(problem, device)
     if (narrow := narrow_row_order(cfg, problem)) is not None:
         cfg = narrow
-        rule += f"; at most {NARROW_ROW_TILES} tiles along N: one row of tiles after another"
+        rule += (
+            f"; at most {NARROW_ROW_TILES} tiles along N: one row of tiles after another"
+            if narrow.group_m == 1
+            else f"; at most {SHORT_ROW_TILES} tiles along N: groups of {SHORT_ROW_GROUP_M} rows of tiles"
+        )
     return Choice(fit_shared_memory(cfg, problem, device), rule)
 
 
