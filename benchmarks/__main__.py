@@ -88,6 +88,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="time each case's implementations in this many interleaved rounds (default 3; the host suite 15)",
     )
+    r.add_argument(
+        "--timing",
+        choices=("loop", "calls"),
+        default="loop",
+        help="models suite: time back-to-back steps between two synchronizations (loop, default) "
+        "or each step alone with do_bench (calls)",
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     pl = sub.add_parser("plot", help="regenerate figures from results CSVs (no GPU needed)")

@@ -26,10 +26,18 @@ from ``timm`` when asked for.  For each model and workload:
   stock's, except after a step where stock's top-two logits are closer than
   the logits' own error (a tie that any rounding may break).  A case that fails
   is recorded ``failed_gate`` with the reason, and never timed.
-* timing: ``do_bench`` medians, the variants of a (model, workload) in
-  interleaved rounds (``harness.time_round``), each round at least
-  ``MIN_STEPS_PER_ROUND`` steps of each variant, with Python's garbage
-  collector paused while a round times (as ``timeit`` does).
+* timing: the variants of a (model, workload) in interleaved rounds, with
+  Python's garbage collector paused while a round times (as ``timeit`` does).
+  By default (``timing="loop"``) a round runs at least ``MIN_STEPS_PER_ROUND``
+  steps back to back between two synchronizations and records their mean, as
+  a training or serving loop runs them: the host queues step i+1 while the GPU
+  runs step i.  The row's time is the median over rounds, its p20/p80 the
+  spread between rounds.  ``timing="calls"`` (``--timing calls``, the method up
+  to session 31) is ``do_bench``'s per-call CUDA-event timing with an L2 flush
+  before each call: right for one GEMM, but for a near-host-bound step it
+  times a race between host and GPU restarted at every call (p20-p80 spreads
+  of +-15% and run-to-run swings of up to 25%:
+  ``results/h100/models/timing_methods_session32.txt``).
 
 Then the per-GEMM breakdown (``gemm_breakdown``): the distinct GEMMs each
 workload runs, captured at the aten level during one stock step, timed alone
@@ -80,6 +88,8 @@ LEARNING_RATE = 1e-5
 #: the suite's share of ``rep_ms`` per round (100 ms over 7 rounds) would time it once, and a median of
 #: one host-jittered sample per round swung such cases by +-10% between runs.
 MIN_STEPS_PER_ROUND = 5
+#: How a round times a variant (see the module docstring): back-to-back steps, or do_bench per call.
+TIMINGS = ("loop", "calls")
 
 # ----------------------------------------------------------------------------------
 # The models
@@ -752,9 +762,12 @@ def run_workload(
     warmup_ms: float = 25,
     rep_ms: float = 100,
     rounds: int = harness.ROUNDS,
+    timing: str = "loop",
     log: Callable[[str], None] = lambda s: None,
 ) -> list[dict]:
     """Gate every variant of (model, workload) against the fp32 reference, time those that pass."""
+    if timing not in TIMINGS:
+        raise ValueError(f"timing: one of {', '.join(TIMINGS)} (got {timing!r})")
     amp, _ = _workload_dtype(workload, dtype)
     base = {
         "suite": SUITE,
@@ -822,22 +835,30 @@ def run_workload(
         for i in order:
             if isinstance(slots[i], harness.Prepared):
                 with _collector_paused():
-                    failed = harness.time_round(
-                        slots[i],
-                        device,
-                        warmup_ms if r == 0 else warmup_ms / 5,
-                        round_rep_ms(slots[i].samples, rep_ms, rounds),
-                    )
+                    if timing == "loop":
+                        failed = time_loop_round(slots[i], device, 2 if r == 0 else 1, rep_ms / rounds)
+                    else:
+                        failed = harness.time_round(
+                            slots[i],
+                            device,
+                            warmup_ms if r == 0 else warmup_ms / 5,
+                            round_rep_ms(slots[i].samples, rep_ms, rounds),
+                        )
                 if failed is not None:
                     slots[i] = failed
     rows = []
     for slot in slots:
         if isinstance(slot, harness.Prepared):
             ms, p20, p80 = harness.summarize(slot.samples)
-            rows.append({**slot.row, "status": harness.OK, "ms": ms, "ms_p20": p20, "ms_p80": p80})
+            row = {**slot.row, "status": harness.OK, "ms": ms, "ms_p20": p20, "ms_p80": p80}
+            if timing == "loop":  # one sample a round, in round order: paired with the baseline's
+                row["round_ms"] = list(slot.samples)
+            rows.append(row)
         else:
             rows.append(slot)
     finish_rows(rows)
+    for row in rows:
+        row.pop("round_ms", None)
     for row in rows:
         if row.get("status") == harness.OK:
             log(
@@ -851,6 +872,37 @@ def run_workload(
     del variants, optimizer, slots
     _free(device)
     return rows
+
+
+def time_loop_round(
+    prepared: harness.Prepared, device: torch.device, warmup_steps: int, share_ms: float
+) -> dict | None:
+    """One round of ``prepared``'s step run back to back; appends the mean ms per step (an error row if it fails).
+
+    ``warmup_steps`` untimed steps first (the first round's also estimate the step's time), then
+    ``n >= MIN_STEPS_PER_ROUND`` steps, enough to fill ``share_ms``, between two synchronizations:
+    the host runs ahead of the GPU across steps, as in a training or serving loop.
+    """
+    try:
+        with prepared.grad_mode():
+            for _ in range(warmup_steps):
+                _sync(device)
+                t0 = time.perf_counter()
+                prepared.step()
+                _sync(device)
+                estimate = (time.perf_counter() - t0) * 1e3
+            if prepared.samples:
+                estimate = statistics.median(prepared.samples)
+            n = max(MIN_STEPS_PER_ROUND, math.ceil(share_ms / max(estimate, 1e-3)))
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                prepared.step()
+            _sync(device)
+            prepared.samples.append((time.perf_counter() - t0) * 1e3 / n)
+    except Exception as exc:
+        return {**prepared.row, "status": harness.ERROR, "message": "timing: " + harness._short_error(exc)}
+    return None
 
 
 def round_rep_ms(samples: Sequence[float], rep_ms: float, rounds: int) -> float:
@@ -877,12 +929,24 @@ def _collector_paused():
 
 
 def finish_rows(rows: list[dict]) -> None:
-    """``speedup_vs_baseline``: the baseline variant's time over this one's, within a (model, workload)."""
-    times = {(r["case"], r["dtype"], r["impl"]): r["ms"] for r in rows if r.get("status") == harness.OK}
+    """``speedup_vs_baseline``: the baseline variant's time over this one's, within a (model, workload).
+
+    Where both rows hold one sample per round (``round_ms``, the loop timing), it is the median of the
+    rounds' own ratios, each of two variants timed back to back, so that the host's drift between rounds
+    (a near-host-bound step's time wandered by up to 50% over minutes on the H100 hosts) cancels; its
+    ``speedup_p20`` / ``speedup_p80`` are those ratios' spread.  Otherwise: the ratio of the medians.
+    """
+    by_impl = {(r["case"], r["dtype"], r["impl"]): r for r in rows if r.get("status") == harness.OK}
     for r in rows:
-        base = times.get((r["case"], r["dtype"], r.get("baseline")))
-        if base and r.get("status") == harness.OK:
-            r["speedup_vs_baseline"] = base / r["ms"]
+        base = by_impl.get((r["case"], r["dtype"], r.get("baseline")))
+        if base is None or r.get("status") != harness.OK:
+            continue
+        ours, theirs = r.get("round_ms"), base.get("round_ms")
+        if ours and theirs and len(ours) == len(theirs):
+            ratios = [b / t for b, t in zip(theirs, ours)]
+            r["speedup_vs_baseline"], r["speedup_p20"], r["speedup_p80"] = harness.summarize(ratios)
+        else:
+            r["speedup_vs_baseline"] = base["ms"] / r["ms"]
 
 
 def _describe(variant: str, workload: str) -> str:
@@ -962,6 +1026,7 @@ def run_models(
     warmup_ms: float = 25,
     rep_ms: float = 100,
     rounds: int = harness.ROUNDS,
+    timing: str = "loop",
     log: Callable[[str], None] = lambda s: None,
 ) -> ModelsResult:
     """Run the (model, workload) pairs model by model; returns the model rows and the GEMM breakdown rows."""
@@ -1036,6 +1101,7 @@ def run_models(
                         warmup_ms=warmup_ms,
                         rep_ms=rep_ms,
                         rounds=rounds,
+                        timing=timing,
                         log=log,
                     )
             except Exception as exc:  # the reference or stock itself failed (e.g. out of memory)
@@ -1108,6 +1174,7 @@ def summary_table(rows: Sequence[dict]) -> str:
                 "variant": r.get("impl"),
                 "ms": r.get("ms") if ok else None,
                 "speedup": r.get("speedup_vs_baseline") if ok else None,
+                "spread": _spread_text(r) if ok else "",
                 "baseline": r.get("baseline") or "",
                 "gate": _gate_text(r),
                 "status": r.get("status"),
@@ -1122,11 +1189,20 @@ def summary_table(rows: Sequence[dict]) -> str:
             ("variant", "variant"),
             ("ms", "ms"),
             ("speedup", "baseline ÷ variant"),
+            ("spread", "p20-p80"),
             ("baseline", "baseline"),
             ("gate", "gate err / bound"),
             ("status", "status"),
         ],
     )
+
+
+def _spread_text(row: dict) -> str:
+    """The paired rounds' ratios, 20th to 80th percentile ('' where the rows were not paired)."""
+    lo, hi = row.get("speedup_p20"), row.get("speedup_p80")
+    if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
+        return ""
+    return f"{lo:.2f}-{hi:.2f}"
 
 
 def _gate_text(row: dict) -> str:
@@ -1221,6 +1297,7 @@ def run_models_suite(
     warmup_ms: float = 25,
     rep_ms: float = 100,
     rounds: int = harness.ROUNDS,
+    timing: str = "loop",
     plots: bool = True,
 ) -> tuple[harness.RunSummary, str]:
     """The GPU suite: every default model's workloads.
@@ -1254,10 +1331,12 @@ def run_models_suite(
         warmup_ms=warmup_ms,
         rep_ms=rep_ms,
         rounds=rounds,
+        timing=timing,
         log=log,
     )
     extra = {
         "suite": SUITE,
+        "timing": timing,
         "gate_factor": GATE_FACTOR,
         "dtype": dtypes[0],
         "models": {s.name: {"size": s.size, "compiled_workloads": s.compiled} for s, _ in pairs},
@@ -1293,6 +1372,7 @@ def run_cli(args) -> int:
         warmup_ms=args.warmup,
         rep_ms=args.rep,
         rounds=args.rounds or harness.ROUNDS,
+        timing=getattr(args, "timing", "loop"),
         plots=not args.no_plots,
     )
     print("\n== models ==")

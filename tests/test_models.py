@@ -11,6 +11,7 @@ figures from them; the host suite's measurement.  Real model families
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import importlib.util
@@ -18,6 +19,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -157,6 +159,7 @@ def tiny_run():
         warmup_ms=0,
         rep_ms=0,
         rounds=2,
+        timing="calls",  # (one step a call: the loop's several steps a round would double the time)
     )
 
 
@@ -311,6 +314,47 @@ def test_each_round_times_several_steps_of_a_slow_step():
     assert slow < 25.0 * (models.MIN_STEPS_PER_ROUND + 1)
 
 
+def test_loop_round_times_back_to_back_steps():
+    """``timing="loop"``: untimed warm-up steps, then at least MIN_STEPS_PER_ROUND steps (more where the
+    round's share buys more, sized by the steps' median so far) timed together; one sample per round."""
+    calls = []
+
+    def step():
+        calls.append(time.perf_counter())
+        time.sleep(0.002)
+
+    prepared = harness.Prepared({"impl": "x"}, step, None, contextlib.nullcontext)
+    device = torch.device("cpu")
+    assert models.time_loop_round(prepared, device, 2, 0.0) is None
+    assert len(calls) == 2 + models.MIN_STEPS_PER_ROUND and len(prepared.samples) == 1
+    assert 2.0 <= prepared.samples[0] < 20.0  # ms per step, not per round
+    calls.clear()
+    assert models.time_loop_round(prepared, device, 1, 40 * prepared.samples[0]) is None
+    assert 1 + 30 <= len(calls) <= 1 + 41 and len(prepared.samples) == 2
+
+    def broken():
+        raise RuntimeError("boom")
+
+    bad = harness.Prepared({"impl": "y"}, broken, None, contextlib.nullcontext)
+    row = models.time_loop_round(bad, device, 1, 0.0)
+    assert row["status"] == harness.ERROR and "boom" in row["message"] and not bad.samples
+    # paired: each round's ratio of two variants timed back to back, not the ratio of the medians
+    rows = [
+        {"case": "c", "dtype": "bf16", "impl": "stock", "status": harness.OK, "ms": 10.0,
+         "round_ms": [10.0, 20.0, 10.0]},
+        {"case": "c", "dtype": "bf16", "impl": "convert", "baseline": "stock", "status": harness.OK,
+         "ms": 11.0, "round_ms": [9.0, 19.0, 11.0]},
+        {"case": "c", "dtype": "bf16", "impl": "patch", "baseline": "stock", "status": harness.OK, "ms": 12.5},
+    ]  # fmt: skip
+    models.finish_rows(rows)
+    assert rows[1]["speedup_vs_baseline"] == pytest.approx(20 / 19)  # median of 10/9, 20/19, 10/11
+    assert rows[1]["speedup_p20"] < rows[1]["speedup_vs_baseline"] < rows[1]["speedup_p80"]
+    assert rows[2]["speedup_vs_baseline"] == pytest.approx(10 / 12.5) and "speedup_p20" not in rows[2]
+    assert models._spread_text(rows[1]).count("-") == 1 and models._spread_text(rows[2]) == ""
+    with pytest.raises(ValueError, match="timing"):
+        models.run_workload(None, "infer", None, None, None, torch.float32, device, timing="bogus")
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_collector_paused_while_timing_and_restored(enabled):
     import gc
@@ -448,6 +492,7 @@ def test_real_model_families_pass_the_gate(family, workloads, device):
         warmup_ms=0,
         rep_ms=0,
         rounds=1,
+        timing="calls",  # (the gate is the point; the loop timing runs in the mixed-precision test)
     )
     for r in result.rows:
         if r["impl"] == "sabotaged":
