@@ -36,8 +36,7 @@ from ``timm`` when asked for.  For each model and workload:
   to session 31) is ``do_bench``'s per-call CUDA-event timing with an L2 flush
   before each call: right for one GEMM, but for a near-host-bound step it
   times a race between host and GPU restarted at every call (p20-p80 spreads
-  of +-15% and run-to-run swings of up to 25%:
-  ``results/h100/models/timing_methods_session32.txt``).
+  of +-15% within a run: ``results/h100/models/timing_methods_session32.txt``).
 
 Then the per-GEMM breakdown (``gemm_breakdown``): the distinct GEMMs each
 workload runs, captured at the aten level during one stock step, timed alone
@@ -933,7 +932,7 @@ def finish_rows(rows: list[dict]) -> None:
 
     Where both rows hold one sample per round (``round_ms``, the loop timing), it is the median of the
     rounds' own ratios, each of two variants timed back to back, so that the host's drift between rounds
-    (a near-host-bound step's time wandered by up to 50% over minutes on the H100 hosts) cancels; its
+    (a near-host-bound step's time wandered by up to 56% over minutes on one H100 host) cancels; its
     ``speedup_p20`` / ``speedup_p80`` are those ratios' spread.  Otherwise: the ratio of the medians.
     """
     by_impl = {(r["case"], r["dtype"], r["impl"]): r for r in rows if r.get("status") == harness.OK}
