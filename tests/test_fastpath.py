@@ -161,7 +161,7 @@ def test_grad_mode_and_requires_grad_switch_within_one_entry(grad_node, device):
 
 
 @pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_autocast_calls_use_entries_of_the_cast_operands(amp_dtype, device, monkeypatch):
+def test_autocast_calls_use_entries_of_the_cast_operands(amp_dtype, grad_node, device, monkeypatch):
     """Under autocast a repeated call is served from the entry of its operands as autocast casts them:
     the result in the autocast dtype, equal to the whole way's, and fp32 leaves get fp32 gradients."""
     if device.type == "cpu" and amp_dtype == torch.float16 and not _cpu_autocast_takes(amp_dtype):

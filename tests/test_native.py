@@ -22,7 +22,7 @@ from conftest import grad_fn_name, require_native
 
 import tritongemm
 from tritongemm import fastpath, native
-from tritongemm.testing import assert_close, random_tensor
+from tritongemm.testing import assert_close, random_tensor, tolerance
 
 NODE = "TritongemmEntryBackward"
 
@@ -174,6 +174,69 @@ def test_matmul_and_3d_inputs_run_the_node(device):
     assert_close(gw, x.double().reshape(6, 8).T @ g.double().reshape(6, 5))
     yr = F.linear(x.double(), w.double().T)
     assert_close(y, yr)
+
+
+# ----------------------------------------------------------------------------------
+# Autocast casts
+# ----------------------------------------------------------------------------------
+def _amp_dtype(device) -> torch.dtype:
+    return torch.bfloat16  # autocast's lower-precision type on both CUDA and CPU
+
+
+def test_cast_casts_what_autocast_casts_and_passes_the_rest(device):
+    dtype = _amp_dtype(device)
+    x = random_tensor((4, 8), torch.float32, device)
+    w = random_tensor((6, 8), torch.float32, device).requires_grad_()
+    b = random_tensor((6,), torch.float32, device).requires_grad_()
+    with torch.autocast(device.type, dtype=dtype):
+        cx, cw, cb = native.CAST(dtype, x, w, b)
+        assert (cx.dtype, cw.dtype, cb.dtype) == (dtype,) * 3
+        assert torch.equal(cx, x.to(dtype)) and torch.equal(cw, w.detach().to(dtype))
+        assert torch.equal(cb, b.detach().to(dtype))
+        assert cw.grad_fn is not None and cw.requires_grad  # differentiable, as torch's casts
+        same = x.to(dtype)
+        x64 = random_tensor((4, 8), torch.float64, device)
+        out = native.CAST(dtype, same, x64, None)
+        assert out[0] is same and out[1] is x64 and out[2] is None  # already the dtype; float64 untouched
+    (gw,) = torch.autograd.grad((cw.float() * 2).sum(), w)
+    assert gw.dtype == torch.float32 and torch.equal(gw, torch.full_like(w, 2.0))
+
+
+def test_cast_refuses_bad_arguments():
+    t = torch.ones(2, 2)
+    for args in [
+        (torch.bfloat16, t, t),
+        ("bf16", t, t, None),
+        (torch.bfloat16, t, 1.0, None),
+        (torch.bfloat16, t, t, 2),
+    ]:
+        with pytest.raises(TypeError, match=r"cast\(dtype, x, w, bias\)"):
+            native.CAST(*args)
+
+
+@pytest.mark.parametrize("cache_enabled", [True, False])
+def test_entries_share_torchs_autocast_weight_cache(device, cache_enabled):
+    """Within one autocast region torch casts an fp32 leaf weight once and reuses the cast (unless
+    ``cache_enabled=False``); an entry's calls do the same, so a weight read twice is cast once."""
+    dtype = _amp_dtype(device)
+    w = random_tensor((6, 8), torch.float32, device).requires_grad_()
+    x = random_tensor((4, 8), torch.float32, device)
+    with torch.autocast(device.type, dtype=dtype):
+        tritongemm.linear(x, w)  # the first call builds the entry (the whole way)
+    with torch.autocast(device.type, dtype=dtype, cache_enabled=cache_enabled):
+        y1, y2 = tritongemm.linear(x, w), tritongemm.linear(x, w)
+        ref1, ref2 = native.CAST(dtype, x, w, None)[1], native.CAST(dtype, x, w, None)[1]
+    assert grad_fn_name(y1.grad_fn) == NODE and grad_fn_name(y2.grad_fn) == NODE
+    w_edge1, w_edge2 = y1.grad_fn.next_functions[1][0], y2.grad_fn.next_functions[1][0]
+    assert w_edge1.name().startswith("ToCopyBackward")
+    assert (w_edge1 is w_edge2) == cache_enabled
+    assert (ref1 is ref2) == cache_enabled
+    (gw,) = torch.autograd.grad((y1.float() + y2.float()).sum(), w)  # both uses reach w's gradient
+    assert_close(
+        gw,
+        2 * torch.ones(4, 6, dtype=torch.float64, device=device).T @ x.to(dtype).double(),
+        tol=tolerance(dtype, device),
+    )
 
 
 # ----------------------------------------------------------------------------------

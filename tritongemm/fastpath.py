@@ -11,9 +11,10 @@ The signature holds everything the first call's checks and decisions read
 from the tensors: shapes, strides, dtypes, devices, 16-byte alignment, the
 negation bit, the tensor type, and for float32 torch's TF32 setting.  Under
 ``torch.autocast`` it also holds the autocast dtype, and an entry runs on the
-operands as autocast casts them (``semantics.autocast_cast``: the same
-differentiable ``.to`` the whole way makes), so a mixed-precision model's
-repeated calls use entries too.
+operands as autocast casts them, so a mixed-precision model's repeated
+calls use entries too: through torch's own ``cached_cast`` once ``native``
+is built (its weight cache included, as for torch's ops), until then
+``semantics.autocast_cast`` (the differentiable ``.to`` the whole way makes).
 What cannot be part of it (``torch.func`` transforms, a ``torch.compile``
 trace) makes the call take the whole way.  Only the
 common forms have entries: ``linear(x, w[, bias])`` and ``matmul``/``mm``
@@ -84,7 +85,12 @@ def lookup(kind: str, x, w, bias) -> tuple:
     if entry is None:
         return None, None
     if amp:  # cast only for an entry that will run: a call without one casts in the whole way
-        x, w, bias = autocast_cast(amp, x, w, bias)
+        cast = native.CAST
+        if cast is None:
+            native.start()
+            x, w, bias = autocast_cast(amp, x, w, bias)
+        else:  # in C++, with torch's own weight cache
+            x, w, bias = cast(amp, x, w, bias)
     if entry.cuda_index is not None and entry.cuda_index != _current_device():
         # The kernel was loaded for, and runs on, the tensors' GPU.
         with torch.cuda.device(entry.cuda_index):
