@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from conftest import grad_fn_name
 
 import tritongemm
-from tritongemm import api, fastpath, launch
+from tritongemm import api, fastpath, launch, semantics
 from tritongemm.testing import (
+    TF32_TOLERANCE,
     assert_close,
     assert_matches_reference,
     make_matrix,
@@ -197,6 +198,37 @@ def test_autocast_calls_use_entries_of_the_cast_operands(amp_dtype, grad_node, d
         assert y.dtype == amp_dtype
         assert_close(y, _ref_linear(xp.to(amp_dtype), w.detach().to(amp_dtype)), dtype=amp_dtype)
     assert sum(e is None for e in fastpath.ENTRIES.values()) == 1
+
+
+def test_tf32_switch_keys_fp32_entries_but_not_autocast_ones(device, restore_tf32, monkeypatch):
+    """Outside autocast an fp32 call's entry is keyed by torch's TF32 switch (the kernel's precision
+    follows it); under autocast its fp32 operands are cast to bf16, so the switch is not read (that
+    costs ~2 us a call) and flipping it keeps the one entry."""
+    reads = []
+
+    def counting_precision(dtype):
+        reads.append(dtype)
+        return semantics.dot_precision(dtype)
+
+    monkeypatch.setattr(fastpath, "dot_precision", counting_precision)
+    matmul = torch.backends.cuda.matmul
+    w = random_tensor((8, 16), torch.float32, device)
+    x = random_tensor((4, 16), torch.float32, device)
+    for allow in (False, True):
+        matmul.allow_tf32 = allow
+        for _ in range(2):
+            assert_close(tritongemm.linear(x, w), _ref_linear(x, w), tol=TF32_TOLERANCE)
+    assert len(fastpath.ENTRIES) == 2 and torch.float32 in reads  # one entry per setting
+    fastpath.ENTRIES.clear()
+    reads.clear()
+    for allow in (False, True):
+        matmul.allow_tf32 = allow
+        for _ in range(2):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                y = tritongemm.linear(x, w)
+            assert y.dtype == torch.bfloat16
+            assert_close(y, _ref_linear(x.to(torch.bfloat16), w.to(torch.bfloat16)), dtype=torch.bfloat16)
+    assert len(fastpath.ENTRIES) == 1 and torch.float32 not in reads
 
 
 def _cpu_autocast_takes(dtype) -> bool:

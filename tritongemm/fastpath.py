@@ -71,14 +71,14 @@ def lookup(kind: str, x, w, bias) -> tuple:
     means: take the whole way, then ``build(kind, key, x, w, bias)``."""
     if not ENABLED or _functorch_active() or _is_compiling():
         return None, None
-    key = signature(kind, x, w, bias)
+    if type(x) not in _PLAIN_TYPES:
+        return None, None
+    # The casts' layouts follow from the operands' (``.to`` keeps dense strides; a fresh
+    # allocation is aligned), so the operands' signature and the autocast dtype key their entry.
+    amp = _any_autocast() and autocast_dtype(x.device)
+    key = signature(kind, x, w, bias, amp)
     if key is None:
         return None, None
-    amp = _any_autocast() and autocast_dtype(x.device)
-    if amp:
-        # The casts' layouts follow from the operands' (``.to`` keeps dense strides; a fresh
-        # allocation is aligned), so the operands' signature and the dtype key their entry.
-        key = (*key, amp)
     entry = ENTRIES.get(key, _MISSING)
     if entry is _MISSING:
         return key, None
@@ -101,13 +101,17 @@ def lookup(kind: str, x, w, bias) -> tuple:
 _MISSING = object()
 
 
-def signature(kind: str, x, w, bias) -> tuple | None:
+def signature(kind: str, x, w, bias, amp=None) -> tuple | None:
     """The key of ``kind(x, w, bias)``, or None where it cannot have one (not tensors).
 
     Per tensor: shape, strides, dtype, device, 16-byte alignment, the negation
     bit (the type is checked, not keyed: plain tensors and parameters run
-    alike).  Written out flat: this runs on every call, and each Python call
-    or nested tuple here is a measurable share of a ~20 us budget.
+    alike).  Last, what decides the precision: ``amp``, the autocast dtype
+    (fp16/bf16: float32 operands are cast to it, so TF32 does not apply), or
+    else for float32 operands torch's TF32 setting (reading it costs ~2 us,
+    so it is read only where it counts).  Written out flat: this runs on
+    every call, and each Python call or nested tuple here is a measurable
+    share of a ~20 us budget.
     """
     if type(x) not in _PLAIN_TYPES or type(w) not in _PLAIN_TYPES:
         return None
@@ -125,13 +129,17 @@ def signature(kind: str, x, w, bias) -> tuple | None:
             bias.is_neg(),
         )
     dtype = x.dtype
+    if amp:
+        precision = amp if amp is not torch.float32 else (amp, dot_precision(amp))
+    else:
+        precision = dot_precision(dtype) if dtype is torch.float32 else None
     # fmt: off
     return (
         kind,
         x.shape, x.stride(), dtype, x.device, not x.data_ptr() & 15, x.is_neg(),
         w.shape, w.stride(), w.dtype, w.device, not w.data_ptr() & 15, w.is_neg(),
         bias_sig,
-        dot_precision(dtype) if dtype is torch.float32 else None,
+        precision,
     )
     # fmt: on
 
