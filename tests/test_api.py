@@ -450,6 +450,29 @@ def test_dot_precision_follows_torch_flag(allow, restore_tf32):
         assert semantics.dot_precision(dtype) == "ieee"
 
 
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [
+        ("allow_tf32", False, False),
+        ("allow_tf32", True, True),
+        ("fp32_precision", "tf32", True),
+        ("fp32_precision", "ieee", False),
+    ],
+)
+def test_tf32_switch_is_read_through_either_torch_api(name, value, expected, restore_tf32):
+    """The legacy ``allow_tf32`` and the newer ``fp32_precision`` both decide, read through torch's C
+    getters where it has them (``semantics._tf32_queries``), and those agree with the properties."""
+    matmul = torch.backends.cuda.matmul
+    if name == "fp32_precision" and not hasattr(torch._C, "_get_fp32_precision_getter"):
+        pytest.skip("this torch has no fp32_precision API")
+    setattr(matmul, name, value)
+    assert semantics.tf32_enabled() is expected
+    precision, allow = semantics._tf32_queries()
+    assert precision() == getattr(matmul, "fp32_precision", None)
+    if name == "allow_tf32":  # torch refuses to read the legacy flag after the new API set it
+        assert allow() == matmul.allow_tf32 == value
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("allow", [False, True], ids=["ieee", "tf32"])
 def test_fp32_tf32_on_gpu(allow, device, restore_tf32):
