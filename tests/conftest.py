@@ -183,13 +183,14 @@ def grad_fn_name(fn) -> str:
 
 @pytest.fixture(params=["cpp-node", "function"])
 def grad_node(request, monkeypatch):
-    """Runs a test with the fast path's C++ autograd node and casts, then with the Python ``Function``
-    and ``Tensor.to``."""
+    """Runs a test with the fast path's C++ autograd node, casts and keys, then with the Python
+    ``Function``, ``Tensor.to`` and key tuples."""
     if request.param == "cpp-node":
         require_native()
     else:
         monkeypatch.setattr(native, "RECORD", None)
         monkeypatch.setattr(native, "CAST", None)  # autocast casts in Python too
+        monkeypatch.setattr(native, "SIGNATURE", None)  # and keys
         monkeypatch.setattr(native, "ENABLED", False)  # no background build either
     return request.param
 

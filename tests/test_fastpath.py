@@ -85,7 +85,7 @@ def test_entry_result_is_bitwise_the_whole_ways(device):
 
 
 @pytest.mark.parametrize("layouts", ["NN", "NT", "TN", "TT", "SN", "NS"])
-def test_repeated_matmul_and_mm_every_layout(layouts, device, monkeypatch):
+def test_repeated_matmul_and_mm_every_layout(layouts, grad_node, device, monkeypatch):
     counter = _WholeWayCounter(monkeypatch)
     for fn in (tritongemm.matmul, tritongemm.mm):
         for _ in range(2):
@@ -96,7 +96,7 @@ def test_repeated_matmul_and_mm_every_layout(layouts, device, monkeypatch):
     assert counter.calls == 2  # once for matmul, once for mm
 
 
-def test_entries_are_per_signature(device):
+def test_entries_are_per_signature(grad_node, device):
     """Shapes, strides, dtype, alignment and bias presence each get their own entry: no stale reuse."""
     w = random_tensor((16, 24), torch.float32, device)
     b = random_tensor((16,), torch.float32, device)

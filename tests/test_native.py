@@ -240,6 +240,64 @@ def test_entries_share_torchs_autocast_weight_cache(device, cache_enabled):
 
 
 # ----------------------------------------------------------------------------------
+# Keys
+# ----------------------------------------------------------------------------------
+def _key_cases(device):
+    """(kind, x, w, bias, amp) calls that differ in one field each, and repeats that differ in none."""
+    f32, f16 = torch.float32, torch.float16
+    x = random_tensor((5, 24), f32, device)
+    w = random_tensor((16, 24), f32, device)
+    b = random_tensor((16,), f32, device)
+    base = ("linear", x, w, b, None)
+    flat = random_tensor((5 * 24 + 4,), f32, device)
+    cases = [
+        base,
+        ("linear", random_tensor((5, 24), f32, device), w, b, None),  # other data, same fields
+        ("matmul", x, w, b, None),
+        ("linear", random_tensor((6, 24), f32, device), w, b, None),  # another M
+        ("linear", random_tensor((24, 5), f32, device).mT, w, b, None),  # other strides
+        ("linear", flat[1:-3].view(5, 24), w, b, None),  # 4-byte aligned, not 16
+        ("linear", flat[4:].view(5, 24), w, b, None),  # 16-byte aligned again: base's key
+        ("linear", x.view(1, 5, 24), w, b, None),  # another rank
+        ("linear", x.half(), w.half(), b.half(), None),  # other dtypes
+        ("linear", x, w.half(), b, None),  # one operand's dtype
+        ("linear", x, w, None, None),  # no bias
+        ("linear", x, w, random_tensor((32,), f32, device)[::2], None),  # a strided bias
+        ("linear", x, w, torch._neg_view(b), None),  # a lazily negated bias
+        ("linear", torch._neg_view(x), w, b, None),  # a lazily negated input
+        ("linear", x, w, b, torch.bfloat16),  # under autocast
+        ("linear", x, w, b, f16),
+        ("linear", x.to(torch.float64), w.to(torch.float64), None, None),
+        ("linear", x.mT.contiguous().mT, w, b, None),  # the strides of case 4: its key
+    ]
+    return cases
+
+
+def test_packed_keys_tell_apart_exactly_what_python_keys_do(device, monkeypatch):
+    cases = _key_cases(device)
+    packed = [fastpath.signature(*case) for case in cases]
+    monkeypatch.setattr(native, "SIGNATURE", None)
+    python = [fastpath.signature(*case) for case in cases]
+    assert all(type(k) is tuple and len(k) == 3 for k in packed)  # the C++ form ran
+    assert all(len(k) > 3 for k in python)
+    for i in range(len(cases)):
+        for j in range(len(cases)):
+            assert (packed[i] == packed[j]) == (python[i] == python[j]), (i, j)
+            if packed[i] == packed[j]:
+                assert hash(packed[i]) == hash(packed[j])
+    assert packed[0] == packed[1] == packed[6] and packed[0] != packed[2]  # same fields; another kind
+    assert packed[4] == packed[-1]
+    assert len({*packed}) == len(cases) - 3  # every other case is a key of its own
+
+
+def test_signature_refuses_bad_arguments():
+    t = torch.ones(2, 2)
+    for args in [("linear", t, t, None), ("linear", t, 1.0, None, None), ("linear", t, t, "b", None)]:
+        with pytest.raises(TypeError, match=r"signature\(kind, x, w, bias, precision\)"):
+            native.SIGNATURE(*args)
+
+
+# ----------------------------------------------------------------------------------
 # Building
 # ----------------------------------------------------------------------------------
 def test_build_dir_is_keyed_and_placed_by_the_environment(monkeypatch, tmp_path):
@@ -344,14 +402,15 @@ def test_first_calls_use_the_function_until_the_background_build_loads(tmp_path,
         x = torch.randn(4, 8, device="{device.type}"); w = torch.randn(6, 8, device="{device.type}", requires_grad=True)
         names = [type(tritongemm.linear(x, w).grad_fn).__name__ for _ in range(3)]
         assert native.wait(120)
-        names.append(tritongemm.linear(x, w).grad_fn.name())
+        names += [type(tritongemm.linear(x, w).grad_fn).__name__, tritongemm.linear(x, w).grad_fn.name()]
         print(" ".join(names))
     """
     done = _run(code, env)
     assert done.returncode == 0, done.stderr
-    first, second, third, after = done.stdout.split()
+    first, second, third, rekeyed, after = done.stdout.split()
     assert first == "GemmFunctionBackward"  # the whole way
     assert second == third == "EntryFunctionBackward"  # the entry, while the compiler runs
+    assert rekeyed == "GemmFunctionBackward"  # the loaded module's keys: the whole way once more
     assert after == NODE
 
 

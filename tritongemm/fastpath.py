@@ -26,6 +26,9 @@ their data pointers are those of the views the first call planned with
 (``x.view(-1, K)``, ``w.mT``, ``bias.expand(M, N)``), and launchers that
 read only pointers (``takes_bases``) are the only ones remembered.
 
+Once ``native`` is loaded, keys are packed in C++ (another form than the
+Python tuples before it): each signature then takes the whole way once more.
+
 With autograd an entry launches as without, and its output gets a C++
 ``grad_fn`` (``native``: ~0.5 us where an ``autograd.Function`` costs ~3.5);
 until that is built, or where it cannot be, the entry runs its own lean
@@ -109,16 +112,25 @@ def signature(kind: str, x, w, bias, amp=None) -> tuple | None:
     alike).  Last, what decides the precision: ``amp``, the autocast dtype
     (fp16/bf16: float32 operands are cast to it, so TF32 does not apply), or
     else for float32 operands torch's TF32 setting (reading it costs ~2 us,
-    so it is read only where it counts).  Written out flat: this runs on
-    every call, and each Python call or nested tuple here is a measurable
-    share of a ~20 us budget.
+    so it is read only where it counts).  Once ``native`` is loaded the
+    fields are packed in C++ (~0.4 us against ~1.8); until then, written out
+    flat: this runs on every call, and each Python call or nested tuple here
+    is a measurable share of a ~20 us budget.
     """
     if type(x) not in _PLAIN_TYPES or type(w) not in _PLAIN_TYPES:
         return None
+    if bias is not None and type(bias) not in _PLAIN_TYPES:
+        return None
+    dtype = x.dtype
+    if amp:
+        precision = amp if amp is not torch.float32 else (amp, dot_precision(amp))
+    else:
+        precision = dot_precision(dtype) if dtype is torch.float32 else None
+    packed = native.SIGNATURE
+    if packed is not None:  # the same fields, packed into one bytes object in C++
+        return packed(kind, x, w, bias, precision)
     if bias is None:
         bias_sig = None
-    elif type(bias) not in _PLAIN_TYPES:
-        return None
     else:
         bias_sig = (
             bias.shape,
@@ -128,11 +140,6 @@ def signature(kind: str, x, w, bias, amp=None) -> tuple | None:
             not bias.data_ptr() & 15,
             bias.is_neg(),
         )
-    dtype = x.dtype
-    if amp:
-        precision = amp if amp is not torch.float32 else (amp, dot_precision(amp))
-    else:
-        precision = dot_precision(dtype) if dtype is torch.float32 else None
     # fmt: off
     return (
         kind,
@@ -374,6 +381,7 @@ def build(kind: str, key, x, w, bias) -> None:
     """Remember an entry for ``key`` (after the whole way ran ``kind(x, w, bias)`` without error)."""
     if len(ENTRIES) >= MAX_ENTRIES:
         ENTRIES.clear()
+    native.start()  # the C++ keys, casts and node (once per process; loads a built one at once)
     amp = _any_autocast() and autocast_dtype(x.device)
     if amp:  # plan on the casts, as the entry will run on them
         x, w, bias = autocast_cast(amp, x, w, bias)

@@ -1,4 +1,4 @@
-"""The compiled part: a C++ autograd node and autocast casts for the fast path, built on first use.
+"""The compiled part: a C++ autograd node, autocast casts and call keys for the fast path, built on first use.
 
 ``csrc/entry_node.cpp`` gives a fast-path entry's output its ``grad_fn`` in
 well under a microsecond, where a Python ``autograd.Function`` spends ~3
@@ -7,17 +7,18 @@ casts an entry's operands under ``torch.autocast`` through torch's own
 ``cached_cast``: its rules and its weight cache, so a weight read several
 times in one autocast region is cast (and saved for backward) once, as for
 torch's ops (on the H100's host ~9.5 us against ~38 for three ``Tensor.to``
-calls from Python when the weight's cast is cached).  It is
+calls from Python when the weight's cast is cached); and it packs a
+call's key (``fastpath.signature``) in one call.  It is
 compiled with the machine's C++ compiler against the installed torch's
 headers -- what Triton itself needs at run time to build its launchers --
 and cached per source, torch and Python, so a machine builds it once.
 
 When it is built, and what happens until then:
 
-* the first fast-path entry that could use it starts the build in a
+* the first fast-path entry starts the build in a
   background thread (``start()``); calls take the Python ``Function``
   (``fastpath.EntryFunction``) and the Python casts
-  (``semantics.autocast_cast``) until the module is loaded, then its own.
+  (``semantics.autocast_cast``) and keys until the module is loaded, then its own.
   Nothing waits for the compiler (~15 s);
 * ``build()`` builds (or loads) it now and raises with the compiler's
   output if that fails -- ``tritongemm native`` on the command line, for an
@@ -61,6 +62,8 @@ BUILD_TIMEOUT_S = 600
 RECORD = None
 #: ``cast(dtype, x, w, bias)`` (the operands as autocast casts them) once loaded, else None.
 CAST = None
+#: ``signature(kind, x, w, bias, precision)`` (a call's packed key) once loaded, else None.
+SIGNATURE = None
 
 _state_lock = threading.Lock()
 _thread: threading.Thread | None = None
@@ -141,7 +144,7 @@ def build(force: bool = False):
 
     Raises ``NativeBuildError`` with the compiler's output where it cannot be built or loaded.
     """
-    global RECORD, CAST
+    global RECORD, CAST, SIGNATURE
     folder = build_dir()
     binary, failed, log = _binary(folder), folder / "failed", folder / "build.log"
     folder.mkdir(parents=True, exist_ok=True)
@@ -158,6 +161,7 @@ def build(force: bool = False):
     except ImportError as error:  # e.g. a binary of another torch at the same path
         raise NativeBuildError(f"{binary} does not load: {error}; build(force=True) rebuilds it") from error
     CAST = module.cast
+    SIGNATURE = module.signature
     RECORD = module.record
     return binary
 
@@ -197,8 +201,8 @@ def _build_quietly() -> None:
         pass  # warned about by the process whose build failed
     except NativeBuildError as error:
         warnings.warn(
-            f"tritongemm: the C++ autograd node was not built, calls with grad use the Python "
-            f"Function (a few microseconds more each): {str(error).splitlines()[0]}",
+            f"tritongemm: the C++ fast-path module was not built, repeated calls use its Python "
+            f"equivalents (a few microseconds more each): {str(error).splitlines()[0]}",
             RuntimeWarning,
             stacklevel=1,
         )

@@ -1,5 +1,5 @@
 // The autograd node of a fast-path entry (tritongemm/fastpath.py), in C++,
-// and the entry's autocast casts.
+// the entry's autocast casts, and the key a call looks its entry up by.
 //
 // `record(out, x, w, bias, entry)` gives `out` -- already computed by the
 // entry's launch under no grad -- a grad_fn whose backward calls
@@ -17,6 +17,11 @@
 // bias's casts come from the cache, this takes ~9.5 us for what three
 // `Tensor.to` calls from Python take ~38.
 //
+// `signature(kind, x, w, bias, precision)` is fastpath.signature's key in one
+// call: the tensors' shapes, strides, dtypes, devices, 16-byte alignment and
+// negation bits packed into one bytes object (~1.8 us of Python attribute
+// reads and tuples per call otherwise).
+//
 // Plain CPython API (METH_FASTCALL), no pybind11: argument conversion through
 // pybind costs more than the Python node this replaces.  Built on first use by
 // tritongemm/native.py; where it cannot be built, EntryFunction is used.
@@ -30,8 +35,10 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 #include <type_traits>
 
 namespace {
@@ -200,7 +207,60 @@ PyObject* cast(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+void pack_tensor(std::vector<int64_t>& v, const at::Tensor& t) {
+  v.push_back(t.dim());
+  for (const int64_t size : t.sizes()) {
+    v.push_back(size);
+  }
+  for (const int64_t stride : t.strides()) {
+    v.push_back(stride);
+  }
+  v.push_back(static_cast<int64_t>(t.scalar_type()));
+  v.push_back(static_cast<int64_t>(t.device().type()));
+  v.push_back(t.device().index());
+  v.push_back((reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) & 15) == 0);
+  v.push_back(t.is_neg());
+}
+
+// signature(kind, x, w, bias, precision) -> (kind, bytes, precision): what fastpath.signature keys by
+// (its callers check the tensors' types first).
+PyObject* signature(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 5 || !THPVariable_Check(args[1]) || !THPVariable_Check(args[2]) ||
+      (args[3] != Py_None && !THPVariable_Check(args[3]))) {
+    PyErr_SetString(PyExc_TypeError,
+                    "signature(kind, x, w, bias, precision): x and w tensors, bias a tensor or None");
+    return nullptr;
+  }
+  std::vector<int64_t> v;
+  v.reserve(48);
+  pack_tensor(v, THPVariable_Unpack(args[1]));
+  pack_tensor(v, THPVariable_Unpack(args[2]));
+  if (args[3] == Py_None) {
+    v.push_back(-1);  // no bias: no tensor packs a negative dimension count
+  } else {
+    pack_tensor(v, THPVariable_Unpack(args[3]));
+  }
+  PyObject* packed =
+      PyBytes_FromStringAndSize(reinterpret_cast<const char*>(v.data()), static_cast<Py_ssize_t>(v.size() * 8));
+  if (packed == nullptr) {
+    return nullptr;
+  }
+  PyObject* key = PyTuple_New(3);
+  if (key == nullptr) {
+    Py_DECREF(packed);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(key, 0, Py_NewRef(args[0]));
+  PyTuple_SET_ITEM(key, 1, packed);
+  PyTuple_SET_ITEM(key, 2, Py_NewRef(args[4]));
+  return key;
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
+    {"signature", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(signature)), METH_FASTCALL,
+     "signature(kind, x, w, bias, precision): fastpath.signature's key, packed."},
     {"cast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(cast)), METH_FASTCALL,
      "cast(dtype, x, w, bias): the operands as torch.autocast casts them (its weight cache included)."},
     {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(record)), METH_FASTCALL,
