@@ -6,17 +6,24 @@ launch-cache lookup, autograd).  Triton's own launch (about 17 us on the H100
 host) and descriptor encoding are not in it; ``python -m benchmarks run
 --suite host`` measures the whole call on a GPU.
 
-    TRITON_INTERPRET=1 python tools/host_overhead.py            # this checkout
-    TRITON_INTERPRET=1 python tools/host_overhead.py --old      # the pre-redesign API (git worktree needed)
+    TRITON_INTERPRET=1 python tools/host_overhead.py     # the checkout this file is in
+
+To compare two versions, run each one's copy of this file (``git worktree add
+/tmp/old REV``, then ``python /tmp/old/tools/host_overhead.py``): it imports
+tritongemm from its own checkout, never from an installed or editable copy.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's tritongemm first
 
 
 def stub_launches(tg) -> None:
