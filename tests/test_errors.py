@@ -243,3 +243,48 @@ def test_bad_config_and_pipeline(t):
         tritongemm.matmul(a, b, pipeline="quadruple_buffer")
     with pytest.raises(ConfigError, match="stage count"):
         tritongemm.matmul(a, b, pipeline=9)
+
+
+# ----------------------------------------------------------------------------------
+# Sparse and nested tensors
+# ----------------------------------------------------------------------------------
+def _not_strided(kind: str, device):
+    dense = random_tensor((4, 8), F32, device)
+    if kind == "nested":
+        return torch.nested.nested_tensor([dense[:2], dense[2:]])
+    return dense.to_sparse() if kind == "sparse_coo" else dense.to_sparse_csr()
+
+
+@pytest.mark.parametrize(
+    "kind, where",
+    [("sparse_coo", "input"), ("sparse_csr", "input"), ("nested", "input"), ("sparse_coo", "weight")],
+)
+@pytest.mark.parametrize("fn", ["linear", "matmul"])
+def test_sparse_and_nested_operands_are_refused_by_name_even_after_an_entry(kind, where, fn, device):
+    """Not a crash inside the fast path's key nor a wrong answer: torch's NotImplementedError kind, with
+    the layout named, for either operand, also once a dense call of the same shapes has an entry."""
+    x, w = random_tensor((4, 8), F32, device), random_tensor((6, 8), F32, device)
+    call = tritongemm.linear if fn == "linear" else (lambda a, b: tritongemm.matmul(a, b.mT))
+    call(x, w), call(x, w)  # a dense entry of the same shapes
+    odd = _not_strided(kind, device)
+    args = (odd, w) if where == "input" else (x, w.to_sparse())
+    with pytest.raises(UnsupportedInputError, match=rf"{fn}: .*(nested|sparse).* tensors are not supported"):
+        call(*args)
+
+
+@pytest.mark.parametrize("kind", ["sparse_coo", "sparse_csr", "nested"])
+def test_converted_linear_runs_torchs_kernel_on_sparse_and_nested_input(kind, device):
+    """``nn.Linear`` falls back to torch for what it cannot run: the same result as the stock layer."""
+    stock = torch.nn.Linear(8, 6, device=device)
+    layer = tritongemm.nn.convert(torch.nn.Linear(8, 6, device=device))
+    layer.load_state_dict(stock.state_dict())
+    dense = random_tensor((4, 8), F32, device)
+    layer(dense), layer(dense)  # a dense entry first
+    x = _not_strided(kind, device)
+    out, ref = layer(x), stock(x)
+    if kind == "nested":
+        assert out.is_nested
+        for o, r in zip(out.unbind(), ref.unbind()):
+            assert torch.equal(o, r)
+    else:
+        assert torch.equal(out, ref)

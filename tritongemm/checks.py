@@ -29,6 +29,10 @@ def check_tensors(fn: str, check_device: bool = True, **named) -> None:
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: argument '{name}' must be a Tensor, not {type(t).__name__}")
+        # every operand's layout: a sparse weight beside a dense input too
+        if t.layout != torch.strided or t.is_nested:
+            kind = "nested" if t.is_nested else str(t.layout)
+            raise UnsupportedInputError(f"{fn}: {kind} tensors are not supported (strided only)")
         if first is None:
             first = t
         elif t.dtype != first.dtype:
@@ -42,8 +46,6 @@ def check_tensors(fn: str, check_device: bool = True, **named) -> None:
         raise UnsupportedInputError(
             f"{fn}: dtype {first.dtype} is not supported; tritongemm runs float16, bfloat16, float32 and float64"
         )
-    if first.layout != torch.strided:
-        raise UnsupportedInputError(f"{fn}: {first.layout} tensors are not supported (strided only)")
     if check_device and first.device not in RUNNABLE_DEVICES:
         reason = device_unsupported_reason(first.device)
         if reason is not None:
@@ -69,6 +71,8 @@ def check_pair(fn: str, a, b, b_name: str = "other") -> None:
         and a.dtype in SUPPORTED_DTYPES
         and a.layout == torch.strided
         and b.layout == torch.strided
+        and not a.is_nested
+        and not b.is_nested
         and a.device == b.device
         and a.device in RUNNABLE_DEVICES
     ):

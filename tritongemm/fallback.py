@@ -69,6 +69,7 @@ def _plainly_runnable(tensors) -> bool:
         and t.dtype == dtype
         and t.device == device
         and t.layout == torch.strided
+        and not t.is_nested
         and not t.is_neg()
         for t in tensors
     )

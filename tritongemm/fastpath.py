@@ -52,6 +52,7 @@ from .call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall, Request
 from .semantics import SUPPORTED_DTYPES, autocast_cast, autocast_dtype, dot_precision
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_STRIDED = torch.strided
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
 _functorch_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
@@ -105,7 +106,7 @@ _MISSING = object()
 
 
 def signature(kind: str, x, w, bias, amp=None) -> tuple | None:
-    """The key of ``kind(x, w, bias)``, or None where it cannot have one (not tensors).
+    """The key of ``kind(x, w, bias)``, or None where it cannot have one (not dense strided tensors).
 
     Per tensor: shape, strides, dtype, device, 16-byte alignment, the negation
     bit (the type is checked, not keyed: plain tensors and parameters run
@@ -129,8 +130,13 @@ def signature(kind: str, x, w, bias, amp=None) -> tuple | None:
     packed = native.SIGNATURE
     if packed is not None:  # the same fields, packed into one bytes object in C++
         return packed(kind, x, w, bias, precision)
+    # Sparse and nested tensors have no key: the whole way says what happens to them.
+    if x.layout is not _STRIDED or w.layout is not _STRIDED or x.is_nested or w.is_nested:
+        return None
     if bias is None:
         bias_sig = None
+    elif bias.layout is not _STRIDED or bias.is_nested:
+        return None
     else:
         bias_sig = (
             bias.shape,

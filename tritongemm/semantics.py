@@ -52,6 +52,8 @@ def unsupported_reason(*tensors: torch.Tensor) -> str | None:
             return f"unsupported dtype {t.dtype}"
         if t.is_complex() or t.layout != torch.strided:
             return f"unsupported tensor layout {t.layout}"
+        if t.is_nested:
+            return "nested tensor"
     if len({t.dtype for t in tensors}) > 1:
         return "mixed dtypes " + ", ".join(str(t.dtype) for t in tensors)
     if len({t.device for t in tensors}) > 1:

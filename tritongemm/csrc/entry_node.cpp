@@ -207,6 +207,9 @@ PyObject* cast(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// Only dense strided tensors with storage have a key (sparse, nested: the whole way says what happens).
+bool keyable(const at::Tensor& t) { return t.layout() == c10::kStrided && !t.is_nested() && t.has_storage(); }
+
 void pack_tensor(std::vector<int64_t>& v, const at::Tensor& t) {
   v.push_back(t.dim());
   for (const int64_t size : t.sizes()) {
@@ -223,7 +226,7 @@ void pack_tensor(std::vector<int64_t>& v, const at::Tensor& t) {
 }
 
 // signature(kind, x, w, bias, precision) -> (kind, bytes, precision): what fastpath.signature keys by
-// (its callers check the tensors' types first).
+// (its callers check the tensors' types first); None for tensors that cannot have a key.
 PyObject* signature(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   if (nargs != 5 || !THPVariable_Check(args[1]) || !THPVariable_Check(args[2]) ||
@@ -232,10 +235,15 @@ PyObject* signature(PyObject* /*module*/, PyObject* const* args, Py_ssize_t narg
                     "signature(kind, x, w, bias, precision): x and w tensors, bias a tensor or None");
     return nullptr;
   }
+  const at::Tensor& x = THPVariable_Unpack(args[1]);
+  const at::Tensor& w = THPVariable_Unpack(args[2]);
+  if (!keyable(x) || !keyable(w) || (args[3] != Py_None && !keyable(THPVariable_Unpack(args[3])))) {
+    Py_RETURN_NONE;
+  }
   std::vector<int64_t> v;
   v.reserve(48);
-  pack_tensor(v, THPVariable_Unpack(args[1]));
-  pack_tensor(v, THPVariable_Unpack(args[2]));
+  pack_tensor(v, x);
+  pack_tensor(v, w);
   if (args[3] == Py_None) {
     v.push_back(-1);  // no bias: no tensor packs a negative dimension count
   } else {
