@@ -115,6 +115,12 @@ FALLBACKS = {
     ),
     "complex-mm": (lambda t, d: torch.mm(t["a"].cfloat(), t["b"].cfloat()), "mm", "complex"),
     "mixed-dtypes": (lambda t, d: torch.addmm(t["inp"].double(), t["a"], t["b"]), "addmm", "dtype"),
+    "sparse-mm": (lambda t, d: torch.mm(t["a"].to_sparse(), t["b"]), "mm", "sparse"),
+    "nested-linear": (
+        lambda t, d: F.linear(torch.nested.nested_tensor([t["a"][:4], t["a"][4:]]), t["b"].mT),
+        "linear",
+        "nested",
+    ),
 }
 
 
@@ -138,6 +144,10 @@ def test_fallback_counted_with_reason(call, device, plans):
     assert reason in stats.summary()
     if isinstance(out, torch.Tensor) and not out.is_complex() and not out.is_floating_point():
         assert torch.equal(out.cpu(), (t["ia"].long().cpu() @ t["ib"].long().cpu()).to(out.dtype))
+    if call.startswith(("sparse", "nested")):  # torch's own kernel ran: torch's result
+        rows = out.unbind() if out.is_nested else [out]
+        ref = t["a"].double() @ t["b"].double()
+        assert_close(torch.cat(list(rows)), ref, dtype=torch.float32)
 
 
 def test_fallback_on_a_device_tritongemm_does_not_drive():
