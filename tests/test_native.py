@@ -179,12 +179,11 @@ def test_matmul_and_3d_inputs_run_the_node(device):
 # ----------------------------------------------------------------------------------
 # Autocast casts
 # ----------------------------------------------------------------------------------
-def _amp_dtype(device) -> torch.dtype:
-    return torch.bfloat16  # autocast's lower-precision type on both CUDA and CPU
+AMP = torch.bfloat16  # an autocast dtype on both CUDA and CPU
 
 
 def test_cast_casts_what_autocast_casts_and_passes_the_rest(device):
-    dtype = _amp_dtype(device)
+    dtype = AMP
     x = random_tensor((4, 8), torch.float32, device)
     w = random_tensor((6, 8), torch.float32, device).requires_grad_()
     b = random_tensor((6,), torch.float32, device).requires_grad_()
@@ -218,7 +217,7 @@ def test_cast_refuses_bad_arguments():
 def test_entries_share_torchs_autocast_weight_cache(device, cache_enabled):
     """Within one autocast region torch casts an fp32 leaf weight once and reuses the cast (unless
     ``cache_enabled=False``); an entry's calls do the same, so a weight read twice is cast once."""
-    dtype = _amp_dtype(device)
+    dtype = AMP
     w = random_tensor((6, 8), torch.float32, device).requires_grad_()
     x = random_tensor((4, 8), torch.float32, device)
     with torch.autocast(device.type, dtype=dtype):

@@ -89,12 +89,8 @@ def lookup(kind: str, x, w, bias) -> tuple:
     if entry is None:
         return None, None
     if amp:  # cast only for an entry that will run: a call without one casts in the whole way
-        cast = native.CAST
-        if cast is None:
-            native.start()
-            x, w, bias = autocast_cast(amp, x, w, bias)
-        else:  # in C++, with torch's own weight cache
-            x, w, bias = cast(amp, x, w, bias)
+        # In C++ with torch's own weight cache once ``native`` is loaded (``build`` started it).
+        x, w, bias = (native.CAST or autocast_cast)(amp, x, w, bias)
     if entry.cuda_index is not None and entry.cuda_index != _current_device():
         # The kernel was loaded for, and runs on, the tensors' GPU.
         with torch.cuda.device(entry.cuda_index):
@@ -206,8 +202,7 @@ class Entry:
         )
         if grad:
             record = native.RECORD
-            if record is None:  # not built (yet): the Python Function, and the build started once
-                native.start()
+            if record is None:  # not built (yet; ``build`` started it): the Python Function
                 return _apply_entry_function(x, w, bias, self)
         out = alloc_out(self.out_shape, self.dtype, self.device)
         self.launcher(x, w, out, out if bias is None else bias, out, out, 1.0, self.beta)
