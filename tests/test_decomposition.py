@@ -385,3 +385,58 @@ def test_heuristic_runs_small_short_k_problems_unsplit_in_narrow_tiles(device_na
     assert (fp32.block_n, fp32.block_k) != SMALL_TILE[1:3]
     assert heuristic_choice(GemmProblem(384, 384, SMALL_MAX_K + 128), device).config.split_k > 1
     assert heuristic_choice(GemmProblem(512, 512, 8192), device).config.split_k > 1  # long K
+
+
+def test_heuristic_runs_prompt_rows_in_32_wide_tiles():
+    """17-64 rows of a 2-byte problem on the H100 (sweeps/sweep_prompt.csv, prompt_rows_check.json):
+    32-wide tiles, unsplit with a short K, split with a long K over few tiles, a K step of 256 where the
+    narrow tiles fill the SMs, and the skinny 64x64 tile where 64-wide ones already fill half of them."""
+    from tritongemm import KNOWN_DEVICES
+    from tritongemm.configs import GemmProblem
+    from tritongemm.heuristics import PROMPT_BLOCK_N, PROMPT_ROWS, heuristic_choice
+
+    h100 = KNOWN_DEVICES["h100"]
+
+    def chosen(m, n, k, dtype="bfloat16"):
+        return heuristic_choice(GemmProblem(m, n, k, dtype=dtype, layout="NT"), h100)
+
+    assert PROMPT_ROWS == (17, 64) and PROMPT_BLOCK_N == 32
+    for m in (17, 24, 32, 48, 64):
+        bm = 32 if m <= 32 else 64
+        for dtype in ("float16", "bfloat16"):
+            short = chosen(m, 1408, 512, dtype)  # 64x1408x512: 1.00 of cuBLAS against the skinny rule's 0.78
+            assert (short.config.block_m, short.config.block_n, short.config.block_k) == (bm, 32, 128)
+            assert short.config.split_k == 1 and "prompt-time rows" in short.rule and "no split" in short.rule
+            few = chosen(m, 1024, 4096, dtype).config  # 32 tiles: 4 slices of K (1.01 against 0.85)
+            assert (few.block_n, few.block_k, few.split_k, few.split_k_inline) == (32, 128, 4, True)
+            full = chosen(m, 4096, 14336, dtype).config  # 128 narrow tiles: unsplit, a K step of 256
+            assert (full.block_n, full.block_k, full.split_k) == (32, 256, 1)
+        wide = chosen(
+            m, 14336, 4096
+        ).config  # 64x64 tiles fill half the SMs: the skinny tile (0.97 against 0.88)
+        assert (wide.block_n, wide.block_k) == ((64, 128) if m > 32 else (32, 256)), (m, wide)
+    for m, n, k, dtype in [
+        (16, 1408, 512, "bfloat16"),
+        (65, 1408, 512, "bfloat16"),
+        (64, 1408, 512, "float32"),
+    ]:
+        assert "prompt-time rows" not in chosen(m, n, k, dtype).rule, (m, n, k, dtype)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        TileConfig(32, 32, 128, 8, 4, 4),
+        TileConfig(64, 32, 128, 8, 4, 4, split_k=4, split_k_inline=True),
+        TileConfig(32, 32, 256, 8, 4, 4),
+    ],
+    ids=["short-k", "split", "k-step-256"],
+)
+@pytest.mark.parametrize("layout", ["NT", "NN"])
+def test_prompt_row_configs_match_reference(device, cfg, layout):
+    """The prompt-rows rule's three configs, on ragged edges (rows, columns and K not multiples of the tile)."""
+    for m, n, k in [(24, 70, 300), (64, 33, 520)]:
+        a, b = make_operands(m, n, k, layout, torch.bfloat16, device)
+        out = torch.full((m, n), float("nan"), device=device, dtype=torch.bfloat16)  # poisoned
+        tritongemm.matmul(a, b, config=cfg, out=out)
+        assert_close(out, reference(a, b))

@@ -1,0 +1,129 @@
+"""Dev check (GPU): the prompt-rows rule against the skinny rule it replaced, and cuBLAS.
+
+    python -m benchmarks.prompt_rows_check [M,M,...]
+
+For M in 24/32/48/64 rows (default) over 17 N x K (the small Llama's and
+GPT-2's projections, and the Llama-3 8B/70B decode linears), bf16 and fp16,
+``F.linear``'s layout (NT): cuBLAS, the skinny rule's config
+(``heuristics.choose_skinny_tile`` with its split-K) and the heuristic's,
+each checked against a float64 product, then timed in three interleaved
+rounds (``do_bench`` medians, inputs rotated past L2).  Writes
+``prompt_rows_check.json`` under ``$OUT`` (or the working directory) and
+prints geomeans per dtype and M.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import replace
+
+import torch
+from triton.testing import do_bench
+
+import tritongemm
+from tritongemm import heuristics
+from tritongemm.configs import GemmProblem
+from tritongemm.device import device_info
+
+from .gpu_check import rotating
+
+NK = [
+    (256, 512),
+    (512, 512),
+    (1408, 512),
+    (512, 1408),
+    (768, 768),
+    (2304, 768),
+    (3072, 768),
+    (768, 3072),
+    (1024, 4096),
+    (4096, 4096),
+    (6144, 4096),
+    (14336, 4096),
+    (28672, 4096),
+    (4096, 14336),
+    (8192, 8192),
+    (57344, 8192),
+    (8192, 28672),
+]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def skinny_config(problem, info):
+    """What the heuristic chose for these rows before the prompt-rows rule."""
+    tile = heuristics.choose_skinny_tile(problem)
+    cfg = heuristics.split_k_config(tile, problem, info)
+    return replace(cfg, num_stages=heuristics.choose_num_stages(cfg, problem, info, tile.stages))
+
+
+def median_us(fn) -> float:
+    return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
+def main() -> int:
+    rows_m = [int(x) for x in sys.argv[1].split(",")] if len(sys.argv) > 1 else [24, 32, 48, 64]
+    dev = torch.device("cuda")
+    info = device_info(dev)
+    rows, t0 = [], time.time()
+    for dname, dt in DTYPES.items():
+        for m in rows_m:
+            for n, k in NK:
+                problem = GemmProblem(m, n, k, dtype=str(dt).split(".")[1], layout="NT")
+                new, old = heuristics.heuristic_config(problem, info), skinny_config(problem, info)
+                nsets = max(2, min(16, int(150e6 // ((m * k + k * n + m * n) * 2)) + 1))
+                sets = [
+                    (torch.randn(m, k, device=dev, dtype=dt), torch.randn(n, k, device=dev, dtype=dt).mT)
+                    for _ in range(nsets)
+                ]
+                ref = sets[0][0].double() @ sets[0][1].double()
+                fns = {
+                    "cublas": torch.matmul,
+                    "old": lambda a, b, c=old: tritongemm.matmul(a, b, config=c),
+                    "new": tritongemm.matmul,
+                }
+                errors = {}
+                for name, f in fns.items():
+                    out = f(*sets[0]).double()
+                    errors[name] = ((out - ref).norm() / ref.norm()).item()
+                    if not errors[name] < 2e-2:
+                        raise AssertionError(f"{name} {m}x{n}x{k} {dname}: relative error {errors[name]:.3g}")
+                times = {name: [] for name in fns}
+                for _ in range(3):
+                    for name, f in fns.items():
+                        times[name].append(median_us(rotating(f, sets)))
+                us = {name: sorted(t)[1] for name, t in times.items()}
+                row = dict(dtype=dname, m=m, n=n, k=k, old=old.short(), new=new.short(), errors=errors)
+                row.update({f"{name}_us": t for name, t in us.items()})
+                row.update(old_ratio=us["cublas"] / us["old"], new_ratio=us["cublas"] / us["new"])
+                rows.append(row)
+                print(
+                    f"[{time.time() - t0:4.0f}s] {dname} {m}x{n}x{k}: cuBLAS {us['cublas']:.1f} us, "
+                    f"skinny {row['old_ratio']:.3f} ({old.short()}), now {row['new_ratio']:.3f} ({new.short()})",
+                    flush=True,
+                )
+                del sets
+    with open(os.path.join(os.environ.get("OUT", "."), "prompt_rows_check.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print("\ngeomean of cuBLAS time / ours")
+    for dname in DTYPES:
+        for m in [*rows_m, "all"]:
+            sub = [r for r in rows if r["dtype"] == dname and m in (r["m"], "all")]
+            worse = sum(r["new_ratio"] < 0.97 * r["old_ratio"] for r in sub)
+            print(
+                f"{dname} M={m}: skinny rule {geomean(r['old_ratio'] for r in sub):.3f}, "
+                f"now {geomean(r['new_ratio'] for r in sub):.3f} ({len(sub)} shapes, {worse} over 3% slower)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

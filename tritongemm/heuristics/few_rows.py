@@ -1,0 +1,126 @@
+"""Problems with few rows of A: one row (GEMV), prompt-time rows (17-64), and the skinny tiles up to 128."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..configs import GemmProblem, TileConfig
+from ..device import DeviceInfo
+from .tiles import (
+    SMALL_MAX_K,
+    Tile,
+    choose_split_k,
+    fit_shared_memory,
+    pow2_at_least,
+    split_k_config,
+    tiles_of,
+)
+
+
+class SkinnyTile(NamedTuple):
+    """Tiles for problems with few rows of A: narrow in M and N, a K step of ``k_bytes`` of each B row."""
+
+    rows_up_to: int
+    block_m: int
+    block_n: int
+    k_bytes: int
+    warps: int
+    most_stages: int
+
+
+# Skinny problems (few rows of A: decode-time linears) are bound by reading B
+# once.  What matters is bytes in flight per SM, so the tiles are narrow in M
+# and N and long in K (a K step of 128-256 elements is a 256-512 byte run of
+# each B row).  Measured on the H100, fp16, M in {1, 32, 64, 128} over the
+# Llama-3 8B/70B projections (sweeps/sweep_skinny.csv): geomean 1.03x cuBLAS
+# at M=1 against 0.87x for the old 16x128x64 tiles.
+SKINNY_MENU = [
+    SkinnyTile(16, 16, 64, 512, 4, 3),
+    SkinnyTile(32, 32, 64, 256, 4, 3),
+    SkinnyTile(64, 64, 64, 256, 4, 4),
+    SkinnyTile(128, 64, 128, 256, 4, 4),
+]
+
+
+def is_gemv(problem: GemmProblem) -> bool:
+    """One row of A, unbatched: the GEMV kernel (no tensor cores) is the fastest (sweeps/sweep_gemv*.csv)."""
+    return problem.m == 1 and problem.batch == 1 and problem.elem_size <= 4
+
+
+def is_skinny(problem: GemmProblem, device: DeviceInfo) -> bool:
+    """Few enough rows that the skinny tiles beat the large ones.
+
+    Up to 64 rows always; up to 128 while 128-row tiles would fill fewer
+    than half the SMs (beyond that the large-tile kernel wins, measured).
+    """
+    if problem.elem_size > 4:
+        return False
+    if problem.m <= 64:
+        return True
+    return problem.m <= 128 and problem.elem_size == 2 and 2 * tiles_of(problem, 128, 128) < device.sm_count
+
+
+class GemvTile(NamedTuple):
+    block_n: int
+    block_k: int
+    warps: int
+
+
+def choose_gemv_tile(problem: GemmProblem) -> GemvTile:
+    """The GEMV kernel's tile (M = 1).
+
+    Measured on the H100, fp16, over the Llama-3 8B/70B projections
+    (sweeps/sweep_gemv.csv, sweeps/sweep_gemv_narrow.csv): 8 outputs per
+    program, a K step of 2 KiB of each B row, 8 warps: geomean 1.07x cuBLAS,
+    against 1.06x for 16 outputs x 1 KiB and 1.03x for the skinny tl.dot
+    tiles.  Many narrow programs, not deep pipelines, keep the loads in
+    flight: the loop has no tl.dot for Triton to pipeline.
+    """
+    bn = 8
+    bk = min(2048 // problem.elem_size, pow2_at_least(problem.k, 16, 2048))
+    warps = min(
+        8, bk * bn // 32
+    )  # a short K (bk < 32) has work for fewer warps: each thread needs one output
+    return GemvTile(bn, bk, warps)
+
+
+def choose_skinny_tile(problem: GemmProblem) -> Tile:
+    """The skinny tile for a problem with few rows (``stages`` is the most worth having)."""
+    entry = next((e for e in SKINNY_MENU if problem.m <= e.rows_up_to), SKINNY_MENU[-1])
+    bn = min(entry.block_n, pow2_at_least(problem.n, 16, entry.block_n))
+    bk = min(entry.k_bytes // problem.elem_size, pow2_at_least(problem.k, 16, 256))
+    return Tile(entry.block_m, bn, bk, entry.warps, entry.most_stages)
+
+
+# Prompt-time rows (17-64, 2-byte): sweeps/sweep_prompt.csv (H100, fp16 NT,
+# M = 32 and 64 over ten N x K of the small Llama's and GPT-2's projections,
+# 2026-11-24).  Tiles 32 columns wide, a K step of 128, 4 stages beat the
+# skinny menu's 64-wide split-K tiles at every shape: more programs each
+# streaming a narrower slab of B.  With K <= SMALL_MAX_K unsplit (64x512x512:
+# 1.00x cuBLAS against 0.77; 64x1408x512 1.02 against 0.73); with a longer K
+# split as the skinny rule splits (64x1024x4096, 4 slices: 1.03 against
+# 0.86); where 32-wide tiles already fill the SMs, unsplit with a K step of
+# 256 (64x4096x4096: 1.00 against 0.90) -- unless 64 rows of 64-wide tiles fill
+# half the SMs, where the skinny menu's 64x64 tile stays (64x14336x4096: 0.97
+# against 0.88).  Checked on 17 shapes up to 57344x8192, M = 24/32/48/64, bf16
+# and fp16, interleaved with cuBLAS (sweeps/prompt_rows_check.json): geomean
+# 1.00 against the skinny rule's 0.89.
+PROMPT_ROWS = (17, 64)
+
+PROMPT_BLOCK_N = 32
+
+
+def prompt_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None:
+    """The narrow-tile config for 17-64 rows of a 2-byte problem, else None."""
+    if problem.elem_size != 2 or not PROMPT_ROWS[0] <= problem.m <= PROMPT_ROWS[1]:
+        return None
+    bm = pow2_at_least(problem.m, 32, 64)
+    narrow = Tile(bm, PROMPT_BLOCK_N, 128, 4, 4)
+    if problem.k <= SMALL_MAX_K:
+        return narrow.config()
+    split = choose_split_k(problem, device, bm, PROMPT_BLOCK_N, narrow.block_k)
+    if split > 1:
+        return split_k_config(narrow, problem, device)
+    if bm == 64 and 2 * tiles_of(problem, 64, 64) > device.sm_count:
+        return None
+    return fit_shared_memory(narrow._replace(block_k=256).config(), problem, device)
