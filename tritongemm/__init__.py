@@ -17,7 +17,7 @@ Where things live (imports flow down this list, never up)::
     configs.py      TileConfig, GemmProblem: the tiling hierarchy as values
     semantics.py    torch's rules: dtypes, TF32, autocast, activations
     call.py         GemmCall: the one value that describes a call
-    heuristics.py   pure (problem, device) -> config rules
+    heuristics/     pure (problem, device) -> config rules
     selection.py    explicit > registered sources (tuning cache) > heuristic
     eligibility.py  which kernel can take which operand layouts
     plan.py         Plan: config + kernel + why
