@@ -7,7 +7,12 @@ GPT-2's projections, and the Llama-3 8B/70B decode linears), bf16 and fp16,
 ``F.linear``'s layout (NT): cuBLAS, the skinny rule's config
 (``heuristics.choose_skinny_tile`` with its split-K) and the heuristic's,
 each checked against a float64 product, then timed in three interleaved
-rounds (``do_bench`` medians, inputs rotated past L2).  Writes
+rounds.  Timing is GPU time only: one CUDA graph per function replays one
+call on each of enough input sets to cover 3x L2 (so every call reads cold
+operands), median of 5 replays.  These kernels take 6-20 us, less than a
+call's host time, so ``do_bench``'s per-call events would time the host
+(a first run this way read cuBLAS at 6.9 us in one process and 31.6 in the
+next, for the same shape).  Writes
 ``prompt_rows_check.json`` under ``$OUT`` (or the working directory) and
 prints geomeans per dtype and M.
 """
@@ -22,14 +27,11 @@ import time
 from dataclasses import replace
 
 import torch
-from triton.testing import do_bench
 
 import tritongemm
 from tritongemm import heuristics
 from tritongemm.configs import GemmProblem
 from tritongemm.device import device_info
-
-from .gpu_check import rotating
 
 NK = [
     (256, 512),
@@ -60,8 +62,24 @@ def skinny_config(problem, info):
     return replace(cfg, num_stages=heuristics.choose_num_stages(cfg, problem, info, tile.stages))
 
 
-def median_us(fn) -> float:
-    return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
+def graph_us(f, sets, replays: int = 5) -> float:
+    """Median GPU microseconds of one call of ``f``: a CUDA graph of one call per input set."""
+    for args in sets[:2]:
+        f(*args)  # compile and warm before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in sets:
+            f(*args)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays + 1):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(sets))
+    return sorted(times[1:])[replays // 2]
 
 
 def geomean(values) -> float:
@@ -73,13 +91,14 @@ def main() -> int:
     rows_m = [int(x) for x in sys.argv[1].split(",")] if len(sys.argv) > 1 else [24, 32, 48, 64]
     dev = torch.device("cuda")
     info = device_info(dev)
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     rows, t0 = [], time.time()
     for dname, dt in DTYPES.items():
         for m in rows_m:
             for n, k in NK:
                 problem = GemmProblem(m, n, k, dtype=str(dt).split(".")[1], layout="NT")
                 new, old = heuristics.heuristic_config(problem, info), skinny_config(problem, info)
-                nsets = max(2, min(16, int(150e6 // ((m * k + k * n + m * n) * 2)) + 1))
+                nsets = max(2, min(256, math.ceil(3 * l2 / ((m * k + k * n + m * n) * 2))))
                 sets = [
                     (torch.randn(m, k, device=dev, dtype=dt), torch.randn(n, k, device=dev, dtype=dt).mT)
                     for _ in range(nsets)
@@ -99,7 +118,7 @@ def main() -> int:
                 times = {name: [] for name in fns}
                 for _ in range(3):
                     for name, f in fns.items():
-                        times[name].append(median_us(rotating(f, sets)))
+                        times[name].append(graph_us(f, sets))
                 us = {name: sorted(t)[1] for name, t in times.items()}
                 row = dict(dtype=dname, m=m, n=n, k=k, old=old.short(), new=new.short(), errors=errors)
                 row.update({f"{name}_us": t for name, t in us.items()})
