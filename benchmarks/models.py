@@ -1236,13 +1236,26 @@ def fig_models(df):
             for j, variant in enumerate(variants):
                 v = w[w["impl"] == variant]
                 if not v.empty:
+                    mid = float(v["speedup_vs_baseline"].iloc[0])
+                    spread = [
+                        float(v[c].iloc[0]) if c in v.columns else mid for c in ("speedup_p20", "speedup_p80")
+                    ]
                     ax.bar(
                         x + j * width,
-                        float(v["speedup_vs_baseline"].iloc[0]),
+                        mid,
                         width,
                         color=colors.get(variant, "#9467bd"),
                         label=variant if variant not in labels else None,
                     )
+                    if all(map(math.isfinite, spread)):  # the rounds' p20-p80 of the paired ratios
+                        ax.errorbar(
+                            x + j * width,
+                            mid,
+                            yerr=[[max(mid - spread[0], 0.0)], [max(spread[1] - mid, 0.0)]],
+                            color="#222222",
+                            lw=0.8,
+                            capsize=2,
+                        )
                     labels.append(variant)
             ticks.append((x + 0.4 - width / 2, f"{model}\n{workload}"))
             x += 1.0
@@ -1251,7 +1264,8 @@ def fig_models(df):
     ax.set_ylabel("baseline time ÷ variant time (>1: faster)")
     ax.legend(fontsize=8)
     gpu = df["env_gpu"].dropna().iloc[0] if "env_gpu" in df.columns and df["env_gpu"].notna().any() else ""
-    ax.set_title(f"Whole models: tritongemm against stock (compile+convert against compile)  {gpu}")
+    against = "stock" + (" (compile+convert against compile)" if "compile+convert" in variants else ", eager")
+    ax.set_title(f"Whole models: tritongemm against {against}; whiskers: p20-p80 of the rounds  {gpu}")
     return fig
 
 
