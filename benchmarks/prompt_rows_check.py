@@ -1,11 +1,11 @@
-"""Dev check (GPU): the prompt-rows rule against the skinny rule it replaced, and cuBLAS.
+"""Dev check (GPU): the prompt-rows rule against the heuristic without it, and cuBLAS.
 
     python -m benchmarks.prompt_rows_check [M,M,...]
 
-For M in 24/32/48/64 rows (default) over 17 N x K (the small Llama's and
+For M in 24/32/48/64/80/96/128 rows (default) over 17 N x K (the small Llama's and
 GPT-2's projections, and the Llama-3 8B/70B decode linears), bf16 and fp16,
-``F.linear``'s layout (NT): cuBLAS, the skinny rule's config
-(``heuristics.choose_skinny_tile`` with its split-K) and the heuristic's,
+``F.linear``'s layout (NT): cuBLAS, the heuristic's config with the rule
+switched off (the skinny rule's, or the menu's tiles from 65 rows) and with it,
 each checked against a float64 product, then timed in three interleaved
 rounds.  Timing is GPU time only: one CUDA graph per function replays one
 call on each of enough input sets to cover 3x L2 (so every call reads cold
@@ -24,7 +24,6 @@ import math
 import os
 import sys
 import time
-from dataclasses import replace
 
 import torch
 
@@ -55,11 +54,14 @@ NK = [
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def skinny_config(problem, info):
-    """What the heuristic chose for these rows before the prompt-rows rule."""
-    tile = heuristics.choose_skinny_tile(problem)
-    cfg = heuristics.split_k_config(tile, problem, info)
-    return replace(cfg, num_stages=heuristics.choose_num_stages(cfg, problem, info, tile.stages))
+def config_without_rule(problem, info):
+    """What the heuristic chooses with the prompt-rows rule switched off (the skinny rule, or the menu's tiles)."""
+    rows = heuristics.few_rows.PROMPT_ROWS
+    heuristics.few_rows.PROMPT_ROWS = (1, 0)
+    try:
+        return heuristics.heuristic_config(problem, info)
+    finally:
+        heuristics.few_rows.PROMPT_ROWS = rows
 
 
 def graph_us(f, sets, replays: int = 5) -> float:
@@ -88,7 +90,7 @@ def geomean(values) -> float:
 
 
 def main() -> int:
-    rows_m = [int(x) for x in sys.argv[1].split(",")] if len(sys.argv) > 1 else [24, 32, 48, 64]
+    rows_m = [int(x) for x in sys.argv[1].split(",")] if len(sys.argv) > 1 else [24, 32, 48, 64, 80, 96, 128]
     dev = torch.device("cuda")
     info = device_info(dev)
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
@@ -97,7 +99,7 @@ def main() -> int:
         for m in rows_m:
             for n, k in NK:
                 problem = GemmProblem(m, n, k, dtype=str(dt).split(".")[1], layout="NT")
-                new, old = heuristics.heuristic_config(problem, info), skinny_config(problem, info)
+                new, old = heuristics.heuristic_config(problem, info), config_without_rule(problem, info)
                 nsets = max(2, min(256, math.ceil(3 * l2 / ((m * k + k * n + m * n) * 2))))
                 sets = [
                     (torch.randn(m, k, device=dev, dtype=dt), torch.randn(n, k, device=dev, dtype=dt).mT)
@@ -126,7 +128,7 @@ def main() -> int:
                 rows.append(row)
                 print(
                     f"[{time.time() - t0:4.0f}s] {dname} {m}x{n}x{k}: cuBLAS {us['cublas']:.1f} us, "
-                    f"skinny {row['old_ratio']:.3f} ({old.short()}), now {row['new_ratio']:.3f} ({new.short()})",
+                    f"without the rule {row['old_ratio']:.3f} ({old.short()}), now {row['new_ratio']:.3f} ({new.short()})",
                     flush=True,
                 )
                 del sets
@@ -138,7 +140,7 @@ def main() -> int:
             sub = [r for r in rows if r["dtype"] == dname and m in (r["m"], "all")]
             worse = sum(r["new_ratio"] < 0.97 * r["old_ratio"] for r in sub)
             print(
-                f"{dname} M={m}: skinny rule {geomean(r['old_ratio'] for r in sub):.3f}, "
+                f"{dname} M={m}: without the rule {geomean(r['old_ratio'] for r in sub):.3f}, "
                 f"now {geomean(r['new_ratio'] for r in sub):.3f} ({len(sub)} shapes, {worse} over 3% slower)"
             )
     return 0

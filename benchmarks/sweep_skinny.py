@@ -61,7 +61,7 @@ PROMPT_NK = [
 
 
 def prompt_shapes():
-    return [(m, n, k, "NT") for m in (32, 64) for (n, k) in PROMPT_NK]
+    return [(m, n, k, "NT") for m in (8, 16, 32, 64, 96, 128) for (n, k) in PROMPT_NK]
 
 
 def gemv_shapes():
@@ -209,11 +209,15 @@ def configs_for(m, n, k, group, sm=132):
     if group in ("decode", "prompt"):
         bms = [max(16, 1 << (m - 1).bit_length())] if m <= 64 else [64, 128]
         for bm in bms:
-            for bn in (32, 64, 128, 256) if group == "prompt" else (64, 128, 256):
+            if group == "prompt":
+                bns = (16, 32, 64, 128) if m <= 16 else (32, 64, 128, 256)
+            else:
+                bns = (64, 128, 256)
+            for bn in bns:
                 for bk in (64, 128, 256):
                     if bm * bn >= 128 * 256 and bk > 64:
                         continue
-                    for warps in (4, 8):
+                    for warps in (2, 4, 8) if group == "prompt" else (4, 8):
                         if bm * bn // (32 * warps) < 8 or (warps == 8) != (bm * bn >= 64 * 256):
                             continue
                         for stages in (4, 5) if bk == 64 else (3, 4):
@@ -225,7 +229,7 @@ def configs_for(m, n, k, group, sm=132):
                                 if s == 1:
                                     out.append(TileConfig(bm, bn, bk, 8, warps, stages))
                                 else:
-                                    for inline in (False, True):
+                                    for inline in (True,) if group == "prompt" else (False, True):
                                         out.append(
                                             TileConfig(
                                                 bm, bn, bk, 8, warps, stages, split_k=s, split_k_inline=inline
@@ -374,7 +378,7 @@ def main() -> int:
             "backward": backward_shapes,
             "tma_streamk": tma_streamk_shapes,
         }[g]()
-        if args.mlist and g == "decode":
+        if args.mlist and g in ("decode", "prompt"):
             keep = {int(x) for x in args.mlist.split(",")}
             shapes = [s for s in shapes if s[0] in keep]
         plan += [((m, n, k, lay), g, configs_for(m, n, k, g, sm)) for (m, n, k, lay) in shapes]

@@ -388,9 +388,10 @@ def test_heuristic_runs_small_short_k_problems_unsplit_in_narrow_tiles(device_na
 
 
 def test_heuristic_runs_prompt_rows_in_32_wide_tiles():
-    """17-64 rows of a 2-byte problem on the H100 (sweeps/sweep_prompt.csv, prompt_rows_check.json):
-    32-wide tiles, unsplit with a short K, split with a long K over few tiles, a K step of 256 where the
-    narrow tiles fill the SMs, and the skinny 64x64 tile where 64-wide ones already fill half of them."""
+    """17-128 rows of a 2-byte problem on the H100 (sweeps/sweep_prompt*.csv, prompt_rows_check.json):
+    32-wide tiles, unsplit with a short K (64 rows of 64-wide ones beyond a wave), split with a long K over
+    few tiles, a K step of 256 where the narrow tiles fill the SMs, and the skinny 64x64 tile where 64-wide
+    ones already fill half of them; from 65 rows only where the skinny rule would have run."""
     from tritongemm import KNOWN_DEVICES
     from tritongemm.configs import GemmProblem
     from tritongemm.heuristics import PROMPT_BLOCK_N, PROMPT_ROWS, heuristic_choice
@@ -400,25 +401,35 @@ def test_heuristic_runs_prompt_rows_in_32_wide_tiles():
     def chosen(m, n, k, dtype="bfloat16"):
         return heuristic_choice(GemmProblem(m, n, k, dtype=dtype, layout="NT"), h100)
 
-    assert PROMPT_ROWS == (17, 64) and PROMPT_BLOCK_N == 32
-    for m in (17, 24, 32, 48, 64):
+    def tile(cfg):
+        return cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k
+
+    assert PROMPT_ROWS == (17, 128) and PROMPT_BLOCK_N == 32
+    for m in (17, 24, 32, 48, 64, 80, 96, 128):
         bm = 32 if m <= 32 else 64
         for dtype in ("float16", "bfloat16"):
             short = chosen(m, 1408, 512, dtype)  # 64x1408x512: 1.00 of cuBLAS against the skinny rule's 0.78
-            assert (short.config.block_m, short.config.block_n, short.config.block_k) == (bm, 32, 128)
-            assert short.config.split_k == 1 and "prompt-time rows" in short.rule and "no split" in short.rule
-            few = chosen(m, 1024, 4096, dtype).config  # 32 tiles: 4 slices of K (1.01 against 0.85)
-            assert (few.block_n, few.block_k, few.split_k, few.split_k_inline) == (32, 128, 4, True)
-            full = chosen(m, 4096, 14336, dtype).config  # 128 narrow tiles: unsplit, a K step of 256
-            assert (full.block_n, full.block_k, full.split_k) == (32, 256, 1)
-        wide = chosen(
-            m, 14336, 4096
-        ).config  # 64x64 tiles fill half the SMs: the skinny tile (0.97 against 0.88)
-        assert (wide.block_n, wide.block_k) == ((64, 128) if m > 32 else (32, 256)), (m, wide)
+            assert tile(short.config) == (bm, 32, 128, 1), (m, short.config)
+            assert "prompt-time rows" in short.rule and "no split" in short.rule
+            few = chosen(m, 1024, 4096, dtype).config  # 32-64 tiles: 2-4 slices of K (1.01 against 0.85)
+            assert (few.block_n, few.block_k, few.split_k_inline) == (32, 128, True) and few.split_k in (2, 4)
+        # over one wave of 64x32 tiles with a short K: 64x64 (128x3072x768: 1.09 against the menu's 0.75)
+        assert tile(chosen(m, 3072, 768).config) == ((64, 64, 128, 1) if m > 64 else (bm, 32, 128, 1))
+        full = chosen(m, 4096, 14336)  # up to 64 rows, 128 narrow tiles: unsplit, a K step of 256
+        if m <= 64:
+            assert tile(full.config) == (bm, 32, 256, 1)
+        else:
+            assert "prompt-time rows" not in full.rule  # the skinny rule's split 64x128 tiles stay
+        wide = chosen(m, 14336, 4096)  # 64x64 tiles fill half the SMs: the skinny tile (0.97 against 0.88)
+        if m <= 32:
+            assert tile(wide.config) == (32, 32, 256, 1)
+        else:
+            assert "prompt-time rows" not in wide.rule, (m, wide)
     for m, n, k, dtype in [
         (16, 1408, 512, "bfloat16"),
-        (65, 1408, 512, "bfloat16"),
+        (129, 1408, 512, "bfloat16"),
         (64, 1408, 512, "float32"),
+        (128, 8448, 512, "bfloat16"),  # 66 tiles of 128x128 fill half the SMs: not skinny, the menu's rules
     ]:
         assert "prompt-time rows" not in chosen(m, n, k, dtype).rule, (m, n, k, dtype)
 

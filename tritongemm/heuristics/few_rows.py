@@ -8,6 +8,7 @@ from ..configs import GemmProblem, TileConfig
 from ..device import DeviceInfo
 from .tiles import (
     SMALL_MAX_K,
+    SMALL_WIDE_TILE,
     Tile,
     choose_split_k,
     fit_shared_memory,
@@ -92,35 +93,41 @@ def choose_skinny_tile(problem: GemmProblem) -> Tile:
     return Tile(entry.block_m, bn, bk, entry.warps, entry.most_stages)
 
 
-# Prompt-time rows (17-64, 2-byte): sweeps/sweep_prompt.csv (H100, fp16 NT,
-# M = 32 and 64 over ten N x K of the small Llama's and GPT-2's projections,
-# 2026-11-24).  Tiles 32 columns wide, a K step of 128, 4 stages beat the
-# skinny menu's 64-wide split-K tiles at every shape: more programs each
-# streaming a narrower slab of B.  With K <= SMALL_MAX_K unsplit (64x512x512:
-# 1.00x cuBLAS against 0.77; 64x1408x512 1.02 against 0.73); with a longer K
-# split as the skinny rule splits (64x1024x4096, 4 slices: 1.03 against
-# 0.86); where 32-wide tiles already fill the SMs, unsplit with a K step of
-# 256 (64x4096x4096: 1.00 against 0.90) -- unless 64 rows of 64-wide tiles fill
-# half the SMs, where the skinny menu's 64x64 tile stays (64x14336x4096: 0.97
-# against 0.88).  Checked on 17 shapes up to 57344x8192, M = 24/32/48/64, bf16
-# and fp16, interleaved with cuBLAS (sweeps/prompt_rows_check.json): geomean
-# 1.00 against the skinny rule's 0.89.
-PROMPT_ROWS = (17, 64)
-
+# Prompt-time rows (17-128 of a 2-byte problem; from 65 rows only where the
+# skinny rule applies): sweeps/sweep_prompt.csv (H100, fp16 NT, M = 32 and 64
+# over ten N x K of the small Llama's and GPT-2's projections, 2026-11-24) and
+# sweeps/sweep_prompt_more_rows.csv (M = 8, 16, 96, 128, the same shapes).
+# Tiles 32 columns wide, a K step of 128, 4 stages beat the skinny menu's
+# 64-wide split-K tiles at every shape: more programs each streaming a
+# narrower slab of B.  With K <= SMALL_MAX_K unsplit (64x512x512: 1.00x cuBLAS
+# against 0.77; 64x1408x512 1.02 against 0.73), 64 rows of them in 64x64 tiles
+# beyond one wave as the small-problem rule does (128x3072x768: 1.09, 64x32:
+# 1.02, the skinny rule 0.75); with a longer K split as the skinny rule splits
+# (64x1024x4096, 4 slices: 1.03 against 0.86); up to 64 rows where 32-wide
+# tiles already fill the SMs, unsplit with a K step of 256 (64x4096x4096: 1.00
+# against 0.90) -- unless 64 rows of 64-wide tiles fill half the SMs, where
+# the skinny menu's 64x64 tile stays (64x14336x4096: 0.97 against 0.88).
+# Checked on 17 shapes up to 57344x8192, M = 24/32/48/64, bf16 and fp16, GPU
+# time interleaved with cuBLAS (sweeps/prompt_rows_check.json): geomean 0.96
+# of cuBLAS against the skinny rule's 0.75.
+PROMPT_ROWS = (17, 128)
 PROMPT_BLOCK_N = 32
 
 
 def prompt_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None:
-    """The narrow-tile config for 17-64 rows of a 2-byte problem, else None."""
+    """The narrow-tile config for 17-128 rows of a 2-byte problem, else None."""
     if problem.elem_size != 2 or not PROMPT_ROWS[0] <= problem.m <= PROMPT_ROWS[1]:
+        return None
+    if problem.m > 64 and not is_skinny(problem, device):
         return None
     bm = pow2_at_least(problem.m, 32, 64)
     narrow = Tile(bm, PROMPT_BLOCK_N, 128, 4, 4)
     if problem.k <= SMALL_MAX_K:
-        return narrow.config()
+        wide = bm == 64 and tiles_of(problem, 64, PROMPT_BLOCK_N) > device.sm_count
+        return (SMALL_WIDE_TILE if wide else narrow).config()
     split = choose_split_k(problem, device, bm, PROMPT_BLOCK_N, narrow.block_k)
     if split > 1:
         return split_k_config(narrow, problem, device)
-    if bm == 64 and 2 * tiles_of(problem, 64, 64) > device.sm_count:
+    if problem.m > 64 or (bm == 64 and 2 * tiles_of(problem, 64, 64) > device.sm_count):
         return None
     return fit_shared_memory(narrow._replace(block_k=256).config(), problem, device)
