@@ -337,7 +337,35 @@ def copy_bandwidth() -> float:
     return 2 * n / ms * 1e-6  # GB/s, read + write
 
 
+def to_schema(df):
+    """The sweep's rows in the results schema (``benchmarks/schema.py``): one row per timing, the
+    swept config's label in ``config`` and the sweep's own columns (``ratio``, ``impl`` ...) kept after it."""
+    from . import schema
+
+    out = df.assign(
+        suite="sweep",
+        case=[f"{m}x{n}x{k} {lay}" for m, n, k, lay in zip(df.m, df.n, df.k, df.layout)],
+        config=df.impl.where(df.impl != "cublas"),
+        variant=df.impl.where(df.impl == "heuristic"),
+        status=["error" if isinstance(e, str) else "ok" for e in df.get("error", [None] * len(df))],
+        message=df.get("error"),
+        speedup_vs_cublas=df.ratio.where(df.impl != "cublas"),
+        num_warps=df.get("warps"),
+        num_stages=df.get("stages"),
+        split_k_inline=df.get("inline"),
+        env_gpu=df.gpu,
+        env_sm_count=df.sm_count,
+        env_torch=df.torch,
+        env_triton=df.triton,
+        env_date=df.date,
+    )
+    out["impl"] = ["cublas" if i == "cublas" else "tritongemm" for i in df.impl]
+    out = out.drop(columns=["gpu", "sm_count", "torch", "triton", "date"])
+    return schema.conform(out)
+
+
 def save(rows, out_dir, sm):
+    """Write ``sweep_skinny.csv`` (results schema); return the rows as the sweep's own frame."""
     import pandas as pd
 
     props = torch.cuda.get_device_properties(0)
@@ -349,7 +377,7 @@ def save(rows, out_dir, sm):
         date=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
     os.makedirs(out_dir, exist_ok=True)
-    df.to_csv(os.path.join(out_dir, "sweep_skinny.csv"), index=False)
+    to_schema(df).to_csv(os.path.join(out_dir, "sweep_skinny.csv"), index=False)
     return df
 
 
