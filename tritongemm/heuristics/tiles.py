@@ -148,9 +148,7 @@ def split_k_config(tile: Tile, problem: GemmProblem, device: DeviceInfo, **flags
 # 0.94 (0.85), 1024x512x1024 0.96 (0.89); within a wave 64x32 wins or ties
 # (512x512x1408 NT 0.99 against 0.92, 256x1024x1792 0.92 (0.86)).
 SMALL_TILE = Tile(64, 32, 128, 4, 4)
-
 SMALL_WIDE_TILE = Tile(64, 64, 128, 4, 4)
-
 SMALL_MAX_K = 2048
 
 

@@ -18,19 +18,14 @@ from .tiles import Tile, tiles_of
 # segment and of the fix-up.  Below about 32 K-steps a program that cost
 # dominates (1024^3: 8 K-steps each, 1.7x slower than sliced-K).
 STREAM_K_TILE = Tile(128, 128, 64, 8, 4, 0.92)
-
 STREAM_K_EFFICIENCY = 0.63
-
 # On sm_90 the TMA kernel's Stream-K, 5 stages deep: against the pointer
 # kernel's above, 1664x1408x4096 0.75 of cuBLAS (0.66-0.70), 512x4608x3584
 # 0.78 (0.73), 512x5120x4096 0.75 (0.74) (sweeps/shape_class_sweep.json);
 # 0.70 lets it take 1664x1408x4096 from 78 tiles of 128x256 (score 0.59).
 TMA_STREAM_K_128 = STREAM_K_TILE._replace(stages=5, tma=True)
-
 TMA_STREAM_K_128_EFFICIENCY = 0.70
-
 STREAM_K_MIN_STEPS = 32
-
 # Only for one wave of its tiles plus a sliver: below one wave the sliced-K
 # tiles run faster than the wave-efficiency model says (Llama-3-70B QKV at
 # M = 128, 80 tiles: TMA 128x128 0.91x cuBLAS, Stream-K 0.88x), and at two
@@ -69,9 +64,7 @@ def stream_k_config(device: DeviceInfo) -> TileConfig:
 # cuBLAS, 3072^3 (2.18 waves) 0.74 -> 0.84; no gain where the last wave is
 # fuller (4096^3, 3.88 waves: 0.92 -> 0.82; 1024x10240x8192, 2.42: none).
 TMA_STREAM_K_TILE = Tile(128, 256, 64, 8, 3)
-
 TMA_STREAM_K_MAX_SLIVER = 0.25  # the last wave's fill, as a fraction of the SMs
-
 TMA_STREAM_K_MIN_IDLE = 0.08  # below this (many waves) streaming costs more than the idle SMs
 
 
@@ -97,9 +90,7 @@ def prefers_tma_stream_k(problem: GemmProblem, device: DeviceInfo) -> bool:
 # warp-specialized 128x256: 0.93); at K >= 3584 128x256 on TMA wins again
 # (2048x6144x5120 0.96 against 0.88), so the rule stops at K = 1280.
 WS_MAX_K = 1280
-
 WS_NARROW_TILE = Tile(64, 256, 64, 4, 4)  # K < 512 (8192x8192x128/256)
-
 # Where the menu picks 128x128 on sm_90: one consumer warpgroup holding the
 # whole 128x128 accumulator, 6 stages.  sweeps/shape_class_sweep.json, against
 # the TMA kernel at 6 stages: 2048x3072x3072 0.97 (0.89), 3072^3 0.85 (0.77),
@@ -124,7 +115,6 @@ SPLIT_WIDTH_TILES = (
     Tile(128, 160, 64, 8, 5, 0.80),
     Tile(128, 96, 64, 4, 6, 0.78),
 )
-
 #: How much better (wave efficiency x speed) a split-width tile must score than the menu's: 1.04
 #: adds just 1024x5120x{4096,14336} to 1.05's picks (128x160, +5-7%); a re-fit of the speeds lost
 #: on the target shapes outside the sweep (sweeps/split_width_refit_ab.json, H100, 2026-11-23).
@@ -179,11 +169,8 @@ def split_tail_tile(problem: GemmProblem, device: DeviceInfo, menu_score: float)
 # whole matters more than the fourth slot: the warp-specialized kernel at 3 stages, 6000x16384x3072
 # 1.00 (0.94), 4096x6144x4096 0.98 (0.94), 8192x10240x8192 1.00 (0.95), where its 4 stages gave 0.97-0.98.
 WIDE_TILE_DEEP_WAVES = 3.5
-
 WIDE_TILE_SINGLE_WAVE = TileConfig(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True)
-
 WIDE_TILE_FEW_WAVES = replace(WIDE_TILE_SINGLE_WAVE, warp_specialize=True)
-
 WIDE_TILE_MANY_WAVES = TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True)
 
 
@@ -230,9 +217,7 @@ def warp_specialized_tile(problem: GemmProblem, device: DeviceInfo) -> Tile | No
 # 0.86 -> 0.92, 4096x1536x6144 0.86 -> 0.94, 6000x1408x4096 0.90 -> 0.98, 8192x2048x8192 1.005 -> 0.997;
 # even at 16 tiles (3072^3), 0.97 -> 0.93 at 56 (4096x14336x4096).
 NARROW_ROW_TILES = 6
-
 SHORT_ROW_TILES = 14
-
 SHORT_ROW_GROUP_M = 4
 
 
