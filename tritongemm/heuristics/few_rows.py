@@ -105,11 +105,14 @@ def choose_skinny_tile(problem: GemmProblem) -> Tile:
 # 1.02, the skinny rule 0.75); with a longer K split as the skinny rule splits
 # (64x1024x4096, 4 slices: 1.03 against 0.86); up to 64 rows where 32-wide
 # tiles already fill the SMs, unsplit with a K step of 256 (64x4096x4096: 1.00
-# against 0.90) -- unless 64 rows of 64-wide tiles fill half the SMs, where
-# the skinny menu's 64x64 tile stays (64x14336x4096: 0.97 against 0.88).
-# Checked on 17 shapes up to 57344x8192, M = 24/32/48/64, bf16 and fp16, GPU
-# time interleaved with cuBLAS (sweeps/prompt_rows_check.json): geomean 0.96
-# of cuBLAS against the skinny rule's 0.75.
+# against 0.90) -- unless the skinny menu's 64-wide tiles fill the SMs, where
+# they stay: 64 rows filling half of them (64x14336x4096: 0.97 against 0.88),
+# 32 rows over 1.5 waves (32x28672x4096: 0.98 against 0.94; at 128 tiles,
+# 32x8192x8192, the narrow tiles win 0.98 to 0.93).
+# Checked on 17 shapes up to 57344x8192, M = 24-128, bf16 and fp16, GPU time
+# interleaved with cuBLAS (sweeps/prompt_rows_check.json, every config this
+# rule picks timed there): geomean 0.953 of cuBLAS against 0.723 without the
+# rule, no shape over 3% slower.
 PROMPT_ROWS = (17, 128)
 PROMPT_BLOCK_N = 32
 
@@ -128,6 +131,10 @@ def prompt_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None
     split = choose_split_k(problem, device, bm, PROMPT_BLOCK_N, narrow.block_k)
     if split > 1:
         return split_k_config(narrow, problem, device)
-    if problem.m > 64 or (bm == 64 and 2 * tiles_of(problem, 64, 64) > device.sm_count):
+    if problem.m > 64:
+        return None
+    # where the skinny menu's 64-wide tiles already fill the SMs: half of them for 64 rows, 1.5 waves for 32
+    wide_tiles = tiles_of(problem, bm, 64)
+    if 2 * wide_tiles > device.sm_count * (1 if bm == 64 else 3):
         return None
     return fit_shared_memory(narrow._replace(block_k=256).config(), problem, device)
