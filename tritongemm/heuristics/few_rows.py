@@ -107,8 +107,8 @@ def choose_skinny_tile(problem: GemmProblem) -> Tile:
 # tiles already fill the SMs, unsplit with a K step of 256 (64x4096x4096: 1.00
 # against 0.90) -- unless the skinny menu's 64-wide tiles fill the SMs, where
 # they stay: 64 rows filling half of them (64x14336x4096: 0.97 against 0.88),
-# 32 rows over 1.5 waves (32x28672x4096: 0.98 against 0.94; at 128 tiles,
-# 32x8192x8192, the narrow tiles win 0.98 to 0.93).
+# 32 rows over 1.5 waves (32x28672x4096: 0.98-1.01 against 0.94-0.98; at 128
+# tiles, 32x8192x8192, the narrow tiles win, 0.95-0.97 against 0.86-0.90).
 # Checked on 17 shapes up to 57344x8192, M = 24-128, bf16 and fp16, GPU time
 # interleaved with cuBLAS (sweeps/prompt_rows_check.json, every config this
 # rule picks timed there): geomean 0.953 of cuBLAS against 0.723 without the
