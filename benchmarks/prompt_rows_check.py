@@ -32,17 +32,11 @@ from tritongemm import heuristics
 from tritongemm.configs import GemmProblem
 from tritongemm.device import device_info
 
+from .sweep_skinny import PROMPT_NK
+
+# The prompt sweep's shapes, then the Llama-3 8B/70B decode linears.
 NK = [
-    (256, 512),
-    (512, 512),
-    (1408, 512),
-    (512, 1408),
-    (768, 768),
-    (2304, 768),
-    (3072, 768),
-    (768, 3072),
-    (1024, 4096),
-    (4096, 4096),
+    *PROMPT_NK,
     (6144, 4096),
     (14336, 4096),
     (28672, 4096),
