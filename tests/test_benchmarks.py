@@ -346,6 +346,34 @@ def test_every_committed_results_csv_is_in_the_schema():
         assert df["env_gpu"].notna().all(), path
 
 
+def test_sweep_rows_are_written_in_the_schema(tmp_path):
+    """``sweep_skinny`` writes its rows in the results schema: cuBLAS rows without a speedup, the heuristic's
+    row marked as such, a config that failed as an error row with its message."""
+    from benchmarks.sweep_skinny import to_schema
+
+    env = dict(gpu="NVIDIA H100 80GB HBM3", sm_count=132, torch="2.11", triton="3.6", date="2026-11-24")
+    base = dict(group="prompt", m=64, n=512, k=512, layout="NT", dtype="fp16")
+    rows = pd.DataFrame(
+        [
+            dict(base, impl="cublas", ms=0.0064, ratio=1.0, **env),
+            dict(base, impl="heuristic", ms=0.0066, ratio=0.97, warps=4, stages=4, inline=False, **env),
+            dict(
+                base, impl="64x32x128 g8 w4 s4", ms=0.0064, ratio=1.0, warps=4, stages=4, inline=False, **env
+            ),
+            dict(base, impl="64x32x128 g8 w4 s4 splitk2i", error="RuntimeError: rel err 1", **env),
+        ]
+    )
+    path = tmp_path / "sweep_skinny.csv"
+    to_schema(rows).to_csv(path, index=False)
+    df = schema.read(path)
+    assert list(df["impl"]) == ["cublas", "tritongemm", "tritongemm", "tritongemm"]
+    assert list(df["status"]) == ["ok", "ok", "ok", "error"]
+    assert math.isnan(df["speedup_vs_cublas"][0]) and list(df["speedup_vs_cublas"][1:3]) == [0.97, 1.0]
+    assert df["variant"][1] == "heuristic" and df["config"][2] == "64x32x128 g8 w4 s4"
+    assert df["message"][3].startswith("RuntimeError") and (df["case"] == "64x512x512 NT").all()
+    assert (df["env_gpu"] == env["gpu"]).all() and (df["suite"] == "sweep").all()
+
+
 def test_the_results_readme_documents_every_column():
     readme = (REPO / "benchmarks" / "results" / "README.md").read_text()
     documented = re.findall(r"^\| `(\w+)` \|", readme, flags=re.M)
