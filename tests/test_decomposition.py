@@ -425,6 +425,8 @@ def test_heuristic_runs_prompt_rows_in_32_wide_tiles():
         assert "prompt-time rows" not in chosen(m, 14336, 4096).rule, m
         if m <= 32:  # 128 tiles of 32x64: the narrow tiles still (32x8192x8192: 0.95-0.97 against 0.86-0.90)
             assert tile(chosen(m, 8192, 8192).config) == (32, 32, 256, 1)
+    batched = heuristic_choice(GemmProblem(64, 1408, 512, batch=8, dtype="bfloat16"), h100)
+    assert "prompt-time rows" not in batched.rule  # batches were not swept: the skinny rule as before
     for m, n, k, dtype in [
         (16, 1408, 512, "bfloat16"),
         (129, 1408, 512, "bfloat16"),

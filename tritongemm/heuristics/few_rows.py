@@ -93,7 +93,7 @@ def choose_skinny_tile(problem: GemmProblem) -> Tile:
     return Tile(entry.block_m, bn, bk, entry.warps, entry.most_stages)
 
 
-# Prompt-time rows (17-128 of a 2-byte problem; from 65 rows only where the
+# Prompt-time rows (17-128 of one 2-byte matrix; from 65 rows only where the
 # skinny rule applies): sweeps/sweep_prompt.csv (H100, fp16 NT, M = 32 and 64
 # over ten N x K of the small Llama's and GPT-2's projections, 2026-11-24) and
 # sweeps/sweep_prompt_more_rows.csv (M = 8, 16, 96, 128, the same shapes).
@@ -118,8 +118,8 @@ PROMPT_BLOCK_N = 32
 
 
 def prompt_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None:
-    """The narrow-tile config for 17-128 rows of a 2-byte problem, else None."""
-    if problem.elem_size != 2 or not PROMPT_ROWS[0] <= problem.m <= PROMPT_ROWS[1]:
+    """The narrow-tile config for 17-128 rows of one 2-byte matrix, else None (batches were not swept)."""
+    if problem.elem_size != 2 or problem.batch != 1 or not PROMPT_ROWS[0] <= problem.m <= PROMPT_ROWS[1]:
         return None
     if problem.m > 64 and not is_skinny(problem, device):
         return None
