@@ -394,7 +394,7 @@ def test_heuristic_runs_prompt_rows_in_32_wide_tiles():
     ones already fill half of them; from 65 rows only where the skinny rule would have run."""
     from tritongemm import KNOWN_DEVICES
     from tritongemm.configs import GemmProblem
-    from tritongemm.heuristics import PROMPT_BLOCK_N, PROMPT_ROWS, heuristic_choice
+    from tritongemm.heuristics import PROMPT_ROWS, heuristic_choice
 
     h100 = KNOWN_DEVICES["h100"]
 
@@ -404,7 +404,7 @@ def test_heuristic_runs_prompt_rows_in_32_wide_tiles():
     def tile(cfg):
         return cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k
 
-    assert PROMPT_ROWS == (17, 128) and PROMPT_BLOCK_N == 32
+    assert PROMPT_ROWS == (17, 128)
     for m in (17, 24, 32, 48, 64, 80, 96, 128):
         bm = 32 if m <= 32 else 64
         for dtype in ("float16", "bfloat16"):

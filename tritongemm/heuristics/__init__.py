@@ -21,7 +21,6 @@ from .choice import (  # noqa: F401  (re-exported: the rules are tested one by o
     interpreter_config,
 )
 from .few_rows import (  # noqa: F401  (re-exported: the rules are tested one by one)
-    PROMPT_BLOCK_N,
     PROMPT_ROWS,
     SKINNY_MENU,
     GemvTile,

@@ -1,4 +1,4 @@
-"""Problems with few rows of A: one row (GEMV), prompt-time rows (17-64), and the skinny tiles up to 128."""
+"""Problems with few rows of A: one row (GEMV), prompt-time rows (17-128), and the skinny tiles up to 128."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from ..configs import GemmProblem, TileConfig
 from ..device import DeviceInfo
 from .tiles import (
     SMALL_MAX_K,
-    SMALL_WIDE_TILE,
+    SMALL_TILE,
     Tile,
     choose_split_k,
     fit_shared_memory,
     pow2_at_least,
+    small_problem_tile,
     split_k_config,
     tiles_of,
 )
@@ -114,7 +115,6 @@ def choose_skinny_tile(problem: GemmProblem) -> Tile:
 # rule picks timed there): geomean 0.953 of cuBLAS against 0.723 without the
 # rule, no shape over 3% slower.
 PROMPT_ROWS = (17, 128)
-PROMPT_BLOCK_N = 32
 
 
 def prompt_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None:
@@ -124,11 +124,12 @@ def prompt_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig | None
     if problem.m > 64 and not is_skinny(problem, device):
         return None
     bm = pow2_at_least(problem.m, 32, 64)
-    narrow = Tile(bm, PROMPT_BLOCK_N, 128, 4, 4)
+    if problem.k <= SMALL_MAX_K and bm == 64:  # the small-problem rule's 64x32 tiles, 64x64 beyond a wave
+        return small_problem_tile(problem, device).config()
+    narrow = SMALL_TILE._replace(block_m=bm)  # 32 columns, a K step of 128, 4 stages
     if problem.k <= SMALL_MAX_K:
-        wide = bm == 64 and tiles_of(problem, 64, PROMPT_BLOCK_N) > device.sm_count
-        return (SMALL_WIDE_TILE if wide else narrow).config()
-    split = choose_split_k(problem, device, bm, PROMPT_BLOCK_N, narrow.block_k)
+        return narrow.config()
+    split = choose_split_k(problem, device, bm, narrow.block_n, narrow.block_k)
     if split > 1:
         return split_k_config(narrow, problem, device)
     if problem.m > 64:
