@@ -4,6 +4,7 @@ python -m benchmarks quick [--out DIR]
 python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|models|host [--dtype fp16,bf16]
                          [--out DIR] [--no-compile] [--filter TEXT] [--impls A,B] [--sabotaged]
 python -m benchmarks plot CSV [CSV ...] [--out DIR] [--figures KIND,...]
+python -m benchmarks soak [--calls N] [--out DIR]
 python -m benchmarks list
 """
 
@@ -106,6 +107,14 @@ def _parser() -> argparse.ArgumentParser:
         "sweep, roofline, compile, quick",
     )
 
+    so = sub.add_parser(
+        "soak", help="many mixed calls in one process: memory and caches must stay flat (GPU; tiny on CPU)"
+    )
+    so.add_argument("--calls", type=int, help="calls after warm-up (default 20000 on a GPU, 300 without)")
+    so.add_argument("--out", help="results folder (default benchmarks/results/<gpu-name>/)")
+    so.add_argument("--no-plots", action="store_true", help="write the CSV only")
+    so.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+
     sub.add_parser("list", help="list the suites and their cases")
     return p
 
@@ -177,6 +186,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "plot":
         return _plot(args)
+
+    if args.command == "soak":
+        if not (_has_gpu() and not _interpreter_requested()) and not _interpreter_ready():
+            _reexec_with_interpreter(argv)  # does not return
+        from .soak import run_cli
+
+        return run_cli(args)
 
     if args.command == "list":
         from .suites import SUITES

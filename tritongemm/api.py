@@ -76,7 +76,9 @@ def _batched(
     out = checks.check_out(fn, out, result_shape, out_dtype or a.dtype, a, b, *extra)
     if k == 0 and addend is not None and beta != 0 and activation == "none" and residual is None:
         # An empty sum: torch returns beta * input exactly (a -0.0 stays -0.0, which 0 + -0.0 would not).
-        c = addend * beta if beta != 1 else addend.clone(memory_format=torch.contiguous_format)
+        if out is None and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+            return _EmptySum.apply(addend, a, b, beta, out_dtype or a.dtype)
+        c = _empty_sum(addend, beta)
         return out.copy_(c) if out is not None else c.to(out_dtype or a.dtype)
     call = _call(
         a, _epilogue(activation, alpha, beta, addend, residual), out_dtype, config, pipeline, decomposition
@@ -99,6 +101,39 @@ def _batched(
     a_e = a if tuple(a.shape[:-2]) == batch else a.expand((*batch, m, k))
     b_e = b if tuple(b.shape[:-2]) == batch else b.expand((*batch, k, n))
     return _run(call, a_e, b_e, addend, residual, out)
+
+
+def _empty_sum(addend: torch.Tensor, beta: float) -> torch.Tensor:
+    """``beta * addend``: what ``addmm`` gives for K = 0 (exactly: a -0.0 stays -0.0)."""
+    return addend * beta if beta != 1 else addend.clone(memory_format=torch.contiguous_format)
+
+
+class _EmptySum(torch.autograd.Function):
+    """``_empty_sum`` where the K = 0 operands ``a`` and ``b`` require grad.
+
+    The empty product reads neither, but torch's ops still give an operand that
+    requires grad a gradient of its own (zero-size), not None: a training loop
+    or optimizer that reads ``.grad`` finds the same here.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(addend, a, b, beta, dtype):
+        return _empty_sum(addend, beta).to(dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        addend, a, b, beta, _ = inputs
+        ctx.beta, ctx.addend_dtype = beta, addend.dtype
+        ctx.shapes = (a.shape, a.dtype, a.device), (b.shape, b.dtype, b.device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (sa, da, va), (sb, db, vb) = ctx.shapes
+        grad_addend = (grad * ctx.beta if ctx.beta != 1 else grad).to(ctx.addend_dtype)
+        zeros_a = torch.zeros(sa, dtype=da, device=va)
+        return grad_addend, zeros_a, torch.zeros(sb, dtype=db, device=vb), None, None
 
 
 def _run(call: GemmCall, a, b, addend=None, residual=None, out=None) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 
@@ -10,12 +11,16 @@ import triton
 
 from .._compat import interpreter_numpy_message
 from ..device import interpreter_enabled
+from .context import THREAD, ensure
 
 INT32_MAX = 2**31 - 1
 
-#: Set TRITONGEMM_FAST_LAUNCH=0 to always launch through JITFunction (e.g. to
-#: rule the direct launch out while debugging a Triton upgrade).
-FAST_LAUNCH = os.environ.get("TRITONGEMM_FAST_LAUNCH", "1") != "0"
+#: How launches after the first reach the GPU (TRITONGEMM_FAST_LAUNCH):
+#: "1" (default) the generated direct launcher where Triton's launcher has a form it
+#: knows, else Triton's compiled-kernel runner; "runner" always the runner; "0" always
+#: ``JITFunction`` (to rule both out while debugging a Triton upgrade).
+LAUNCH_MODE = {"0": "jit", "runner": "runner"}.get(os.environ.get("TRITONGEMM_FAST_LAUNCH", "1"), "direct")
+FAST_LAUNCH = LAUNCH_MODE != "jit"
 
 #: Triton's interpreter keeps global state while it runs a kernel (it patches
 #: ``tl`` functions and shares numpy buffers), so two threads launching at once
@@ -83,6 +88,8 @@ class Launch:
         ]
 
     def __call__(self, *values) -> None:
+        if not THREAD.ready:  # a thread's first launch: the driver calls below need a current context
+            ensure()
         direct = self.direct
         if direct is not None:
             direct(*values)
@@ -123,7 +130,8 @@ class Launch:
         ):
             self.runner = compiled[self.grid]
             device = torch.cuda.current_device() if torch.cuda.is_available() else None
-            self.direct = DirectLaunch.of(compiled, self, device) if device is not None else None
+            if LAUNCH_MODE == "direct" and device is not None:
+                self.direct = DirectLaunch.of(compiled, self, device)
 
 
 def rebase(template, t):
@@ -161,8 +169,9 @@ class DirectLaunch:
     * The argument list: Triton binds it per call; here a function written for
       this launch (``source``) puts each value in its place, the fixed ones as constants.
 
-    ``of`` returns None when the launcher has another form (newer Triton, other backends):
-    those launches go through ``CompiledKernel[grid]`` as before.
+    ``of`` returns None outside the Triton releases it was written for
+    (``DIRECT_LAUNCH_VERSIONS``) or when the launcher has another form (other
+    backends, scratch buffers): those launches go through ``CompiledKernel[grid]``.
     """
 
     MAX_ENCODINGS = 64
@@ -175,17 +184,10 @@ class DirectLaunch:
             from triton.backends.nvidia import driver as nvdriver
         except ImportError:
             return None
+        if not direct_launch_supported(triton.__version__):
+            return None
         run = getattr(compiled, "run", None)
-        call = vars(type(run)).get("__call__") if run is not None else None
-        code = getattr(call, "__code__", None)
-        if code is None or code.co_varnames[: code.co_argcount] != (
-            "self",
-            "gridX",
-            "gridY",
-            "gridZ",
-            "stream",
-            "function",
-        ):
+        if not is_known_launcher(run):
             return None  # not the 3.4-3.6 CudaLauncher
         if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
             return None
@@ -208,6 +210,14 @@ class DirectLaunch:
 
     @classmethod
     def _generate(cls, raw, compiled, launch: Launch, device_index, desc_meta, expand, hooks):
+        """Write, compile and return the launch function.
+
+        The source text holds only generated names (``v3``, ``_c12``) and integers
+        (the grid, the device index, argument positions); every value -- the
+        compiled kernel's function handle and packed metadata, the fixed
+        arguments, descriptor templates -- reaches it through ``env``, never as
+        text, so nothing a user passes can become code.
+        """
         args = launch.args
         sig = list(compiled.src.signature.values())
         runtime = list(args.runtime)
@@ -260,7 +270,7 @@ class DirectLaunch:
             else:
                 pieces.append(f"v{i}")
         run = compiled.run
-        head = [*launch.grid, f"_stream({int(device_index)})"]
+        head = [*(int(g) for g in launch.grid), f"_stream({int(device_index)})"]
         env["_function"], env["_metadata"] = compiled.function, compiled.packed_metadata
         env["_coop"], env["_pdl"] = run.launch_cooperative_grid, run.launch_pdl
         call = ", ".join(
@@ -284,6 +294,42 @@ class DirectLaunch:
         direct = env["direct"]
         direct.source = source
         return direct
+
+
+#: The Triton releases whose ``CudaLauncher`` the generated launcher was written against and
+#: tested on.  A newer one takes Triton's compiled-kernel runner (a few microseconds more per
+#: launch) until its launcher is checked: 3.9's, for one, passes hooks, scratch buffers and
+#: the arguments in another order, under a ``__call__`` whose first parameters look the same.
+DIRECT_LAUNCH_VERSIONS = ((3, 4), (3, 5), (3, 6))
+
+
+def direct_launch_supported(version: str) -> bool:
+    """Is ``version`` (a Triton version string) one whose launcher ``DirectLaunch`` knows?"""
+    parts = version.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return False
+    return (major, minor) in DIRECT_LAUNCH_VERSIONS
+
+
+#: ``CudaLauncher.__call__``'s parameters in Triton 3.4-3.6, with the kernel's arguments as ``*args``.
+_LAUNCHER_PARAMS = ("self", "gridX", "gridY", "gridZ", "stream", "function")
+
+
+def is_known_launcher(run) -> bool:
+    """Does ``run`` (a compiled kernel's ``run``) have the 3.4-3.6 ``CudaLauncher`` form:
+    ``__call__(self, gridX, gridY, gridZ, stream, function, *args)`` and nothing more?"""
+    call = vars(type(run)).get("__call__") if run is not None else None
+    code = getattr(call, "__code__", None)
+    if code is None:
+        return False
+    return (
+        code.co_argcount == len(_LAUNCHER_PARAMS)
+        and code.co_varnames[: code.co_argcount] == _LAUNCHER_PARAMS
+        and bool(code.co_flags & inspect.CO_VARARGS)
+        and not code.co_kwonlyargcount
+    )
 
 
 def _hook_calls(hook):
@@ -336,7 +382,11 @@ def workspace_dtype(dtype: torch.dtype) -> torch.dtype:
 #: (device, stream) -> int32 arrival counters for in-kernel split-K / Stream-K
 #: fix-up.  All zero between launches: the reducing program re-arms its
 #: tile's counter.  One buffer per stream, since launches on one stream never overlap.
+#: Bounded: a program that makes a stream per request would otherwise grow it forever.
+#: Dropping a buffer is safe while a kernel still uses it: the caching allocator hands its
+#: memory out again only on the stream it was allocated on, after that stream's earlier work.
 COUNTERS: dict = {}
+MAX_COUNTER_BUFFERS = 64
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher itself calls
 
@@ -359,6 +409,8 @@ def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
         key = (device, _current_raw_stream(device))
     buf = COUNTERS.get(key)
     if buf is None or buf.numel() < n:
+        if buf is None and len(COUNTERS) >= MAX_COUNTER_BUFFERS:
+            COUNTERS.clear()
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
         COUNTERS[key] = buf
     return buf
