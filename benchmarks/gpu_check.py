@@ -418,7 +418,7 @@ def main() -> int:
     host_overhead()
     if args.epilogue:
         ep = pd.DataFrame(epilogue_bench(args.out)).assign(**e)
-        ep.to_csv(os.path.join(args.out, "epilogue_gelu.csv"), index=False)
+        ep.to_csv(os.path.join(args.out, "epilogue.csv"), index=False)
         import math as _m
 
         for mode in ("fwd", "fwd+bwd"):

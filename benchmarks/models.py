@@ -32,11 +32,11 @@ from ``timm`` when asked for.  For each model and workload:
   steps back to back between two synchronizations and records their mean, as
   a training or serving loop runs them: the host queues step i+1 while the GPU
   runs step i.  The row's time is the median over rounds, its p20/p80 the
-  spread between rounds.  ``timing="calls"`` (``--timing calls``, the method up
-  to session 31) is ``do_bench``'s per-call CUDA-event timing with an L2 flush
+  spread between rounds.  ``timing="calls"`` (``--timing calls``, the earlier
+  method) is ``do_bench``'s per-call CUDA-event timing with an L2 flush
   before each call: right for one GEMM, but for a near-host-bound step it
   times a race between host and GPU restarted at every call (p20-p80 spreads
-  of +-15% within a run: ``results/h100/models/timing_methods_session32.txt``).
+  of +-15% within a run: ``results/h100/sweeps/models_timing_methods.txt``).
 
 Then the per-GEMM breakdown (``gemm_breakdown``): the distinct GEMMs each
 workload runs, captured at the aten level during one stock step, timed alone

@@ -1,4 +1,4 @@
-"""The shape classes issue 17's targets are stated over, beyond the Llama-3 suites.
+"""Shape classes beyond the Llama-3 suites: other decoder families, and short K over many tiles.
 
 * ``families``: the linear layers of four public decoder families other than
   Llama-3 (dimensions from each model's ``config.json``), at M (tokens) in

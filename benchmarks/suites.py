@@ -14,7 +14,7 @@ Suites (``python -m benchmarks run --suite NAME``):
 * ``decomposition`` long K (512x512x65536, 1024x1024x32768) and one wave of
                 128x128 tiles plus a sliver (896x2432x4096: 133 tiles, 1536x1536x8192:
                 144 tiles on 132 SMs) with sliced-K, split-K and Stream-K forced.
-* ``unaligned`` leading dimensions that are not multiples of 16 bytes (issue 16):
+* ``unaligned`` leading dimensions that are not multiples of 16 bytes: odd sizes,
                 powers of two +- 1, primes, odd N or K under nn.Linear's layout,
                 every layout, small shapes near the copy's break-even, strides
                 with a factor of 2, 4 or 8 only, and aligned controls; with the
@@ -105,7 +105,7 @@ def decode_cases() -> list[Case]:
 
 
 def decomposition_cases() -> list[Case]:
-    """Issue 4's shapes: long K over few tiles, and one wave of 128x128 tiles plus a sliver (132 SMs)."""
+    """Where sliced-K leaves SMs idle: long K over few tiles, and one wave of 128x128 tiles plus a sliver (132 SMs)."""
     shapes = [
         ("long K", 512, 512, 65536),
         ("long K", 1024, 1024, 32768),
@@ -150,11 +150,11 @@ def backward_cases() -> list[Case]:
 
 
 def unaligned_cases() -> list[Case]:
-    """Issue 16's shapes and their neighbours; ``x`` is the smallest odd dimension (or M)."""
+    """Odd leading dimensions and their neighbours; ``x`` is the smallest odd dimension (or M)."""
     shapes = [
-        ("issue 16", 4097, 4097, 4097, "NN"),
-        ("issue 16", 3001, 5003, 1009, "NN"),
-        ("issue 16", 4096, 4096, 4097, "NT"),
+        ("odd dimensions", 4097, 4097, 4097, "NN"),
+        ("odd dimensions", 3001, 5003, 1009, "NN"),
+        ("odd dimensions", 4096, 4096, 4097, "NT"),
     ]
     shapes += [("powers of two +- 1", s, s, s, "NN") for s in (1023, 1025, 2047, 2049, 4095, 8191, 8193)]
     shapes += [

@@ -17,8 +17,8 @@ one process group, variants interleaved round by round:
 A time is the slowest rank's (a step ends when every rank has).  Before any
 timing, each variant's output and one weight gradient are checked against the
 stock block's; a variant that differs is reported as ``failed_gate`` and not
-timed.  Rank 0 writes ``benchmarks/results/<gpu>/tp/tp.csv`` (the results
-schema, plus ``tokens_per_s`` and ``world_size``) and prints a table.
+timed.  Rank 0 writes ``benchmarks/results/<gpu>/tp.csv`` (``tp_sp.csv`` with sequence
+parallel; the results schema, plus ``tokens_per_s`` and ``world_size``) and prints a table.
 """
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="CPU, gloo, Triton's interpreter, tiny sizes: checks the script runs",
     )
-    parser.add_argument("--out", default=None, help="results folder (default benchmarks/results/<gpu>/tp)")
+    parser.add_argument("--out", default=None, help="results folder (default benchmarks/results/<gpu>/)")
     args = parser.parse_args(argv)
     if args.smoke:
         if "tritongemm" not in sys.modules:
@@ -365,7 +365,7 @@ def _report(rows: list[dict], args) -> None:
     from benchmarks import harness
 
     env = harness.environment("cuda" if args.backend == "nccl" else "cpu")
-    out_dir = Path(args.out) if args.out else harness.default_results_dir(env) / "tp"
+    out_dir = Path(args.out) if args.out else harness.default_results_dir(env)
     csv = harness.write_results(rows, out_dir / ("tp_sp.csv" if args.sequence_parallel else "tp.csv"), env)
     columns = [
         ("group", "workload"),

@@ -285,7 +285,7 @@ def test_heuristic_streams_one_wave_plus_a_sliver(dtype):
 
 def test_heuristic_keeps_sliced_k_below_one_wave():
     # Llama-3-70B QKV at M = 128: 80 tiles of 128x128 on 132 SMs; measured, the
-    # sliced TMA tiles beat Stream-K there (benchmarks/results/h100/decode/).
+    # sliced TMA tiles beat Stream-K there (benchmarks/results/h100/decode.csv).
     from tritongemm.configs import GemmProblem
     from tritongemm.device import DeviceInfo
 

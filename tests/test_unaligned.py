@@ -1,4 +1,4 @@
-"""Unaligned leading dimensions (issue 16): the plan's choice and every path it can take.
+"""Unaligned leading dimensions (docs/unaligned.md): the plan's choice and every path it can take.
 
 A leading dimension that is not a multiple of 16 bytes rules out TMA and
 cp.async.  The planner then chooses, by a cost model, between (a) copying
@@ -154,8 +154,8 @@ def test_a_padded_run_stays_on_the_pointer_kernel_without_tma():
 
 def test_only_an_unaligned_output_is_not_worth_a_copy():
     """Loads stay full-width when only C is unaligned: measured on the H100 (4096x4097x4096 NT) the
-    unpadded pointer kernel ran 567-577 TFLOP/s against 528 with C padded for TMA by torch copies,
-    and 555-571 with the one-launch copy kernel (results/h100/unaligned)."""
+    unpadded pointer kernel ran 565-581 TFLOP/s against 555-560 with C padded for TMA by the one-launch
+    copy kernel (benchmarks/results/h100/unaligned.csv), and 528 with torch copies."""
     p = plan_of(4096, 4097, 4096, "NT")
     assert p.alignment.padded == () and "too small to repay" in p.describe(), p.describe()
     c = Operand(4096, 4096, 1, 4096, 2, True)  # out= a column-major view
@@ -637,7 +637,7 @@ def test_padded_broadcast_batch_copied_once(device, padding):
 @pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_gpu_unaligned_auto(device, dtype, layout):
-    m, n, k = 3001, 5003, 1009  # issue 16's shape: on an H100 the cost model copies A, B and C for TMA
+    m, n, k = 3001, 5003, 1009  # a first odd shape: on an H100 the cost model copies A, B and C for TMA
     a, b = make_operands(m, n, k, layout, dtype, device)
     p = explain(a, b)
     if torch.cuda.get_device_capability() >= (9, 0):

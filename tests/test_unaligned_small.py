@@ -1,4 +1,4 @@
-"""Small problems on element-wise loads (issue 16): the heuristic's own tile, on plain values and on the kernels.
+"""Small problems on element-wise loads (odd leading dimensions): the heuristic's own tile, on plain values and on the kernels.
 
 A 2-byte operand with an odd leading dimension is loaded element by element
 (no vector loads, no cp.async).  Where a copy to aligned workspaces does not

@@ -71,8 +71,8 @@ def stride_hint(stride: int) -> int:
 
     Triton itself only marks integer arguments divisible by 16; a stride of
     4104 half-precision elements (16 bytes x 513) gets no mark, so the
-    pointer kernel loads its rows element by element unless told (path (b) of
-    issue 16: ``kernels/gemm.py`` rounds each stride down to this multiple,
+    pointer kernel loads its rows element by element unless told (the "hinted"
+    path of docs/unaligned.md: ``kernels/gemm.py`` rounds each stride down to this multiple,
     which changes nothing but what the compiler can prove).
     """
     return 16 if stride == 0 else min(stride & -stride, 16)

@@ -36,7 +36,7 @@ PADDING_POLICIES = ("auto", "always", "never")
 
 
 class Alignment(NamedTuple):
-    """What a plan does about operands whose strides the fast loads cannot take (issue 16).
+    """What a plan does about operands whose strides the fast loads cannot take (docs/unaligned.md).
 
     ``path`` is "pad" (copy ``padded`` into aligned workspaces, run the aligned
     kernel, copy C back), "hinted" (the pointer kernel with the widest loads the

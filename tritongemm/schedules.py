@@ -56,8 +56,9 @@ def stream_k_schedule(
 # tiles do.
 #: The fewest K-steps in a chunk.  Chunks of 4-8 steps lost to the fix-up (512x4608x3584 0.59 against
 #: 0.68 unsplit, 1536^3 0.54, 1024^3 0.65; sweeps/ws_split_tail_sweep.json); chunks of 24 lost in all
-#: three cases measured (256x3072x3072 0.83 against 0.91 in sweeps/split_tail_ab.json; 3072^3 and
-#: 12608x768x3072 against 128x192); from 28 on they gained or tied (split_tail_ab.json, 23 cases).
+#: three cases measured (256x3072x3072 0.83 against 0.91 in sweeps/split_tail_ab_24_steps.json; 3072^3
+#: and 12608x768x3072 against 128x192); from 28 on they gained or tied (split_tail_ab_24_steps.json, 23
+#: cases; the rule as shipped: sweeps/split_tail_ab.json).
 SPLIT_TAIL_MIN_STEPS = 28
 
 

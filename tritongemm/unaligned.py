@@ -1,4 +1,4 @@
-"""Unaligned operands (issue 16): element-wise loads on a small problem, or aligned copies.
+"""Unaligned operands: element-wise loads on a small problem, or aligned copies.
 
 When a leading dimension is not a multiple of 16 bytes the pointer kernel
 loads element by element (no vectors, no ``cp.async``).  Two answers, each a
@@ -17,33 +17,34 @@ from .configs import GemmProblem, TileConfig
 from .device import DeviceInfo
 from .heuristics import Tile, pow2_at_least, split_k_config, tiles_of
 
-# Restoring alignment (issue 16): when a leading dimension is not a multiple
+# Restoring alignment: when a leading dimension is not a multiple
 # of 16 bytes, copying the operand into a padded workspace and running the
 # aligned kernel can beat running on the user's strides.  The rates are H100
 # fp16/bf16 measurements (benchmarks/results/h100/), used for every device:
 # what matters is their ratio to the copy bandwidth, about the same on an A100.
 #: Device-to-device copy, bytes read + written per second: the 1 GiB copy_
-#: ceiling, 3000 GB/s (results/h100/hierarchy/hierarchy.csv, "ceiling" rows).
+#: ceiling, 3000 GB/s (results/h100/hierarchy.csv, "ceiling" rows).
 COPY_BANDWIDTH = 3.0e12
 #: Fixed cost of each copy launch (``kernels/pad_copy.py``: A and B in one
-#: launch, C out in another).  Measured on the H100 (bf16, 2026-11-23): about
+#: launch, C out in another).  Measured on the H100 (bf16): about
 #: 2 us of GPU time per launch beyond its bandwidth (1023^3: A and B in 4.0 us),
 #: and 20-30 us of host time per padded call over the unpadded one, which a
 #: busy GPU hides and an idle one does not; 6 us a launch counts part of it.
 #: (The first path, a torch.empty + copy_ per operand, cost ~19 us a copy.)
 COPY_OVERHEAD_S = 6e-6
 #: The TMA kernel on aligned operands: 703-761 TFLOP/s at 4096^3-8192^3 fp16
-#: (results/h100/hierarchy, square), but 622 on 4096x4097x4096 NT with C in a
-#: workspace (results/h100/unaligned, 2026-11-23 second run: padding only C
-#: then lost 2% to the pointer kernel's 567); 650 keeps such C-only copies out.
+#: (the H100 square and hierarchy suites), but 622 on 4096x4097x4096 NT with C
+#: in a workspace (an unaligned-suite run where padding only C lost 2% to the
+#: pointer kernel's 567); 650 keeps such C-only copies out.
 TMA_RATE = 650e12
 #: The pointer kernel on aligned operands (16-byte vectors, cp.async): 585-656
-#: TFLOP/s at 2048^3-8192^3 fp16 (results/h100/stages, hierarchy).
+#: TFLOP/s at 2048^3-8192^3 fp16 (results/h100/stages.csv, hierarchy.csv).
 POINTER_ALIGNED_RATE = 590e12
-#: The pointer kernel by the widest load its strides allow (bytes).  2: issue
-#: 16's measurements, 16-90 TFLOP/s (NT with odd K 0.12x, 4097^3 0.24x,
-#: 3001x5003x1009 0.73x of cuBLAS's 114-139): the highest is taken, so a copy
-#: must pay even against the best unaligned run.  4 and 8 are estimates
+#: The pointer kernel by the widest load its strides allow (bytes).  2: the
+#: element-wise loads as measured before any copy path existed, 16-90 TFLOP/s
+#: (NT with odd K 0.12x, 4097^3 0.24x, 3001x5003x1009 0.73x of cuBLAS's
+#: 114-139): the highest is taken, so a copy must pay even against the best
+#: unaligned run.  4 and 8 are estimates
 #: (loads scale with vector width up to the aligned rate), still to be
 #: measured by `python -m benchmarks run --suite unaligned`.
 POINTER_RATE_BY_VECTOR = {2: 90e12, 4: 180e12, 8: 360e12, 16: POINTER_ALIGNED_RATE}
@@ -54,9 +55,9 @@ POINTER_RATE_BY_VECTOR = {2: 90e12, 4: 180e12, 8: 360e12, 16: POINTER_ALIGNED_RA
 # too small to repay a copy.  Each K step then costs a full round trip to
 # memory, so what pays is many small programs with a long K step (many
 # independent loads in flight per step), not large tiles.  Measured on the
-# H100, bf16 NN, against cuBLAS in the same run (results/h100/unaligned/
-# small_sweep.json, 84 pointer configs): 32x32 tiles with a K step of 256
-# ran 255^3 in 8.2 us (cuBLAS 10.9), 257^3 9.5 (12.3), 511^3 12.8 (16.5), and
+# H100, bf16 NN, against cuBLAS in the same run (results/h100/sweeps/
+# unaligned_small_sweep.json, 84 pointer configs): 32x32 tiles with a K step
+# of 256 ran 255^3 in 8.2 us (cuBLAS 10.9), 257^3 9.5 (12.3), 511^3 12.8 (16.5), and
 # with a K step of 128 513^3 17.5 (18.9); the 64x128x64 tile the general rule
 # picks took 27-43 us there.  From about 1000^3 (1024 tiles of 32x32) larger
 # tiles win again (64x64: 39 us at 1023^3) and copying to aligned workspaces
@@ -66,10 +67,10 @@ ELEMENTWISE_MAX_WAVES = 4
 # Within one wave of 32x32 tiles, a K longer than one step of 256 leaves
 # SMs idle and walks a nearly empty second step (K = 257): 32x16 tiles with a
 # K step of 128 fill more SMs with shorter steps.  Measured on the H100 at
-# 257^3 NN (results/h100/unaligned/small_257.json, 40 pointer configs a dtype, same
-# run): fp16 8.4 us (cuBLAS 9.2; 32x32x256 9.5-9.9, split-K into 128-deep
+# 257^3 NN (results/h100/sweeps/unaligned_small_257.json, 40 pointer configs a
+# dtype, same run): fp16 8.4 us (cuBLAS 9.2; 32x32x256 9.5-9.9, split-K into 128-deep
 # slices 8.8-9.0), bf16 8.0 (cuBLAS 12.2).  From two waves of 32x32 tiles
-# (511^3, 513^3) the rule's own tile wins (small_sweep.json).
+# (511^3, 513^3) the rule's own tile wins (unaligned_small_sweep.json).
 ELEMENTWISE_NARROW_TILE = Tile(32, 16, 128, 4, 2)
 
 

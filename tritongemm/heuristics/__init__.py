@@ -4,7 +4,7 @@ Pure functions of ``(GemmProblem, DeviceInfo)``: no tensors, no torch.cuda,
 so each rule is tested alone on device fakes (``device.KNOWN_DEVICES``) and
 ``explain()`` can say what an H100 would run from a machine without one.
 Each knob is one small function; each constant names the sweep it came from
-(``benchmarks/results/h100/sweeps/``).
+(``benchmarks/results/h100/sweeps/``; docs/heuristics.md gathers the evidence).
 
 * ``tiles``: the CTA tile menu and the knobs every rule shares (stages, split-K, shared memory);
 * ``few_rows``: one row of A (GEMV), prompt-time rows, skinny tiles;

@@ -34,8 +34,9 @@ class SkinnyTile(NamedTuple):
 # once.  What matters is bytes in flight per SM, so the tiles are narrow in M
 # and N and long in K (a K step of 128-256 elements is a 256-512 byte run of
 # each B row).  Measured on the H100, fp16, M in {1, 32, 64, 128} over the
-# Llama-3 8B/70B projections (sweeps/sweep_skinny.csv): geomean 1.03x cuBLAS
-# at M=1 against 0.87x for the old 16x128x64 tiles.
+# Llama-3 8B/70B projections (``python -m benchmarks.sweep_skinny``; its CSV
+# was not kept, docs/heuristics.md lists the committed evidence): geomean 1.03x
+# cuBLAS at M=1 against 0.87x for the old 16x128x64 tiles (sweeps/sweep_decode.csv).
 SKINNY_MENU = [
     SkinnyTile(16, 16, 64, 512, 4, 3),
     SkinnyTile(32, 32, 64, 256, 4, 3),
@@ -96,7 +97,7 @@ def choose_skinny_tile(problem: GemmProblem) -> Tile:
 
 # Prompt-time rows (17-128 of one 2-byte matrix; from 65 rows only where the
 # skinny rule applies): sweeps/sweep_prompt.csv (H100, fp16 NT, M = 32 and 64
-# over ten N x K of the small Llama's and GPT-2's projections, 2026-11-24) and
+# over ten N x K of the small Llama's and GPT-2's projections) and
 # sweeps/sweep_prompt_more_rows.csv (M = 8, 16, 96, 128, the same shapes).
 # Tiles 32 columns wide, a K step of 128, 4 stages beat the skinny menu's
 # 64-wide split-K tiles at every shape: more programs each streaming a

@@ -36,7 +36,7 @@ class Tile(NamedTuple):
 # fp16, sweeps/sweep_*.csv): bigger tiles reuse each loaded byte more,
 # smaller ones fill more SMs.  The 2-byte tiles below 128x256 run as deep a
 # ring as shared memory holds (6 stages of 32 / 24 KiB + the TMA store
-# buffer): sweeps/shape_class_sweep.json (H100, bf16 TN, 18 shapes, 2026-11-23)
+# buffer): sweeps/shape_class_sweep.json (H100, bf16 TN, 18 shapes)
 # measured 128x128 at 6 stages 0.73-0.98 of cuBLAS where 4 stages gave
 # 0.63-0.85 (512x4096x4096: 0.85 -> 0.98), and 64x128 on TMA at 6 stages 0.98
 # at 1024^3 (the pointer kernel's 4 stages: 0.80).  Their speeds: 128x128 at
@@ -117,8 +117,9 @@ def choose_split_k_inline(problem: GemmProblem, block_m: int, block_n: int, spli
     to finish adds them), rather than in a second kernel?
 
     Inline saves a launch (a few microseconds: most of a decode GEMM's slack)
-    but leaves each tile's sum to one program.  Measured on the H100
-    (sweeps/sweep_skinny.csv, 1500 pairs): inline is 1-3% faster (median) while
+    but leaves each tile's sum to one program.  Measured on the H100 (1500
+    pairs of ``python -m benchmarks.sweep_skinny``, whose CSV was not kept; see
+    docs/heuristics.md): inline is 1-3% faster (median) while
     one tile's partials (its valid rows only) stay within 128 KiB, even at
     256 KiB, and loses 5-15% beyond 512 KiB with small tiles.  With 128 x 128
     tiles the second kernel's pass over all partials costs more (512x512x65536,
@@ -136,16 +137,17 @@ def split_k_config(tile: Tile, problem: GemmProblem, device: DeviceInfo, **flags
 
 
 # Small problems with a short K (sweeps/small_gemm_sweep.json, H100, bf16, 17
-# shapes x 14 configs, 2026-11-23): where the menu's tiles fill at most half
+# shapes x 14 configs): where the menu's tiles fill at most half
 # the SMs, splitting a short K costs more than it hides -- a round trip of fp32
 # partials and an arrival counter per tile, for slices of 2-4 K-steps.  More,
 # narrower tiles with a K step of 128 and no split win: 512^3 NN 1.12x cuBLAS
 # (split 4: 0.68), 512x512x1408 NT 1.01 (0.67), 512x256x512 NT 1.09 (0.66),
 # 256^3 1.17 (0.73).  At K = 8192 the split 64x128 tiles still win
 # (512x512x8192: 0.94 against 0.68), so the rule stops at SMALL_MAX_K.  Where
-# 64x32 tiles run over one wave, 64x64 ones win (sweeps/small_tile_over_a_wave
-# .json, 11 shapes x 2 dtypes): 768x384x768 TN 1.07 against 0.94, 384x768x1536
-# 0.94 (0.85), 1024x512x1024 0.96 (0.89); within a wave 64x32 wins or ties
+# 64x32 tiles run over one wave, 64x64 ones win
+# (sweeps/small_tile_over_a_wave.json, 11 shapes x 2 dtypes): 768x384x768 TN
+# 1.07 against 0.94, 384x768x1536 0.94 (0.85), 1024x512x1024 0.96 (0.89);
+# within a wave 64x32 wins or ties
 # (512x512x1408 NT 0.99 against 0.92, 256x1024x1792 0.92 (0.86)).
 SMALL_TILE = Tile(64, 32, 128, 4, 4)
 SMALL_WIDE_TILE = Tile(64, 64, 128, 4, 4)

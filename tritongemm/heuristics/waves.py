@@ -80,7 +80,7 @@ def prefers_tma_stream_k(problem: GemmProblem, device: DeviceInfo) -> bool:
 
 
 # The warp-specialized Gluon kernel (``kernels/gemm_gluon.py``) against the
-# TMA kernel, bf16, same run (H100, benchmarks/results/h100/gluon/gluon_sweep.csv,
+# TMA kernel, bf16, same run (H100, sweeps/gluon_sweep.csv,
 # ratios to cuBLAS, TN / NN): it wins where K is short and tiles are many --
 # 12608x768x768 0.83/0.86 vs 0.65/0.68, 8192x8192x128 1.05/1.06 vs 0.80,
 # 8192x8192x256 0.94/0.96 vs 0.72/0.71, 12608x3072x768 0.99/1.02 vs 0.88/0.90.
@@ -98,14 +98,14 @@ WS_NARROW_TILE = Tile(64, 256, 64, 4, 4)  # K < 512 (8192x8192x128/256)
 # below one wave; two consumer warpgroups (8 warps) were within 0.01 of one.
 # The menu's 64x128 on this kernel instead of TMA was A/B-tested and left out:
 # geomean 0.906 against 0.905 (bf16), 0.875 against 0.881 (fp16), 18 shapes
-# below a wave (sweeps/ws64_below_wave_ab.json, H100, 2026-11-23).
+# below a wave (sweeps/ws64_below_wave_ab.json, H100).
 WS_DEEP_TILE = Tile(128, 128, 64, 4, 6)
 
 # Tile widths that are not powers of two, on the warp-specialized kernel (two
 # accumulators, ``configs.split_width``): they cut wave quantization where
 # every power-of-two width leaves SMs idle.  Speeds relative to 128x256 on the TMA
 # kernel, from the shapes of many full waves in sweeps/split_width_sweep.json
-# (H100, bf16 TN, 2026-11-23; 4096^3 and 8192x4096x4096: 128x192 0.85-0.86 of
+# (H100, bf16 TN; 4096^3 and 8192x4096x4096: 128x192 0.85-0.86 of
 # cuBLAS, 128x160 0.77-0.78, 128x96 0.75-0.76, against 0.96 for 128x256).  The
 # same sweep, where they fit the SMs: 512x5120x4096 128x160 0.96 (heuristic
 # 0.76), 1024x3072x8192 128x192 0.94 (0.79), 12608x768x3072 128x192 0.90 (0.77),
@@ -117,7 +117,7 @@ SPLIT_WIDTH_TILES = (
 )
 #: How much better (wave efficiency x speed) a split-width tile must score than the menu's: 1.04
 #: adds just 1024x5120x{4096,14336} to 1.05's picks (128x160, +5-7%); a re-fit of the speeds lost
-#: on the target shapes outside the sweep (sweeps/split_width_refit_ab.json, H100, 2026-11-23).
+#: on the target shapes outside the sweep (sweeps/split_width_refit_ab.json, H100).
 SPLIT_WIDTH_MARGIN = 1.04
 
 

@@ -203,7 +203,7 @@ def hint_multiple(x, MULTIPLE: tl.constexpr):
     Triton marks only integer arguments divisible by 16, so a row stride of,
     say, 1000 half-precision elements (16-byte aligned rows) would be loaded
     element by element; rounding down to a known multiple changes no value
-    but lets the loads vectorize as far as the stride allows (issue 16, path (b)).
+    but lets the loads vectorize as far as the stride allows (the "hinted" path of docs/unaligned.md).
     With MULTIPLE = 1 the compiler folds it away.
     """
     return x // MULTIPLE * MULTIPLE

@@ -1,4 +1,4 @@
-"""Copy up to two strided batches of matrices in one launch (the aligned workspaces of issue 16).
+"""Copy up to two strided batches of matrices in one launch (the aligned workspaces of docs/unaligned.md).
 
 ``launch/aligned.py`` copies operands whose leading dimension is not a
 multiple of 16 bytes into aligned workspaces (and a padded C back out).  A

@@ -1,4 +1,4 @@
-"""Run a GEMM on aligned copies of its unaligned operands (path (a) of issue 16).
+"""Run a GEMM on aligned copies of its unaligned operands (the "pad" path of docs/unaligned.md).
 
 A leading dimension that is not a multiple of 16 bytes rules out TMA and
 cp.async, and the kernels then load element by element.  When the plan says

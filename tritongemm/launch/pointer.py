@@ -48,7 +48,7 @@ def mainloop_constexprs(call, cfg, dtype: torch.dtype, interpreting: bool) -> di
 
 
 def stride_hints(a, b, out) -> dict:
-    """What the kernel may assume each stride is a multiple of (path (b) of issue 16: unaligned leading
+    """What the kernel may assume each stride is a multiple of (the "hinted" path of docs/unaligned.md: unaligned leading
     dimensions still get the widest loads and stores they allow).  1 where Triton knows as much
     itself (it specializes strides equal to 1 and multiples of 16), so aligned launches compile as before."""
     names = ("HINT_AM", "HINT_AK", "HINT_BK", "HINT_BN", "HINT_CM", "HINT_CN")
