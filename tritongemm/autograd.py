@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from . import distributed, launch
 from .call import Epilogue, GemmCall, Request
@@ -271,36 +273,47 @@ class GemmTransformFunction(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------------
-# The custom op: what torch.compile / torch.export see
+# The ops: what torch.compile / torch.export see
 # ----------------------------------------------------------------------------------
 def _config_json(config) -> str | None:
     return None if config is None else json.dumps(config.to_dict(), sort_keys=True)
 
 
 def _parse_pipeline(pipeline: str | None) -> str | int | None:
-    """The custom op carries ``pipeline`` as a string: a name, or a stage count."""
+    """The ops carry ``pipeline`` as a string: a name, or a stage count."""
     return int(pipeline) if pipeline is not None and pipeline.isdigit() else pipeline
 
 
-def _call_from_op_args(
-    alpha,
-    beta,
-    activation,
-    out_dtype,
-    pipeline,
-    decomposition,
-    config_json,
-    precision,
-    addend,
-    residual,
-    store_preact,
-) -> GemmCall:
+def _op_args(call: GemmCall, a, b, addend, residual) -> tuple:
+    """``call`` on these tensors as the ops' arguments (``_gemm``'s parameters)."""
+    ep, req = call.epilogue, call.request
+    pipeline = None if req.pipeline is None else str(req.pipeline)
+    return (a, b, addend, residual, float(ep.alpha), float(ep.beta), ep.activation, call.out_dtype, pipeline,
+            req.decomposition, _config_json(req.config), call.precision)  # fmt: skip
+
+
+def _op_call(args) -> tuple:
+    """The ops' arguments back as (call, a, b, addend, residual); the inverse of ``_op_args``."""
+    (
+        a,
+        b,
+        addend,
+        residual,
+        alpha,
+        beta,
+        activation,
+        out_dtype,
+        pipeline,
+        decomposition,
+        config_json,
+        *rest,
+    ) = args
+    precision = rest[0] if rest else "ieee"  # a default the dispatcher may leave out
     config = TileConfig.from_dict(json.loads(config_json)) if config_json else None
     request = Request(config, _parse_pipeline(pipeline), decomposition)
-    ep = Epilogue(
-        activation, alpha, beta, addend is not None and beta != 0, residual is not None, store_preact
-    )
-    return GemmCall(ep, request, out_dtype, precision)
+    store = activation != "none"
+    ep = Epilogue(activation, alpha, beta, addend is not None and beta != 0, residual is not None, store)
+    return GemmCall(ep, request, out_dtype, precision), a, b, addend, residual
 
 
 def _resolve_precision(call: GemmCall, a: torch.Tensor) -> GemmCall:
@@ -309,26 +322,33 @@ def _resolve_precision(call: GemmCall, a: torch.Tensor) -> GemmCall:
 
 
 def _traceable_gemm(call: GemmCall, a, b, addend, residual):
-    ep, req = call.epilogue, call.request
-    out, _ = torch.ops.tritongemm.gemm(
-        a,
-        b,
-        addend,
-        residual,
-        float(ep.alpha),
-        float(ep.beta),
-        ep.activation,
-        call.out_dtype,
-        None if req.pipeline is None else str(req.pipeline),
-        req.decomposition,
-        _config_json(req.config),
-        call.precision,
+    return torch.ops.tritongemm.gemm(*_op_args(call, a, b, addend, residual))[0]
+
+
+def _outputs(call: GemmCall, a, b) -> tuple[torch.Tensor, torch.Tensor]:
+    out = _alloc_out(a, b, call.out_dtype or a.dtype)
+    store = call.epilogue.store_preact
+    return out, (torch.empty_like(out) if store else out.new_empty(0))
+
+
+def _gemm_extern(*args):
+    """``tritongemm::gemm_extern``: the GEMM as one opaque call, launched by tritongemm."""
+    call, a, b, addend, residual = _op_call(args)
+    call = _resolve_precision(call, a)
+    out, preact = _outputs(call, a, b)
+    store = call.epilogue.store_preact
+    launch.gemm(
+        call, a, b, out, addend if call.epilogue.addend else None, residual, preact if store else None
     )
-    return out
+    return out, preact
 
 
-@torch.library.custom_op("tritongemm::gemm", mutates_args=())
-def _gemm_custom_op(
+def _gemm_extern_fake(*args):
+    call, a, b, _, _ = _op_call(args)
+    return _outputs(call, a, b)
+
+
+def _gemm(
     a: torch.Tensor,
     b: torch.Tensor,
     addend: torch.Tensor | None,
@@ -342,84 +362,62 @@ def _gemm_custom_op(
     config_json: str | None,
     precision: str = "ieee",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(act(alpha a@b + beta addend) + residual, pre-activation or an empty tensor)."""
-    store = activation != "none"
-    call = _call_from_op_args(
-        alpha,
-        beta,
-        activation,
-        out_dtype,
-        pipeline,
-        decomposition,
-        config_json,
-        precision,
-        addend,
-        residual,
-        store,
-    )
+    """``tritongemm::gemm``: (act(alpha a@b + beta addend) + residual, pre-activation or an empty tensor).
+
+    Traced (fake or functional tensors), the kernel launches go into the graph
+    itself where the plan's kernel allows it (``launch.traced_gemm``), so a
+    compiled graph launches them with no Python of ours per call; elsewhere the
+    graph holds the opaque ``gemm_extern``.  On real tensors (eager, or
+    DTensor's local shards) it launches directly.
+    """
+    args = (a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json,
+            precision)  # fmt: skip
+    if type(a) in (torch.Tensor, torch.nn.Parameter):
+        return _gemm_extern(*args)
+    call = _op_call(args)[0]
     call = _resolve_precision(call, a)
-    out = _alloc_out(a, b, out_dtype or a.dtype)
-    preact = torch.empty_like(out) if store else out.new_empty(0)
-    launch.gemm(
-        call, a, b, out, addend if call.epilogue.addend else None, residual, preact if store else None
-    )
-    return out, preact
-
-
-@_gemm_custom_op.register_fake
-def _(
-    a,
-    b,
-    addend,
-    residual,
-    alpha,
-    beta,
-    activation,
-    out_dtype,
-    pipeline,
-    decomposition,
-    config_json,
-    precision="ieee",
-):
-    out = a.new_empty((*a.shape[:-2], a.shape[-2], b.shape[-1]), dtype=out_dtype or a.dtype)
-    preact = torch.empty_like(out) if activation != "none" else out.new_empty(0)
-    return out, preact
+    out, preact = _outputs(call, a, b)
+    store = call.epilogue.store_preact
+    d = addend if call.epilogue.addend else None
+    if launch.traced_gemm(call, a, b, out, d, residual, preact if store else None):
+        return out, preact
+    return torch.ops.tritongemm.gemm_extern(*args)
 
 
 def _setup_context(ctx, inputs, output):
-    (
-        a,
-        b,
-        addend,
-        residual,
-        alpha,
-        beta,
-        activation,
-        out_dtype,
-        pipeline,
-        decomposition,
-        config_json,
-        precision,
-    ) = inputs
-    call = _call_from_op_args(
-        alpha,
-        beta,
-        activation,
-        out_dtype,
-        pipeline,
-        decomposition,
-        config_json,
-        precision,
-        addend,
-        residual,
-        activation != "none",
-    )
+    call, a, b, _, _ = _op_call(inputs)
     _save(ctx, call, a, b, output[1])
 
 
-def _custom_op_backward(ctx, grad_out, grad_preact):
+def _op_backward(ctx, grad_out, grad_preact):
     a, b, z = ctx.saved_tensors
     return (*backward_gemms(ctx, grad_out, a, b, z), *([None] * 8))
 
 
-_gemm_custom_op.register_autograd(_custom_op_backward, setup_context=_setup_context)
+def _decompose_when_functional(mode, op, types, args, kwargs):
+    """``tritongemm::gemm`` under AOTAutograd's functionalization (``torch.compile``): replaced by
+    its body, whose kernel launches Inductor then takes over (what ``torch.library.triton_op``
+    does; registered here directly because ``triton_op`` imports Inductor when it is called,
+    which would add about a second to ``import tritongemm``).  ``torch.export`` keeps the op
+    whole, as it does a ``triton_op``'s."""
+    from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+    if custom_triton_ops_decomposition_disabled():
+        return mode.__torch_dispatch__(op, types, args, kwargs)
+    if any(not issubclass(t, (FakeTensor, FunctionalTensor)) and t is not torch.Tensor for t in types):
+        return NotImplemented
+    with mode:
+        return _gemm(*args, **kwargs)
+
+
+#: Both ops' schema: the tensors, then the ``GemmCall`` as plain values (a config as JSON).
+GEMM_SCHEMA = torch.library.infer_schema(_gemm, mutates_args=())
+torch.library.custom_op("tritongemm::gemm_extern", _gemm_extern, mutates_args=(), schema=GEMM_SCHEMA)
+torch.library.register_fake("tritongemm::gemm_extern", _gemm_extern_fake)
+_GEMM_OP = torch.library.custom_op("tritongemm::gemm", _gemm, mutates_args=())
+_GEMM_OP.register_fake(_gemm_extern_fake)
+_GEMM_OP.register_autograd(_op_backward, setup_context=_setup_context)
+if hasattr(_GEMM_OP, "register_torch_dispatch"):
+    _GEMM_OP.register_torch_dispatch(FunctionalTensorMode, _decompose_when_functional)
+    # What a triton_op records: the kernels its body may launch (AOTAutograd's cache key hashes them).
+    torch._library.triton.triton_ops_to_kernels["tritongemm::gemm"] = list(launch.TRACEABLE_JIT_KERNELS)

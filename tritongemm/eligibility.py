@@ -15,6 +15,15 @@ import torch
 from .device import DeviceInfo
 
 
+def is_aligned16(t: torch.Tensor) -> bool:
+    """Does ``t``'s data start on a 16-byte boundary?  A traced tensor (fake, functional) has no
+    address: its offset into its storage decides, storages being allocated aligned (a compiled
+    graph copies an input that breaks this before running)."""
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        return t.data_ptr() % 16 == 0
+    return t.storage_offset() * t.element_size() % 16 == 0
+
+
 class Operand(NamedTuple):
     """A matrix as a kernel sees it: the last two dims of a tensor."""
 
@@ -28,9 +37,7 @@ class Operand(NamedTuple):
 
     @classmethod
     def of(cls, t: torch.Tensor) -> Operand:
-        return cls(
-            t.shape[-2], t.shape[-1], t.stride(-2), t.stride(-1), t.element_size(), t.data_ptr() % 16 == 0
-        )
+        return cls(t.shape[-2], t.shape[-1], t.stride(-2), t.stride(-1), t.element_size(), is_aligned16(t))
 
     @classmethod
     def contiguous(cls, rows: int, cols: int, elem_size: int) -> Operand:

@@ -24,8 +24,10 @@ from ..call import GemmCall
 from ..configs import GemmProblem
 from ..device import device_info, interpreter_enabled
 from ..eligibility import Operand
+from ..kernels import gemm_kernel, gemv_kernel, splitk_reduce_kernel
 from ..plan import PADDING_POLICIES, Plan, layout_letters, plan
 from ..semantics import dtype_name
+from . import common
 from .aligned import PaddedLauncher, SharedCopy
 from .common import COUNTERS, arrival_counters  # noqa: F401  (tests inspect the counters)
 from .gemv import GemvLauncher
@@ -176,6 +178,58 @@ def gemm(
     return out
 
 
+#: The kernels whose launches a compiled graph can make itself (``traced_gemm``): those that read
+#: plain pointers.  Host-side tensor descriptors (the TMA and Gluon kernels) fail Inductor's
+#: analysis of a user kernel (torch 2.11: it cannot read a descriptor's fields from a fake
+#: tensor), so their plans stay one opaque op in the graph.
+TRACEABLE_KERNELS = ("pointer", "gemv")
+#: The Triton kernels those plans launch.
+TRACEABLE_JIT_KERNELS = (gemm_kernel, splitk_reduce_kernel, gemv_kernel)
+
+
+def traced_gemm(
+    call: GemmCall,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    addend: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    preact: torch.Tensor | None = None,
+) -> bool:
+    """``gemm`` on traced tensors (``torch.compile``, ``torch.export``): its kernel launches are
+    recorded into the graph (``torch.library.wrap_triton``), so the compiled graph launches them
+    itself, with no Python of ours per call.  Returns False, recording nothing, where the plan's
+    kernel cannot be recorded (``TRACEABLE_KERNELS``; an operand copy into aligned workspaces;
+    the interpreter): the caller then records the opaque op instead.
+
+    The plan is the one an eager call with these layouts gets; nothing is cached, since a trace
+    runs once per compiled graph.
+    """
+    if not TRACE_KERNELS or a.device.type != "cuda" or interpreter_enabled() or _wrap_triton is None:
+        return False
+    tensors = [t for t in (a, b, out, addend, residual, preact) if t is not None]
+    if not all(type(x) is int for t in tensors for x in (*t.shape, *t.stride(), t.storage_offset())):
+        return False  # symbolic sizes (dynamic shapes): a plan needs numbers
+    chosen = plan_for(call, a, b, out)
+    if chosen.kernel not in TRACEABLE_KERNELS or (chosen.alignment is not None and chosen.alignment.padded):
+        return False
+    if out.numel() == 0:
+        return True
+    d = addend if addend is not None else out
+    r = residual if residual is not None else out
+    z = preact if preact is not None else out
+    launcher = LAUNCHERS[chosen.kernel](chosen, call, a, b, out, d, r, z, False)
+    ep = call.epilogue
+    with common.tracing():
+        launcher(a, b, out, d, r, z, ep.alpha, ep.beta)
+    return True
+
+
+_wrap_triton = getattr(torch.library, "wrap_triton", None)  # torch >= 2.6
+#: TRITONGEMM_TRACE_KERNELS=0 keeps every GEMM one opaque op in compiled graphs.
+TRACE_KERNELS = os.environ.get("TRITONGEMM_TRACE_KERNELS", "1") != "0"
+
+
 def launcher_for(call: GemmCall, a, b, out, addend=None, residual=None, preact=None):
     """The cached launcher for these tensors (built and cached on first use).
 
@@ -256,4 +310,5 @@ __all__ = [
     "problem_of",
     "register_dependent_cache",
     "set_padding",
+    "traced_gemm",
 ]

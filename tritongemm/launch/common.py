@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import threading
@@ -88,13 +89,24 @@ class Launch:
         ]
 
     def __call__(self, *values) -> None:
-        if not THREAD.ready:  # a thread's first launch: the driver calls below need a current context
-            ensure()
+        if not THREAD.ready:
+            if THREAD.tracing:  # one flag on the hot path: ``tracing`` clears ``ready`` while it lasts
+                self.traced(*values)
+                return
+            ensure()  # a thread's first launch: the driver calls below need a current context
         direct = self.direct
         if direct is not None:
             direct(*values)
             return
         self.slow(*values)
+
+    def traced(self, *values) -> None:
+        """The launch as a graph node (``torch.library.wrap_triton``): a compiled graph launches the
+        kernel itself, with the same arguments, grid and options as ``__call__``."""
+        from torch.library import wrap_triton
+
+        args = self.args.bind(*values)
+        wrap_triton(self.args.kernel)[self.grid](**dict(zip(self.args.names, args)), **self.options)
 
     def slow(self, *values) -> None:
         """The launch through Triton (``JITFunction`` the first time, then ``CompiledKernel[grid]``)."""
@@ -132,6 +144,18 @@ class Launch:
             device = torch.cuda.current_device() if torch.cuda.is_available() else None
             if LAUNCH_MODE == "direct" and device is not None:
                 self.direct = DirectLaunch.of(compiled, self, device)
+
+
+@contextlib.contextmanager
+def tracing():
+    """Within the block, launches on this thread are recorded into the graph being traced
+    (``Launch.traced``) instead of run, and buffers a launch would keep are made per call."""
+    ready = THREAD.ready
+    THREAD.ready, THREAD.tracing = False, True
+    try:
+        yield
+    finally:
+        THREAD.ready, THREAD.tracing = ready, False
 
 
 def rebase(template, t):
@@ -402,9 +426,9 @@ def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     if device.type != "cuda":
         key = (device, None)
     else:
-        if torch.cuda.is_current_stream_capturing():
-            # Inside CUDA-graph capture: a buffer of the graph's own, zeroed by
-            # a memset node at every replay; the shared buffers stay outside it.
+        if THREAD.tracing or torch.cuda.is_current_stream_capturing():
+            # Traced into a graph, or inside CUDA-graph capture: a buffer of the graph's own,
+            # zeroed at every run; the shared buffers stay outside it.
             return torch.zeros(n, dtype=torch.int32, device=device)
         key = (device, _current_raw_stream(device))
     buf = COUNTERS.get(key)

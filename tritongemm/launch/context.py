@@ -30,6 +30,8 @@ import torch
 class _ThreadState(threading.local):
     #: This thread has had a current CUDA context (or runs no CUDA at all).
     ready = False
+    #: Launches are being traced into a graph (``common.tracing``), not run.
+    tracing = False
 
 
 THREAD = _ThreadState()
