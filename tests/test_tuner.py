@@ -653,6 +653,7 @@ def test_cli_tune_without_gpu_or_interpreter_is_one_line_and_fails(monkeypatch, 
     assert not (cache_dir / cache.CACHE_FILENAME).exists()
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: tune would run")
 def test_python_m_tritongemm_tune_without_gpu_or_interpreter(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
