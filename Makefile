@@ -39,7 +39,7 @@ run: venv
 test: venv
 	$(PYTEST_N) -q tests
 
-# Everything: `make test`, then only what it skipped: slow (full-size variants) and heavy (subprocess, gloo, wheel, notebook).
+# Everything: `make test`, then only what it skipped: slow (full-size variants, whole grids) and heavy (subprocess, gloo, wheel, notebook).
 test-all: venv
 	$(MAKE) test
 	$(PYTEST_N) -q -m "slow or heavy" tests
