@@ -1,4 +1,4 @@
-# The README's two commands: `make run` (main job) and `make test` (test suite).
+# The README's two commands: `make run` (main job) and `make test` (the fast test tier).
 # Both create .venv (seeing system site-packages, so a GPU image's torch is reused),
 # install torch only if none is importable, then install tritongemm (once per
 # pyproject.toml change: the stamp file .venv/.installed).
@@ -15,11 +15,13 @@ JOBS ?= 2
 # The venv sees the machine's site-packages (for its torch), and with them every
 # pytest plugin installed there (pytest-benchmark warns under xdist, others could
 # reorder or time out tests).  So plugins are not auto-loaded; the one the suite
-# uses is named.
+# uses is named.  --dist loadgroup: tests marked xdist_group (sharing an expensive
+# module fixture) go to one worker; the rest are spread as by --dist load.
 PYTEST := PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 TRITON_INTERPRET=1 TRITONGEMM_POISON_OUTPUTS=1 \
 	$(PY) -m pytest -p xdist.plugin
+PYTEST_N := $(PYTEST) -n $(JOBS) --dist loadgroup
 
-.PHONY: venv run test test-slow compat lint gpu-check clean
+.PHONY: venv run test test-all test-slow compat lint gpu-check clean
 
 venv: $(VENV)/.installed
 
@@ -33,12 +35,18 @@ $(VENV)/.installed: pyproject.toml
 run: venv
 	$(PY) -m benchmarks quick
 
-# Tests marked `slow` are skipped, with the reason (tests/conftest.py); `make test-slow` runs them.
+# Fast tier: every test but those marked slow or heavy, which it skips with the reason (tests/conftest.py).
 test: venv
-	$(PYTEST) -n $(JOBS) -q tests
+	$(PYTEST_N) -q tests
 
+# Everything: `make test`, then only what it skipped: slow (full-size variants, whole grids) and heavy (subprocess, gloo, wheel, notebook).
+test-all: venv
+	$(MAKE) test
+	$(PYTEST_N) -q -m "slow or heavy" tests
+
+# Only the slow tier.
 test-slow: venv
-	$(PYTEST) -n $(JOBS) -q -m slow tests
+	$(PYTEST_N) -q -m slow tests
 
 # Not part of CI: the fast subset below in two throwaway venvs (under $(COMPAT_DIR),
 # without system site-packages) with the oldest and the newest Triton that install

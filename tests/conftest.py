@@ -15,15 +15,25 @@ Before tritongemm (or anything ``@triton.jit``) is imported:
 
 Tests take their device from the ``device`` fixture ("cuda" when Triton
 compiles for a GPU, else "cpu" on the interpreter); ``@pytest.mark.gpu`` tests
-are skipped, with the reason shown, when Triton does not run on a GPU, and
-``@pytest.mark.slow`` ones unless ``-m`` names them (``make test-slow``).
+are skipped, with the reason shown, when Triton does not run on a GPU.
+
+Two marks keep tests out of ``make test`` (skipped, with the reason shown,
+unless ``-m`` names the mark; ``make test-all`` runs them after ``make test``):
+``@pytest.mark.slow``, a full-size variant of a case the default run checks
+more cheaply, or the rest of a parametrized grid whose covering subset it runs
+(``grid_cases``; ``make test-slow``), and ``@pytest.mark.heavy``, a test that
+starts other processes or tools (a subprocess, torch.distributed over gloo, a
+wheel build, a notebook kernel).
 """
 
 import atexit
+import itertools
 import os
+import re
 import shutil
 import tempfile
 import zlib
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -64,21 +74,32 @@ if native.ENABLED:
         pass
 
 
+#: The marks whose tests ``make test`` leaves out, with the reason its summary shows.
+EXTRA_TIERS = {
+    "slow": "slow: a full-size variant, or the rest of a grid, of a case checked more cheaply; "
+    "run with `make test-slow`, `make test-all` or `pytest -m slow`",
+    "heavy": "heavy: starts other processes or tools (subprocess, gloo, wheel build, notebook); "
+    "run with `make test-all` or `pytest -m heavy`",
+}
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU with compiled Triton (skipped otherwise)")
+    # (xdist registers it too; without xdist the mark does nothing, and must not warn)
+    config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker under --dist loadgroup")
 
 
 def pytest_collection_modifyitems(config, items):
     # A skip with its reason rather than a deselection: xdist's summary does not count
     # deselected tests, and a user should see what the default run leaves out.
-    if "slow" not in (config.option.markexpr or ""):
-        slow = pytest.mark.skip(
-            reason="slow: a full-size variant of a case checked more cheaply; "
-            "run with `make test-slow` or `pytest -m slow`"
-        )
+    named = set(re.findall(r"\w+", config.option.markexpr or ""))
+    for mark, reason in EXTRA_TIERS.items():
+        if mark in named:
+            continue
+        skip = pytest.mark.skip(reason=reason)
         for item in items:
-            if "slow" in item.keywords:
-                item.add_marker(slow)
+            if item.get_closest_marker(mark) is not None:
+                item.add_marker(skip)
     if default_device().type == "cuda":
         return
     why = (
@@ -88,6 +109,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=why))
+
+
+def grid_cases(
+    axes: dict[str, Sequence],
+    keep: Callable[..., bool],
+    ids: dict[str, Callable] | None = None,
+) -> list:
+    """Every combination of ``axes`` (argument name -> values) as ``pytest.param``s, for one
+    ``parametrize(", ".join(axes), ...)``; an axis named ``"a, b"`` has tuples as values.
+
+    ``keep`` is called with the combination's indices, in axis order; the combinations it rejects
+    are marked ``slow``, so the default run checks the subset it picks (which should still meet
+    every value of every axis) and ``make test-slow`` / ``make test-all`` the whole grid.  Ids join
+    the values' ids (``ids[name](value)``, else ``str``) in axis order, as stacked ``parametrize``
+    decorators would, the one nearest the function first.
+    """
+    ids = ids or {}
+    cases = []
+    for index in itertools.product(*(range(len(values)) for values in axes.values())):
+        values, names = [], []
+        for (name, axis), i in zip(axes.items(), index):
+            value = axis[i]
+            values += list(value) if "," in name else [value]
+            names.append(ids.get(name, str)(value))
+        marks = () if keep(*index) else (pytest.mark.slow,)
+        cases.append(pytest.param(*values, id="-".join(names), marks=marks))
+    return cases
 
 
 @pytest.fixture

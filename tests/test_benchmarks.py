@@ -656,6 +656,7 @@ k[(1,)](torch.zeros(3), 3)
 """
 
 
+@pytest.mark.heavy
 def test_quick_reexecs_with_the_interpreter(tmp_path):
     """`python -m benchmarks quick` from a shell without TRITON_INTERPRET: it sets it itself."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITONGEMM_POISON_OUTPUTS")}

@@ -10,12 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import copy, json, warnings
+import pytest
 import torch
 import tritongemm
 
@@ -46,6 +48,7 @@ print(json.dumps(dict(
 """
 
 
+@pytest.mark.heavy
 def test_cpu_without_interpreter_warns_once_per_entry_point():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])

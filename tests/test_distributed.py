@@ -589,6 +589,7 @@ def _check(results, name: str) -> None:
         assert r["timed"] and r["launches"] > 0, r
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", CASES)
 def test_tensor_parallel_cpu_gloo(cpu_results, name):
     _check(cpu_results, name)
@@ -625,6 +626,7 @@ def test_rule_offers_partial_sums_only_to_a_linear_epilogue(activation):
     ) in rules  # batch split
 
 
+@pytest.mark.heavy
 def test_import_does_not_need_torch_distributed():
     """``import tritongemm`` leaves torch.distributed.tensor alone; the DTensor checks cost a look-up."""
     code = (

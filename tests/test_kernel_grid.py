@@ -7,12 +7,18 @@ every explicit tile config meets every variant.  Small explicit
 ``TileConfig``s make tile edges happen on small shapes.  Each case runs
 through ``tritongemm.matmul`` against torch in float64, forward and backward;
 the ``plans`` spy checks that the config asked for is the one planned.
+
+The default run (``make test``) takes a covering part of each grid: every
+layout in every dtype (each variant, config and shape among them), every
+ragged shape in two dtypes, every batch layout with every variant once; the
+rest is marked ``slow`` (``make test-slow``, ``make test-all``).
 """
 
 from dataclasses import replace
 
 import pytest
 import torch
+from conftest import grid_cases
 
 import tritongemm
 from tritongemm import TileConfig
@@ -46,7 +52,11 @@ GRID_SHAPES = [(17, 31, 65), (33, 7, 48), (65, 17, 33), (7, 64, 31), (31, 33, 17
 
 
 def _variant_layout_cases():
-    """The full variant x layout x dtype product; tile configs and shapes rotate through it."""
+    """The full variant x layout x dtype product; tile configs and shapes rotate through it.
+
+    The default run keeps one variant per (layout, dtype), chosen so that every variant still
+    meets every layout, every dtype and every tile config; the rest is ``slow``.
+    """
     cases = []
     for vi, (variant, stages) in enumerate(VARIANTS.items()):
         for li, layout in enumerate(LAYOUTS):
@@ -54,7 +64,10 @@ def _variant_layout_cases():
                 cfg_name = list(CONFIGS)[(vi + li + di) % len(CONFIGS)]
                 m, n, k = GRID_SHAPES[(li + 2 * di + vi) % len(GRID_SHAPES)]
                 case_id = f"{variant}-{layout}-{DTYPE_IDS[dtype]}-{shape_id(m, n, k)}-{cfg_name}"
-                cases.append(pytest.param(stages, layout, dtype, (m, n, k), cfg_name, id=case_id))
+                marks = () if (vi + 2 * li + di) % len(VARIANTS) == 0 else (pytest.mark.slow,)
+                cases.append(
+                    pytest.param(stages, layout, dtype, (m, n, k), cfg_name, id=case_id, marks=marks)
+                )
     return cases
 
 
@@ -89,13 +102,16 @@ RAGGED = {
 
 
 def _ragged_cases():
+    """Every ragged shape in every dtype; the default run takes two dtypes per shape (rotating, so
+    every layout and variant stays), the rest is ``slow``."""
     cases = []
     for si, (sid, (m, n, k, cfg_name)) in enumerate(RAGGED.items()):
         for di, dtype in enumerate(DTYPES):
             layout = LAYOUTS[(si + di) % 4]  # NN/NT/TN/TT rotate over shapes and dtypes
             variant = list(VARIANTS)[(si + di) % len(VARIANTS)]
             case_id = f"{variant}-{layout}-{DTYPE_IDS[dtype]}-{sid}"
-            cases.append(pytest.param(m, n, k, cfg_name, layout, variant, dtype, id=case_id))
+            marks = () if (di - si) % len(DTYPES) < 2 else (pytest.mark.slow,)
+            cases.append(pytest.param(m, n, k, cfg_name, layout, variant, dtype, id=case_id, marks=marks))
     return cases
 
 
@@ -176,9 +192,14 @@ BATCHED = {
 }
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("layout", ["NN", "TT", "SN"])
-@pytest.mark.parametrize("batch_id", list(BATCHED))
+@pytest.mark.parametrize(
+    "batch_id, layout, variant",
+    grid_cases(
+        dict(batch_id=list(BATCHED), layout=["NN", "TT", "SN"], variant=list(VARIANTS)),
+        # (indices) by default a Latin square: every pair of batch, layout and variant once
+        keep=lambda batch_id, layout, variant: variant == (batch_id + layout) % 3,
+    ),
+)
 def test_matmul_batched_grid(batch_id, layout, variant, device):
     dims = BATCHED[batch_id]
     dtype = torch.float32

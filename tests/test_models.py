@@ -146,6 +146,11 @@ def test_tie_margin_scales_with_stock_error():
 # ----------------------------------------------------------------------------------
 # The suite's runner on the tiny model
 # ----------------------------------------------------------------------------------
+#: The tests of ``tiny_run`` (a minute on the interpreter) go to one xdist worker, so it runs once
+#: (``--dist loadgroup``, as ``make test`` runs; ignored without xdist).
+TINY_RUN_GROUP = pytest.mark.xdist_group("tiny_run")
+
+
 @pytest.fixture(scope="module")
 def tiny_run():
     """infer, decode and train of TinyLM in fp32 with the sabotaged variant, breakdown included."""
@@ -158,11 +163,14 @@ def tiny_run():
         breakdown=True,
         warmup_ms=0,
         rep_ms=0,
-        rounds=2,
+        # One round: each of a round's timed steps costs up to 2 s on the interpreter, and what these
+        # tests check (gated, timed, the CSVs and figures) does not depend on how many rounds ran.
+        rounds=1,
         timing="calls",  # (one step a call: the loop's several steps a round would double the time)
     )
 
 
+@TINY_RUN_GROUP
 def test_suite_gate_rejects_the_sabotaged_variant_and_times_the_rest(tiny_run):
     rows = {(r["workload"], r["impl"]): r for r in tiny_run.rows}
     assert set(rows) == {
@@ -212,6 +220,7 @@ def test_capture_sees_forward_and_backward_with_layouts(device):
     assert ops[GemmShape(1, tokens, h, h, "NT", "fp32")] == {"mm"}  # the bias-free output projection
 
 
+@TINY_RUN_GROUP
 def test_breakdown_of_the_tiny_run(tiny_run, tmp_path):
     rows = tiny_run.gemm_rows
     assert {r["workload"] for r in rows} == {"infer", "decode", "train"}
@@ -265,6 +274,7 @@ def test_time_shapes_gates_and_explains(device):
         assert tg["speedup_vs_cublas"] == pytest.approx(timed[shape]["cublas"]["ms"] / tg["ms"])
 
 
+@TINY_RUN_GROUP
 def test_csvs_and_figures_from_them(tiny_run, tmp_path):
     paths = models.write(tiny_run, tmp_path, ENV, {"suite": "models"})
     assert [p.name for p in paths] == ["models.csv", "models_gemms.csv"]
@@ -385,6 +395,7 @@ def test_case_selection():
     assert all(w in models.WORKLOADS for _, w in default)
 
 
+@pytest.mark.heavy
 def test_models_module_imports_without_the_model_libraries():
     code = (
         "import sys, benchmarks.models, benchmarks.host; "

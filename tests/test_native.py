@@ -129,13 +129,19 @@ def test_saved_tensor_hooks_see_what_the_node_saves(device):
     assert_close(gw, ones.T @ x.double())
 
 
-def test_gradcheck_and_gradgradcheck_through_the_node(device):
+# The full Jacobians cost two launches per input element (about 20 s on the interpreter): the
+# default run checks a random projection of them (gradcheck's fast mode: a wrong entry still
+# fails), `make test-slow` the whole Jacobians.
+@pytest.mark.parametrize(
+    "fast_mode", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["projected", "full"]
+)
+def test_gradcheck_and_gradgradcheck_through_the_node(device, fast_mode):
     x = random_tensor((4, 6), torch.float64, device).requires_grad_()
     w = random_tensor((5, 6), torch.float64, device).requires_grad_()
     b = random_tensor((5,), torch.float64, device).requires_grad_()
     _from_entry(tritongemm.linear, x, w, b)
-    assert torch.autograd.gradcheck(tritongemm.linear, (x, w, b))
-    assert torch.autograd.gradgradcheck(tritongemm.linear, (x, w, b))
+    assert torch.autograd.gradcheck(tritongemm.linear, (x, w, b), fast_mode=fast_mode)
+    assert torch.autograd.gradgradcheck(tritongemm.linear, (x, w, b), fast_mode=fast_mode)
 
 
 def test_forward_mode_ad_is_left_to_the_python_function(device):
@@ -331,6 +337,7 @@ def _run(code: str, env: dict) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.heavy
 def test_two_processes_building_at_once_compile_once(tmp_path):
     """The lock serialises them: one compiles, the other loads its binary; no half file is ever loaded."""
     built = native._binary(native.build_dir())  # the session's binary (conftest built it)
@@ -352,6 +359,7 @@ def test_two_processes_building_at_once_compile_once(tmp_path):
     assert leftovers == []
 
 
+@pytest.mark.heavy
 def test_a_failed_build_warns_once_falls_back_and_is_not_retried(tmp_path, device):
     env = {
         "TRITONGEMM_NATIVE_DIR": str(tmp_path),
@@ -388,6 +396,7 @@ def test_a_failed_build_warns_once_falls_back_and_is_not_retried(tmp_path, devic
     assert cli.returncode == 1 and "an earlier build failed" in cli.stderr
 
 
+@pytest.mark.heavy
 def test_first_calls_use_the_function_until_the_background_build_loads(tmp_path, device):
     built = native._binary(native.build_dir())
     env = {
@@ -413,6 +422,7 @@ def test_first_calls_use_the_function_until_the_background_build_loads(tmp_path,
     assert after == NODE
 
 
+@pytest.mark.heavy
 def test_switched_off_it_is_never_built(tmp_path, device):
     log = tmp_path / "compiles"
     env = {

@@ -49,6 +49,7 @@ def _kernelspec_dir(base: Path) -> Path:
     return base
 
 
+@pytest.mark.heavy
 def test_pipeline_stages_notebook_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_PATH", str(_kernelspec_dir(tmp_path / "jupyter")))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")

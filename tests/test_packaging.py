@@ -71,6 +71,7 @@ def _interpreter_cannot_run() -> str | None:
     return None
 
 
+@pytest.mark.heavy
 def test_readme_cpu_quickstart_runs_as_pasted(tmp_path):
     if reason := _interpreter_cannot_run():
         pytest.skip(reason)
@@ -150,6 +151,7 @@ def test_console_script_is_the_module_entry():
     assert getattr(importlib.import_module(module), name) is tritongemm.__main__.main
 
 
+@pytest.mark.heavy
 def test_wheel_contents(tmp_path):
     """Build the wheel from a copy of the sources with the installed setuptools (no network)."""
     setuptools = pytest.importorskip("setuptools")

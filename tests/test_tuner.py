@@ -395,7 +395,7 @@ def test_cli_tune_end_to_end(cache_dir, tmp_path, capsys):
     lines = csv_path.read_text().splitlines()
     assert lines[0].startswith("m,n,k,batch,dtype,layout,block_m") and len(lines) == 2
 
-    assert cli.main(["explain", "20x32x32", "--dtype", "fp32"]) == 0
+    assert cli.main(["explain", "--shape", "20x32x32", "--dtype", "fp32"]) == 0
     assert "source : tuned" in capsys.readouterr().out
     assert cli.main(["cache"]) == 0
     assert "1 entries" in capsys.readouterr().out
@@ -424,7 +424,7 @@ def test_cli_tune_without_shapes_is_a_usage_error(capsys):
 
 
 def test_cli_explain_without_cache_uses_the_heuristic(capsys):
-    assert cli.main(["explain", "64x64x64"]) == 0
+    assert cli.main(["explain", "--shape", "64x64x64"]) == 0
     assert "source : heuristic" in capsys.readouterr().out
 
 
@@ -434,17 +434,135 @@ def test_cli_explain_for_a_named_gpu_shows_the_fallback(capsys):
 
     kernel = "gluon_ws" if GLUON_AVAILABLE else "tma_persistent"  # 128x256 tiles over 3.9 waves
     assert (
-        cli.main(["explain", "4096x4096x4096", "--dtype", "bf16", "--layout", "NT", "--device", "h100"]) == 0
+        cli.main(
+            ["explain", "--shape", "4096x4096x4096", "--dtype", "bf16", "--layout", "NT", "--device", "h100"]
+        )
+        == 0
     )
     assert f"kernel : {kernel}" in capsys.readouterr().out
-    assert cli.main(["explain", "4096x4096x4097", "--dtype", "bf16", "--device", "h100"]) == 0
+    assert cli.main(["explain", "--shape", "4096x4096x4097", "--dtype", "bf16", "--device", "h100"]) == 0
     out = capsys.readouterr().out  # descriptors all the same: A and B are copied to aligned workspaces
     assert (
         f"kernel : {kernel}" in out
         and "align  : copy A to aligned" in out
         and "triton-interpreter" not in out
     )
-    assert cli.main(["explain", "64x64x64", "--device", "h900"]) == 2
+
+
+def _usage_error(argv, capsys) -> str:
+    """stderr of a command line the parser refuses (exit status 2)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_cli_takes_shapes_as_shape_options_in_every_subcommand(capsys):
+    """--shape MxNxK is the spelling of tune and explain alike (documented in both helps); a bare
+    MxNxK is accepted by both too."""
+    assert cli.problems_from_args(parse("--shape", "64x32x16")) == cli.problems_from_args(parse("64x32x16"))
+    assert len(cli.problems_from_args(parse("--shape", "64x32x16", "8x8x8"))) == 2
+    outs = []
+    for argv in (["explain", "--shape", "64x32x16"], ["explain", "64x32x16"]):
+        assert cli.main(argv) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and "problem: 64x32x16 float16 NN" in outs[0]
+    for command in ("tune", "explain"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "-h"])
+        assert "--shape MxNxK" in capsys.readouterr().out
+    assert "no shape; give --shape MxNxK" in _usage_error(["explain"], capsys)
+    assert "two shapes" in _usage_error(["explain", "1x2x3", "--shape", "1x2x4"], capsys)
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["explain", "-4096x4096x4096"], "M = -4096"),
+        (["explain", "--shape", "-4096x4096x4096", "--dtype", "bf16"], "M = -4096"),
+        (["explain", "--shape", "4096x-8x4096"], "N = -8"),
+        (["explain", "--shape", "4096x8x0"], "K = 0"),
+        (["tune", "--shape", "-16x8x8"], "M = -16"),
+        (["tune", "-16x8x8"], "M = -16"),
+    ],
+)
+def test_cli_a_negative_size_is_named_not_a_missing_shape(argv, named, capsys):
+    err = _usage_error(argv, capsys)
+    assert f"{named} is not a size" in err and "bad shape" in err
+    assert "required" not in err and "expected one argument" not in err
+
+
+def test_cli_unknown_device_lists_the_names_it_accepts(capsys):
+    from tritongemm.device import KNOWN_DEVICES
+
+    err = _usage_error(["explain", "--shape", "64x64x64", "--device", "garbage"], capsys)
+    assert "unknown device 'garbage'" in err and all(name in err for name in KNOWN_DEVICES)
+    assert "DeviceInfo" not in err  # (Python API advice)
+    with pytest.raises(SystemExit):
+        cli.main(["explain", "-h"])
+    help_text = capsys.readouterr().out
+    assert all(name in help_text for name in KNOWN_DEVICES)
+    assert cli.main(["explain", "--shape", "64x64x64", "--device", "A100"]) == 0  # names in any case
+    assert "on NVIDIA A100" in capsys.readouterr().out
+
+
+def test_cli_usage_names_the_program_as_typed(monkeypatch, capsys):
+    assert cli.program_name("/venv/bin/tritongemm") == "tritongemm"
+    assert cli.program_name(str(REPO / "tritongemm" / "__main__.py")) == "python -m tritongemm"
+    assert cli.program_name("/venv/lib/pytest/__main__.py") == "tritongemm"  # called from other code
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/tritongemm"])
+    assert _usage_error(["explain"], capsys).startswith("usage: tritongemm explain")
+    monkeypatch.setattr(sys, "argv", [str(REPO / "tritongemm" / "__main__.py")])
+    assert _usage_error(["explain"], capsys).startswith("usage: python -m tritongemm explain")
+
+
+def _option_help(command: str, option: str, capsys) -> str:
+    """The help text of ``option`` in ``command -h`` (up to the next option), on one line."""
+    with pytest.raises(SystemExit):
+        cli.main([command, "-h"])
+    out = capsys.readouterr().out
+    block = out.split(f"  {option} ", 1)[1].split("\n  -", 1)[0]
+    return " ".join(block.split())
+
+
+@pytest.mark.parametrize("command", ["tune", "explain"])
+def test_cli_dtype_and_layout_have_help_listing_the_choices(command, capsys):
+    dtype_help = _option_help(command, "--dtype", capsys)
+    assert all(name in dtype_help for name in ("fp16", "bf16", "fp32", "fp64", "default: fp16"))
+    layout_help = _option_help(command, "--layout", capsys)
+    assert all(layout in layout_help for layout in cli.LAYOUTS) and "default: NN" in layout_help
+
+
+def test_cli_explain_says_when_it_plans_for_the_interpreter(capsys):
+    assert cli.main(["explain", "--shape", "64x64x64"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "interpreter" in line.lower()]
+    if DEVICE.interpreter:
+        assert any(line.startswith("device : ") and "Triton's CPU interpreter" in line for line in lines)
+        assert any("--device" in line for line in lines)
+    else:
+        assert not any(line.startswith("device : ") for line in lines)
+    assert cli.main(["explain", "--shape", "64x64x64", "--device", "h100"]) == 0
+    assert "device : " not in capsys.readouterr().out  # planned for the named GPU, not this machine
+
+
+def _key_line(out: str) -> str:
+    (line,) = [line for line in out.splitlines() if line.startswith("key    : ")]
+    return line
+
+
+def test_cli_explain_key_line_names_the_kernel_chosen(capsys):
+    from tritongemm.kernels.gemm_gluon import GLUON_AVAILABLE
+
+    kernel = "gluon_ws" if GLUON_AVAILABLE else "tma_persistent"
+    assert cli.main(["explain", "--shape", "4096x4096x4096", "--dtype", "bf16", "--device", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert f"kernel : {kernel}" in out
+    line = _key_line(out)  # the key dispatch looks up (tuned on the pointer kernel), and the kernel that runs
+    assert "|pointer|" in line and line.endswith(f"this plan runs {kernel})")
+    # A plan on the pointer kernel: the key names it already.
+    assert cli.main(["explain", "--shape", "64x64x64", "--device", "a100", "--dtype", "fp32"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel : pointer" in out and _key_line(out).endswith("|batch=1")
 
 
 # ----------------------------------------------------------------------------------
@@ -649,10 +767,11 @@ def test_cli_tune_without_gpu_or_interpreter_is_one_line_and_fails(monkeypatch, 
     captured = capsys.readouterr()
     assert captured.out == ""
     (line,) = captured.err.splitlines()
-    assert line.startswith("python -m tritongemm tune: error: no CUDA GPU") and "TRITON_INTERPRET=1" in line
+    assert line.startswith(f"{cli.program_name()} tune: error: no CUDA GPU") and "TRITON_INTERPRET=1" in line
     assert not (cache_dir / cache.CACHE_FILENAME).exists()
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: tune would run")
 def test_python_m_tritongemm_tune_without_gpu_or_interpreter(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -671,5 +790,5 @@ def test_python_m_tritongemm_tune_without_gpu_or_interpreter(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     (line,) = proc.stderr.splitlines()
-    assert "no CUDA GPU to tune on" in line
+    assert line.startswith("python -m tritongemm tune: error:") and "no CUDA GPU to tune on" in line
     assert not (tmp_path / "c.json").exists()

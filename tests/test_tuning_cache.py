@@ -425,6 +425,7 @@ WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("locking", ["fcntl", "no-fcntl"])
 def test_two_processes_writing_at_once_keep_every_entry(cache_dir, locking):
     sync_dir = cache_dir / "sync"

@@ -1,12 +1,13 @@
-"""``python -m tritongemm``: tune shapes, explain a choice, show the cache.
+"""``tritongemm`` (or ``python -m tritongemm``): tune shapes, explain a choice, show the cache.
 
-    python -m tritongemm tune --shape 4096x4096x4096 --dtype fp16,bf16 --layout NN,TN
-    python -m tritongemm tune --preset llama3-8b --tokens 1,16,128,1024,4096,8192 --dtype bf16
-    python -m tritongemm tune --shapes-file shapes.csv          # columns m,n,k[,batch,dtype,layout]
-    python -m tritongemm explain 1000x4096x4096 --dtype bf16 --layout NT
-    python -m tritongemm cache
+    tritongemm tune --shape 4096x4096x4096 --dtype fp16,bf16 --layout NN,TN
+    tritongemm tune --preset llama3-8b --tokens 1,16,128,1024,4096,8192 --dtype bf16
+    tritongemm tune --shapes-file shapes.csv          # columns m,n,k[,batch,dtype,layout]
+    tritongemm explain --shape 1000x4096x4096 --dtype bf16 --layout NT --device h100
+    tritongemm cache
 
-Without a CUDA GPU ``tune`` only runs on Triton's CPU interpreter
+Every subcommand takes a shape as ``--shape MxNxK`` (a bare ``MxNxK`` is
+accepted too).  Without a CUDA GPU ``tune`` only runs on Triton's CPU interpreter
 (``TRITON_INTERPRET=1``), where it checks that candidates run and are correct
 but times nothing and writes nothing; with neither it exits with one line.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from .. import native
 from ..configs import GemmProblem, TileConfig
-from ..device import DeviceInfo, device_info, named_device
+from ..device import KNOWN_DEVICES, DeviceInfo, device_info, named_device
 from . import cache, presets, tuner
 
 DTYPE_ALIASES = {
@@ -42,9 +45,13 @@ DTYPE_ALIASES = {
     "float64": "float64",
 }
 LAYOUTS = ("NN", "NT", "TN", "TT")
+DTYPE_HELP = "fp16, bf16, fp32 or fp64 (also float16, half, bfloat16, float, double, ...)"
+LAYOUT_HELP = "NN, NT, TN or TT: A's then B's storage, N row-major, T transposed (nn.Linear is NT)"
 #: Layout of explicit shapes when --layout is not given (presets use nn.Linear's "NT").
 DEFAULT_LAYOUT = "NN"
 SHAPES_FILE_COLUMNS = ("m", "n", "k", "batch", "dtype", "layout")
+#: The kernel ``tune`` times configs on, named in cache keys (dispatch looks its entries up for every kernel).
+TUNED_KERNEL = "pointer"
 
 
 # ----------------------------------------------------------------------------------
@@ -61,9 +68,30 @@ def parse_shape(text: str) -> tuple[int, int, int]:
         m, n, k = (int(p) for p in parts)
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad shape {text!r}: expected MxNxK, e.g. 4096x4096x4096") from None
-    if min(m, n, k) < 1:
-        raise argparse.ArgumentTypeError(f"bad shape {text!r}: M, N and K must be positive")
+    for name, size in zip("MNK", (m, n, k)):
+        if size < 1:
+            raise argparse.ArgumentTypeError(
+                f"bad shape {text!r}: {name} = {size} is not a size (must be >= 1)"
+            )
     return m, n, k
+
+
+#: A shape whose first size is negative: argparse would take "-4096x..." for an option.
+_NEGATIVE_SHAPE = re.compile(r"-\d+[xX*]")
+
+
+def _negative_shapes_as_values(argv: Sequence[str]) -> list[str]:
+    """``--shape -4096x...`` and a bare ``-4096x...`` as ``--shape=-4096x...``, so that the
+    shape's parser says which size is wrong instead of argparse reporting a missing shape."""
+    out: list[str] = []
+    for arg in argv:
+        if _NEGATIVE_SHAPE.match(arg) and ({"tune", "explain"} & set(out)):
+            if out[-1] == "--shape":
+                out.pop()
+            out.append(f"--shape={arg}")
+        else:
+            out.append(arg)
+    return out
 
 
 def parse_dtype(text: str) -> str:
@@ -101,6 +129,13 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
     return value
+
+
+def _device_name(text: str) -> str:
+    name = text.strip().lower()
+    if name not in KNOWN_DEVICES:
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; choose one of {', '.join(KNOWN_DEVICES)}")
+    return name
 
 
 def _preset_name(text: str) -> str:
@@ -176,7 +211,7 @@ def problems_from_args(args: argparse.Namespace) -> list[GemmProblem]:
     layouts = args.layout or [DEFAULT_LAYOUT]
     problems = [
         GemmProblem(m, n, k, 1, dtype, layout)
-        for (m, n, k) in args.shape
+        for (m, n, k) in [*args.shape, *getattr(args, "bare_shapes", [])]
         for dtype in dtypes
         for layout in layouts
     ]
@@ -196,8 +231,38 @@ def problems_from_args(args: argparse.Namespace) -> list[GemmProblem]:
 # ----------------------------------------------------------------------------------
 # The parser
 # ----------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tritongemm", description="tritongemm tools")
+def program_name(argv0: str | None = None) -> str:
+    """The command as the user typed it, for usage and error lines: ``python -m tritongemm`` when
+    ``argv0`` (default ``sys.argv[0]``) is this package's ``__main__.py``, the script's name when it
+    is a ``tritongemm`` script (the console script), else ``tritongemm``."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    path = os.path.normpath(argv0 or "")
+    if os.path.basename(path) == "__main__.py" and os.path.basename(os.path.dirname(path)) == "tritongemm":
+        return "python -m tritongemm"
+    name = os.path.basename(path)
+    return name if name.startswith("tritongemm") else "tritongemm"
+
+
+def _add_shape_options(
+    parser: argparse.ArgumentParser, help: str, positional_dest: str, repeat: bool
+) -> None:
+    """``--shape MxNxK`` (the documented spelling), and bare ``MxNxK`` arguments, accepted but not listed."""
+    parser.add_argument(
+        "--shape",
+        type=parse_shape,
+        action="append" if repeat else "store",
+        default=[] if repeat else None,
+        metavar="MxNxK",
+        help=help,
+    )
+    parser.add_argument(
+        positional_dest, type=parse_shape, nargs="*" if repeat else "?", help=argparse.SUPPRESS
+    )
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The parser; ``prog`` names the command in usage lines (default: ``program_name()``)."""
+    parser = argparse.ArgumentParser(prog=prog or program_name(), description="tritongemm tools")
     commands = parser.add_subparsers(dest="command", required=True)
 
     tune = commands.add_parser(
@@ -205,13 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="tune shapes and write the winners to the cache (on the CPU interpreter: only check configs)",
     )
     source = tune.add_argument_group("what to tune (any mix)")
-    source.add_argument(
-        "--shape",
-        type=parse_shape,
-        action="append",
-        default=[],
-        metavar="MxNxK",
-        help="a GEMM shape, e.g. 4096x4096x4096 (repeatable)",
+    _add_shape_options(
+        source, "a GEMM shape M x N x K, e.g. 4096x4096x4096 (repeatable)", "bare_shapes", repeat=True
     )
     source.add_argument(
         "--preset",
@@ -243,13 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         type=_comma_list(parse_dtype),
         default=None,
-        help="comma list of fp16, bf16, fp32, fp64 (default: fp16)",
+        help=f"comma list of {DTYPE_HELP} (default: fp16)",
     )
     source.add_argument(
         "--layout",
         type=_comma_list(parse_layout),
         default=None,
-        help="comma list of NN, NT, TN, TT (default: NN; NT for presets, as nn.Linear)",
+        help=f"comma list of {LAYOUT_HELP} (default: NN; NT for presets)",
     )
     how = tune.add_argument_group("how")
     how.add_argument(
@@ -275,20 +335,31 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--no-save", action="store_true", help="do not write the cache")
     how.add_argument("--csv", default=None, metavar="PATH", help="also write the results as CSV")
     how.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    tune.set_defaults(usage_error=tune.error)
 
     explain = commands.add_parser("explain", help="show the config dispatch picks for a shape, and why")
-    explain.add_argument("shape", type=parse_shape, metavar="MxNxK")
-    explain.add_argument("--dtype", type=parse_dtype, default="float16")
-    explain.add_argument("--layout", type=parse_layout, default=DEFAULT_LAYOUT)
-    explain.add_argument("--batch", type=_positive_int, default=1)
+    _add_shape_options(
+        explain, "the GEMM shape M x N x K, e.g. 1000x4096x4096 (required)", "bare_shape", repeat=False
+    )
+    explain.add_argument("--dtype", type=parse_dtype, default="float16", help=f"{DTYPE_HELP} (default: fp16)")
+    explain.add_argument(
+        "--layout",
+        type=parse_layout,
+        default=DEFAULT_LAYOUT,
+        help=f"{LAYOUT_HELP} (default: {DEFAULT_LAYOUT})",
+    )
+    explain.add_argument("--batch", type=_positive_int, default=1, help="batch count (default: 1)")
     explain.add_argument(
         "--device",
+        type=_device_name,
         default=None,
-        help="plan for a named GPU's budgets (h100, h200, a100, l4, rtx3090) instead of this machine's",
+        metavar="NAME",
+        help=f"plan for a named GPU's budgets instead of this machine's: {', '.join(KNOWN_DEVICES)}",
     )
+    explain.set_defaults(usage_error=explain.error)
 
     show = commands.add_parser("cache", help="show the cache file and its entries")
-    show.add_argument("--cache-file", default=None)
+    show.add_argument("--cache-file", default=None, help=f"cache file (default: {cache.cache_path()})")
 
     build = commands.add_parser(
         "native", help="build the C++ autograd node now (else built in the background on first use)"
@@ -304,14 +375,14 @@ def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         problems = problems_from_args(args)
     except ShapesFileError as exc:
-        parser.error(str(exc))
+        args.usage_error(str(exc))
     if not problems:
-        parser.error("tune: nothing to tune; give --shape, --preset or --shapes-file")
+        args.usage_error("nothing to tune; give --shape, --preset or --shapes-file")
     device = device_info()
     try:
         tuner.torch_device_for(device)
     except RuntimeError as exc:  # no GPU, no interpreter: one line, not a traceback
-        print(f"python -m tritongemm tune: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog} tune: error: {exc}", file=sys.stderr)
         return 1
     timed = tuner.timings_are_meaningful(device)
     if timed:
@@ -419,18 +490,30 @@ def run_explain(args: argparse.Namespace) -> int:
     """The same ``explain`` as the Python API (it validates like a real call and says why, fallbacks included)."""
     from ..explain import explain_problem
 
-    m, n, k = args.shape
+    shape = args.shape or args.bare_shape
+    if shape is None:
+        args.usage_error("no shape; give --shape MxNxK, e.g. --shape 1000x4096x4096")
+    if args.shape and args.bare_shape and args.shape != args.bare_shape:
+        args.usage_error("two shapes; give one, as --shape MxNxK")
+    m, n, k = shape
     problem = GemmProblem(m, n, k, args.batch, args.dtype, args.layout)
-    try:
-        device = named_device(args.device) if args.device else device_info()
-    except ValueError as exc:
-        print(f"tritongemm explain: {exc}", file=sys.stderr)
-        return 2
+    device = named_device(args.device) if args.device else device_info()
     plan = explain_problem(problem, device)
-    key = cache.cache_key(problem, device)
+    # Configs are tuned (and looked up) under the kernel they were timed on; the plan may run them on another.
+    key = cache.cache_key(problem, device, TUNED_KERNEL)
+    if device.interpreter:
+        print(
+            "device : no GPU in use: planned for Triton's CPU interpreter (its own small tiles); "
+            f"--device NAME plans for a GPU ({', '.join(KNOWN_DEVICES)})"
+        )
     print(plan.describe())
     print(f"cache  : {cache.cache_path()}")
-    print(f"key    : {key}")
+    if plan.kernel == TUNED_KERNEL:
+        print(f"key    : {key}")
+    else:
+        print(
+            f"key    : {key} (configs are tuned on the {TUNED_KERNEL} kernel; this plan runs {plan.kernel})"
+        )
     if plan.source.startswith("tuning cache"):
         entry = cache.load().get(key, {})
         print(
@@ -466,9 +549,9 @@ def _short(config) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m tritongemm``; returns the exit status."""
+    """Entry point of ``tritongemm`` and ``python -m tritongemm``; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_negative_shapes_as_values(sys.argv[1:] if argv is None else argv))
     if args.command == "tune":
         return run_tune(args, parser)
     if args.command == "explain":
@@ -488,4 +571,4 @@ def run_native(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["build_parser", "main", "parse_shape", "problems_from_args", "read_shapes_file"]
+__all__ = ["build_parser", "main", "parse_shape", "problems_from_args", "program_name", "read_shapes_file"]
