@@ -207,12 +207,12 @@ def cache_sizes() -> dict[str, int]:
 
 def cache_bounds() -> dict[str, int]:
     from tritongemm import fastpath, launch
-    from tritongemm.launch import common
+    from tritongemm.launch import common, direct
 
     return {
         "launch_plans": launch.MAX_CACHED * len(launch._CACHES),
         "fastpath_entries": fastpath.MAX_ENTRIES,
-        "encodings_per_argument": common.DirectLaunch.MAX_ENCODINGS,
+        "encodings_per_argument": direct.DirectLaunch.MAX_ENCODINGS,
         "counter_buffers": common.MAX_COUNTER_BUFFERS,
     }
 

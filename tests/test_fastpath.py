@@ -1,4 +1,4 @@
-"""The repeated-call fast path (``tritongemm.fastpath``) and the direct launch (``launch.common.DirectLaunch``).
+"""The repeated-call fast path (``tritongemm.fastpath``) and the direct launch (``launch.direct.DirectLaunch``).
 
 A repeated call must give what its first call gave, never reuse an entry for
 arguments that differ in anything the first call's checks read, and leave
@@ -441,6 +441,7 @@ def test_generated_direct_launch_places_every_argument(with_descriptors, monkeyp
     from types import SimpleNamespace
 
     from tritongemm.launch import common
+    from tritongemm.launch import direct as direct_module
     from tritongemm.launch.pointer import RUNTIME as POINTER_RUNTIME
     from tritongemm.launch.tma import RUNTIME as TMA_RUNTIME
 
@@ -462,10 +463,10 @@ def test_generated_direct_launch_places_every_argument(with_descriptors, monkeyp
         return [f"map:{desc.name}@{desc.base.data_ptr()}", 64, 64]
 
     hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
-    monkeypatch.setattr(common, "_RAW_STREAM", lambda index: 1000 + index)
+    monkeypatch.setattr(direct_module, "_RAW_STREAM", lambda index: 1000 + index)
     compiled = _FakeCompiled(kernel, _signature_of(kernel, runtime, templates))
     metas = [f"meta{i}" for i in range(len(templates))]
-    direct = common.DirectLaunch._generate(raw, compiled, launch_, 3, metas, expand, hooks)
+    direct = direct_module.DirectLaunch._generate(raw, compiled, launch_, 3, metas, expand, hooks)
 
     a, b, out, bias = (torch.empty(8) for _ in range(4))
     values = dict(zip(runtime, (a, b, out, bias, out, out, out, out, 0.5, 2.0)))
@@ -491,7 +492,7 @@ def test_generated_direct_launch_places_every_argument(with_descriptors, monkeyp
     hooks.launch_enter_hook = lambda metadata: None
     slow = []
     monkeypatch.setattr(launch_, "slow", lambda *v: slow.append(v))
-    direct2 = common.DirectLaunch._generate(raw, compiled, launch_, 3, metas, expand, hooks)
+    direct2 = direct_module.DirectLaunch._generate(raw, compiled, launch_, 3, metas, expand, hooks)
     direct2(*values.values())
     assert len(slow) == 1 and len(calls) == 2
 

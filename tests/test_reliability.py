@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import tritongemm
-from tritongemm.launch import common, context
+from tritongemm.launch import common, context, direct
 from tritongemm.testing import relative_error, tolerance
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def test_empty_k_keeps_negative_zero_and_allows_inplace(device):
     ],
 )
 def test_direct_launch_versions(version, supported):
-    assert common.direct_launch_supported(version) is supported
+    assert direct.direct_launch_supported(version) is supported
 
 
 class _Launcher36:
@@ -149,10 +149,10 @@ class _Launcher39(_Launcher36):
 
 
 def test_known_launcher_form():
-    assert common.is_known_launcher(_Launcher36())
-    assert not common.is_known_launcher(_Launcher39())
-    assert not common.is_known_launcher(None)
-    assert not common.is_known_launcher(object())
+    assert direct.is_known_launcher(_Launcher36())
+    assert not direct.is_known_launcher(_Launcher39())
+    assert not direct.is_known_launcher(None)
+    assert not direct.is_known_launcher(object())
 
 
 def _fake_compiled(launcher):
@@ -169,12 +169,12 @@ def _fake_launch():
 def test_direct_launch_refuses_other_launcher_forms(monkeypatch):
     """Triton 3.9's launcher passes hooks and scratch in other places: a launch generated for
     3.6's order would pass the wrong arguments, so it takes Triton's runner instead."""
-    monkeypatch.setattr(common, "_RAW_STREAM", lambda index: 0)
-    monkeypatch.setattr(common.triton, "__version__", "3.6.0")
-    assert common.DirectLaunch.of(_fake_compiled(_Launcher36()), _fake_launch(), 0) is not None
-    assert common.DirectLaunch.of(_fake_compiled(_Launcher39()), _fake_launch(), 0) is None
-    monkeypatch.setattr(common.triton, "__version__", "3.9.0")
-    assert common.DirectLaunch.of(_fake_compiled(_Launcher36()), _fake_launch(), 0) is None
+    monkeypatch.setattr(direct, "_RAW_STREAM", lambda index: 0)
+    monkeypatch.setattr(direct.triton, "__version__", "3.6.0")
+    assert direct.DirectLaunch.of(_fake_compiled(_Launcher36()), _fake_launch(), 0) is not None
+    assert direct.DirectLaunch.of(_fake_compiled(_Launcher39()), _fake_launch(), 0) is None
+    monkeypatch.setattr(direct.triton, "__version__", "3.9.0")
+    assert direct.DirectLaunch.of(_fake_compiled(_Launcher36()), _fake_launch(), 0) is None
 
 
 def test_installed_triton_launcher_is_recognised_only_where_supported():
@@ -182,19 +182,19 @@ def test_installed_triton_launcher_is_recognised_only_where_supported():
     import triton
 
     launcher = object.__new__(driver.CudaLauncher)
-    if common.direct_launch_supported(triton.__version__):
-        assert common.is_known_launcher(launcher), triton.__version__
+    if direct.direct_launch_supported(triton.__version__):
+        assert direct.is_known_launcher(launcher), triton.__version__
     else:
         # Newer Triton: never the generated launcher, whatever the form.
-        assert common.DirectLaunch.of(_fake_compiled(launcher), _fake_launch(), 0) is None
+        assert direct.DirectLaunch.of(_fake_compiled(launcher), _fake_launch(), 0) is None
 
 
 def test_generated_source_holds_only_names_and_integers(monkeypatch):
-    monkeypatch.setattr(common, "_RAW_STREAM", lambda index: 0)
-    monkeypatch.setattr(common.triton, "__version__", "3.6.0")
-    direct = common.DirectLaunch.of(_fake_compiled(_Launcher36()), _fake_launch(), 0)
-    body = direct.source.split("\n", 1)[1]
-    assert "'" not in body and '"' not in body, direct.source  # no string literals: values travel in env
+    monkeypatch.setattr(direct, "_RAW_STREAM", lambda index: 0)
+    monkeypatch.setattr(direct.triton, "__version__", "3.6.0")
+    launch_fn = direct.DirectLaunch.of(_fake_compiled(_Launcher36()), _fake_launch(), 0)
+    body = launch_fn.source.split("\n", 1)[1]
+    assert "'" not in body and '"' not in body, launch_fn.source  # no string literals: values travel in env
 
 
 # ----------------------------------------------------------------------------------

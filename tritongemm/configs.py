@@ -316,12 +316,17 @@ class TileConfig:
 
     @property
     def kernel(self) -> str:
-        """Which kernel this config asks for: 'pointer', 'tma' or 'tma_persistent'."""
+        """The kernel this config asks for, one of ``launch.LAUNCHERS``' six: ``gemv``; on TMA
+        ``gluon_ws`` (warp-specialized), ``tma_persistent`` or ``tma``, each with its own Stream-K;
+        else ``stream_k`` or ``pointer``.  The plan runs it where the operands allow, else the
+        config's fallback (``plan.Plan.fallback`` says why)."""
         if self.gemv:
             return "gemv"
-        if not self.tma:
-            return "pointer"
-        return "tma_persistent" if self.persistent else "tma"
+        if self.tma:
+            if self.warp_specialize:
+                return "gluon_ws"
+            return "tma_persistent" if self.persistent else "tma"
+        return "stream_k" if self.stream_k else "pointer"
 
     def short(self) -> str:
         flags = [
