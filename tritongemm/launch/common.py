@@ -201,7 +201,6 @@ COUNTERS: dict = {}
 MAX_COUNTER_BUFFERS = 64
 
 
-
 def _current_raw_stream(device: torch.device) -> int:
     """The current CUDA stream's handle: a microsecond less than building a ``torch.cuda.Stream``."""
     if _RAW_STREAM is not None and device.index is not None:
