@@ -10,13 +10,9 @@ take Triton's compiled-kernel runner.  What it skips, and why that is safe, is
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
 
 import torch
 import triton
-
-if TYPE_CHECKING:
-    from .common import Launch
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher itself calls
 
@@ -64,8 +60,9 @@ class DirectLaunch:
     MAX_ENCODINGS = 64
 
     @classmethod
-    def of(cls, compiled, launch: Launch, device_index: int):
-        """The generated launch function for ``launch``'s compiled kernel, or None."""
+    def of(cls, compiled, launch, device_index: int):
+        """The generated launch function for ``launch``'s compiled kernel (``launch``: a
+        ``common.Launch``), or None."""
         try:
             from triton import knobs
             from triton.backends.nvidia import driver as nvdriver
@@ -96,7 +93,7 @@ class DirectLaunch:
         return cls._generate(raw, compiled, launch, device_index, desc_meta, expand, knobs.runtime)
 
     @classmethod
-    def _generate(cls, raw, compiled, launch: Launch, device_index, desc_meta, expand, hooks):
+    def _generate(cls, raw, compiled, launch, device_index, desc_meta, expand, hooks):
         """Write, compile and return the launch function.
 
         The source text holds only generated names (``v3``, ``_c12``) and integers
