@@ -5,7 +5,7 @@ first call of each goes the whole way (``api``: checks, views, the autograd
 op; ``launch``: plan, launcher); afterwards this module remembers, per
 argument signature, the launcher that call used and what to allocate, so
 the next identical call costs a dictionary lookup, one ``torch.empty`` and
-the launch (issue 15: host time within 1.2x of torch's).
+the launch (host time within 1.2x of torch's).
 
 The signature holds everything the first call's checks and decisions read
 from the tensors: shapes, strides, dtypes, devices, 16-byte alignment, the

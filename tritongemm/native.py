@@ -2,7 +2,7 @@
 
 ``csrc/entry_node.cpp`` gives a fast-path entry's output its ``grad_fn`` in
 well under a microsecond, where a Python ``autograd.Function`` spends ~3
-(issue 15: ``linear`` with grad within 1.2x of torch's host time); and it
+(``linear`` with grad within 1.2x of torch's host time); and it
 casts an entry's operands under ``torch.autocast`` through torch's own
 ``cached_cast``: its rules and its weight cache, so a weight read several
 times in one autocast region is cast (and saved for backward) once, as for

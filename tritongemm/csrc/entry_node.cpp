@@ -6,14 +6,14 @@
 // `entry.backward(needs, g, x, w)` in Python, exactly as the Python
 // `fastpath.EntryFunction` does.  What it saves is recording: a Python
 // `autograd.Function` spends ~3 us per call on its context object, argument
-// unpacking and output wrapping; this spends well under one (issue 15).
+// unpacking and output wrapping; this spends well under one.
 //
 // `cast(dtype, x, w, bias)` casts an entry's operands under torch.autocast
 // as torch's own matmul-family ops do, through at::autocast::cached_cast: the
 // same eligibility rules and the same per-region cache of fp32 leaf weights
 // (a weight used twice in one autocast region is cast once, and one cast is
 // saved for backward, not one per use).  A cast costs the same from either
-// side (~11 us on the H100's host, session 33); where the weight's and the
+// side (~11 us on the H100's host); where the weight's and the
 // bias's casts come from the cache, this takes ~9.5 us for what three
 // `Tensor.to` calls from Python take ~38.
 //
