@@ -166,9 +166,7 @@ def gemm(
         return out
     launcher = launcher_for(call, a, b, out, addend, residual, preact)
     ep = call.epilogue
-    d = addend if addend is not None else out  # absent tensors: the kernel never touches them
-    r = residual if residual is not None else out
-    z = preact if preact is not None else out
+    d, r, z = stand_ins(out, addend, residual, preact)
     device = a.device
     if device.type == "cuda" and device.index != _current_device():
         with torch.cuda.device(device):
@@ -215,9 +213,7 @@ def traced_gemm(
         return False
     if out.numel() == 0:
         return True
-    d = addend if addend is not None else out
-    r = residual if residual is not None else out
-    z = preact if preact is not None else out
+    d, r, z = stand_ins(out, addend, residual, preact)
     launcher = LAUNCHERS[chosen.kernel](chosen, call, a, b, out, d, r, z, False)
     ep = call.epilogue
     with common.tracing():
@@ -228,6 +224,16 @@ def traced_gemm(
 _wrap_triton = getattr(torch.library, "wrap_triton", None)  # torch >= 2.6
 #: TRITONGEMM_TRACE_KERNELS=0 keeps every GEMM one opaque op in compiled graphs.
 TRACE_KERNELS = os.environ.get("TRITONGEMM_TRACE_KERNELS", "1") != "0"
+
+
+def stand_ins(out, addend, residual, preact) -> tuple:
+    """The epilogue's tensors as a launcher takes them: ``out`` in place of each absent one (the
+    kernel never touches an operand its epilogue lacks)."""
+    return (
+        addend if addend is not None else out,
+        residual if residual is not None else out,
+        preact if preact is not None else out,
+    )
 
 
 def launcher_for(call: GemmCall, a, b, out, addend=None, residual=None, preact=None):
@@ -272,9 +278,7 @@ def _build(call, a, b, out, addend, residual, preact):
             f"preact={preact is not None}) do not match the call's epilogue {ep}"
         )
     chosen = plan_for(call, a, b, out)
-    d = addend if addend is not None else out
-    r = residual if residual is not None else out
-    z = preact if preact is not None else out
+    d, r, z = stand_ins(out, addend, residual, preact)
     kernel_launcher = LAUNCHERS[chosen.kernel]
     if chosen.alignment is not None and chosen.alignment.padded:
         launcher = PaddedLauncher(chosen, call, a, b, out, d, r, z, interpreter_enabled(), kernel_launcher)
