@@ -27,7 +27,7 @@ from tritongemm.configs import GemmProblem, TileConfig
 from tritongemm.device import INTERPRETER_DEVICE, device_info, interpreter_enabled
 from tritongemm.heuristics import heuristic_config
 from tritongemm.launch import problem_of
-from tritongemm.tuning import autotune, cache, cli, presets, tuner
+from tritongemm.tuning import arguments, autotune, cache, cli, presets, report, tuner
 from tritongemm.tuning.progress import ProgressBar
 
 pytestmark = pytest.mark.skipif(
@@ -178,8 +178,8 @@ def test_tune_with_no_correct_candidate_saves_nothing(monkeypatch, cache_dir):
     (result,) = tune_quietly([TINY], candidates=[SMALL])
     assert result.best is None and result.tflops is None and not result.saved and result.timed is True
     assert cache.lookup(TINY, DEVICE) is None
-    assert "(none correct)" in tuner.format_table([result])
-    assert "1 rejected, 1x 'wrong result" in tuner.format_rejections([result])
+    assert "(none correct)" in report.format_table([result])
+    assert "1 rejected, 1x 'wrong result" in report.format_rejections([result])
 
 
 def test_tune_stops_at_the_time_budget():
@@ -279,7 +279,7 @@ def parse(*argv):
 
 
 def test_cli_shapes_dtypes_and_layouts_multiply():
-    problems = cli.problems_from_args(
+    problems = arguments.problems_from_args(
         parse("--shape", "4096x4096x4096", "--shape", "1x8x16", "--dtype", "fp16,bf16", "--layout", "NN,TN")
     )
     assert len(problems) == 8
@@ -288,7 +288,7 @@ def test_cli_shapes_dtypes_and_layouts_multiply():
 
 
 def test_cli_defaults_to_fp16_nn():
-    assert cli.problems_from_args(parse("--shape", "64x32x16")) == [
+    assert arguments.problems_from_args(parse("--shape", "64x32x16")) == [
         GemmProblem(64, 32, 16, 1, "float16", "NN")
     ]
 
@@ -315,7 +315,7 @@ LLAMA_PAIRS = {
 
 @pytest.mark.parametrize("name", sorted(LLAMA_PAIRS))
 def test_cli_presets_give_the_models_linear_layers(name):
-    problems = cli.problems_from_args(parse("--preset", name, "--tokens", "1,16,4096"))
+    problems = arguments.problems_from_args(parse("--preset", name, "--tokens", "1,16,4096"))
     assert {(p.n, p.k) for p in problems} == LLAMA_PAIRS[name]
     assert sorted({p.m for p in problems}) == [1, 16, 4096]
     assert len(problems) == 4 * 3
@@ -323,12 +323,14 @@ def test_cli_presets_give_the_models_linear_layers(name):
 
 
 def test_cli_presets_split_projections_as_hf_runs_them():
-    problems = cli.problems_from_args(parse("--preset", "llama3-8b", "--tokens", "8", "--split-projections"))
+    problems = arguments.problems_from_args(
+        parse("--preset", "llama3-8b", "--tokens", "8", "--split-projections")
+    )
     assert {(p.n, p.k) for p in problems} == {(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)}
 
 
 def test_cli_preset_default_tokens_and_dtype_list():
-    problems = cli.problems_from_args(parse("--preset", "llama3-8b", "--dtype", "bf16,fp16"))
+    problems = arguments.problems_from_args(parse("--preset", "llama3-8b", "--dtype", "bf16,fp16"))
     assert sorted({p.m for p in problems}) == sorted(presets.DEFAULT_TOKENS)
     assert len(problems) == 4 * len(presets.DEFAULT_TOKENS) * 2
 
@@ -336,7 +338,7 @@ def test_cli_preset_default_tokens_and_dtype_list():
 def test_cli_reads_a_shapes_file_with_header(tmp_path):
     f = tmp_path / "shapes.csv"
     f.write_text("# decode and prefill\nm,n,k,batch,dtype,layout\n1,4096,4096,,,\n128,1024,512,4,bf16,TN\n\n")
-    problems = cli.problems_from_args(parse("--shapes-file", str(f), "--dtype", "fp16,fp32"))
+    problems = arguments.problems_from_args(parse("--shapes-file", str(f), "--dtype", "fp16,fp32"))
     assert problems == [
         GemmProblem(1, 4096, 4096, 1, "float16", "NN"),
         GemmProblem(1, 4096, 4096, 1, "float32", "NN"),
@@ -347,7 +349,7 @@ def test_cli_reads_a_shapes_file_with_header(tmp_path):
 def test_cli_reads_a_shapes_file_without_header_or_optional_columns(tmp_path):
     f = tmp_path / "shapes.csv"
     f.write_text("64, 32, 16\n8,8,8,2\n")
-    assert cli.problems_from_args(parse("--shapes-file", str(f))) == [
+    assert arguments.problems_from_args(parse("--shapes-file", str(f))) == [
         GemmProblem(64, 32, 16, 1, "float16", "NN"),
         GemmProblem(8, 8, 8, 2, "float16", "NN"),
     ]
@@ -365,8 +367,8 @@ def test_cli_reads_a_shapes_file_without_header_or_optional_columns(tmp_path):
 def test_cli_shapes_file_errors_name_the_line(tmp_path, content, message):
     f = tmp_path / "shapes.csv"
     f.write_text(content)
-    with pytest.raises(cli.ShapesFileError, match=f".*{message.replace('[', '.').replace(']', '.')}"):
-        cli.problems_from_args(parse("--shapes-file", str(f)))
+    with pytest.raises(arguments.ShapesFileError, match=f".*{message.replace('[', '.').replace(']', '.')}"):
+        arguments.problems_from_args(parse("--shapes-file", str(f)))
 
 
 def test_cli_tune_end_to_end(cache_dir, tmp_path, capsys):
@@ -460,8 +462,10 @@ def _usage_error(argv, capsys) -> str:
 def test_cli_takes_shapes_as_shape_options_in_every_subcommand(capsys):
     """--shape MxNxK is the spelling of tune and explain alike (documented in both helps); a bare
     MxNxK is accepted by both too."""
-    assert cli.problems_from_args(parse("--shape", "64x32x16")) == cli.problems_from_args(parse("64x32x16"))
-    assert len(cli.problems_from_args(parse("--shape", "64x32x16", "8x8x8"))) == 2
+    assert arguments.problems_from_args(parse("--shape", "64x32x16")) == arguments.problems_from_args(
+        parse("64x32x16")
+    )
+    assert len(arguments.problems_from_args(parse("--shape", "64x32x16", "8x8x8"))) == 2
     outs = []
     for argv in (["explain", "--shape", "64x32x16"], ["explain", "64x32x16"]):
         assert cli.main(argv) == 0
@@ -530,7 +534,7 @@ def test_cli_dtype_and_layout_have_help_listing_the_choices(command, capsys):
     dtype_help = _option_help(command, "--dtype", capsys)
     assert all(name in dtype_help for name in ("fp16", "bf16", "fp32", "fp64", "default: fp16"))
     layout_help = _option_help(command, "--layout", capsys)
-    assert all(layout in layout_help for layout in cli.LAYOUTS) and "default: NN" in layout_help
+    assert all(layout in layout_help for layout in arguments.LAYOUTS) and "default: NN" in layout_help
 
 
 def test_cli_explain_says_when_it_plans_for_the_interpreter(capsys):
@@ -708,7 +712,7 @@ def test_tune_on_the_interpreter_checks_candidates_but_times_and_saves_nothing(
     assert [c.config for c in result.rejected] == [SMALL] and "wrong result" in result.rejected[0].error
     assert not (cache_dir / cache.CACHE_FILENAME).exists()
     assert cache.lookup(TINY, DEVICE) is None
-    assert "(not timed: 1 correct)" in tuner.format_table([result])
+    assert "(not timed: 1 correct)" in report.format_table([result])
 
 
 @on_the_interpreter

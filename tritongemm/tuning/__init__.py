@@ -16,8 +16,9 @@ from ..selection import register_config_source
 from .autotune import autotune_on_first_call, set_autotune_on_first_call, tuned_config
 from .cache import TuningCacheWarning, bucket, cache_key, cache_path, load, lookup, record, reload
 from .presets import PRESETS, preset_problems
+from .report import format_table
 from .space import candidate_configs
-from .tuner import TuneResult, format_table, tune
+from .tuner import TuneResult, tune
 
 # Dispatch consults the cache through the registry (explicit config > tuning cache > heuristic):
 # nothing below the tuning package imports it.

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -26,206 +25,26 @@ from pathlib import Path
 from .. import native
 from ..configs import GemmProblem, TileConfig
 from ..device import KNOWN_DEVICES, DeviceInfo, device_info, named_device
-from . import cache, presets, tuner
+from . import cache, presets, report, tuner
+from .arguments import (
+    DEFAULT_LAYOUT,
+    DTYPE_HELP,
+    LAYOUT_HELP,
+    ShapesFileError,
+    comma_list,
+    device_name,
+    negative_shapes_as_values,
+    parse_dtype,
+    parse_layout,
+    parse_shape,
+    positive_int,
+    preset_name,
+    problems_from_args,
+    read_shapes_file,
+)
 
-DTYPE_ALIASES = {
-    "fp16": "float16",
-    "f16": "float16",
-    "half": "float16",
-    "float16": "float16",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp32": "float32",
-    "f32": "float32",
-    "float": "float32",
-    "float32": "float32",
-    "fp64": "float64",
-    "f64": "float64",
-    "double": "float64",
-    "float64": "float64",
-}
-LAYOUTS = ("NN", "NT", "TN", "TT")
-DTYPE_HELP = "fp16, bf16, fp32 or fp64 (also float16, half, bfloat16, float, double, ...)"
-LAYOUT_HELP = "NN, NT, TN or TT: A's then B's storage, N row-major, T transposed (nn.Linear is NT)"
-#: Layout of explicit shapes when --layout is not given (presets use nn.Linear's "NT").
-DEFAULT_LAYOUT = "NN"
-SHAPES_FILE_COLUMNS = ("m", "n", "k", "batch", "dtype", "layout")
 #: The kernel ``tune`` times configs on, named in cache keys (dispatch looks its entries up for every kernel).
 TUNED_KERNEL = "pointer"
-
-
-# ----------------------------------------------------------------------------------
-# Parsing values
-# ----------------------------------------------------------------------------------
-def parse_shape(text: str) -> tuple[int, int, int]:
-    """``'4096x4096x1024'`` -> (M, N, K).
-
-    >>> parse_shape("1x4096x14336")
-    (1, 4096, 14336)
-    """
-    parts = text.lower().replace("*", "x").split("x")
-    try:
-        m, n, k = (int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad shape {text!r}: expected MxNxK, e.g. 4096x4096x4096") from None
-    for name, size in zip("MNK", (m, n, k)):
-        if size < 1:
-            raise argparse.ArgumentTypeError(
-                f"bad shape {text!r}: {name} = {size} is not a size (must be >= 1)"
-            )
-    return m, n, k
-
-
-#: A shape whose first size is negative: argparse would take "-4096x..." for an option.
-_NEGATIVE_SHAPE = re.compile(r"-\d+[xX*]")
-
-
-def _negative_shapes_as_values(argv: Sequence[str]) -> list[str]:
-    """``--shape -4096x...`` and a bare ``-4096x...`` as ``--shape=-4096x...``, so that the
-    shape's parser says which size is wrong instead of argparse reporting a missing shape."""
-    out: list[str] = []
-    for arg in argv:
-        if _NEGATIVE_SHAPE.match(arg) and ({"tune", "explain"} & set(out)):
-            if out[-1] == "--shape":
-                out.pop()
-            out.append(f"--shape={arg}")
-        else:
-            out.append(arg)
-    return out
-
-
-def parse_dtype(text: str) -> str:
-    """``'bf16'`` -> ``'bfloat16'``."""
-    name = DTYPE_ALIASES.get(text.strip().lower())
-    if name is None:
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; use fp16, bf16, fp32 or fp64")
-    return name
-
-
-def parse_layout(text: str) -> str:
-    layout = text.strip().upper()
-    if layout not in LAYOUTS:
-        raise argparse.ArgumentTypeError(f"unknown layout {text!r}; use one of {', '.join(LAYOUTS)}")
-    return layout
-
-
-def _comma_list(parse_one):
-    """An argparse type for ``a,b,c`` lists of ``parse_one`` values."""
-
-    def parse(text: str) -> list:
-        items = [t for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"empty list {text!r}")
-        return [parse_one(t) for t in items]
-
-    return parse
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
-
-
-def _device_name(text: str) -> str:
-    name = text.strip().lower()
-    if name not in KNOWN_DEVICES:
-        raise argparse.ArgumentTypeError(f"unknown device {text!r}; choose one of {', '.join(KNOWN_DEVICES)}")
-    return name
-
-
-def _preset_name(text: str) -> str:
-    if text not in presets.PRESETS:
-        raise argparse.ArgumentTypeError(
-            f"unknown preset {text!r}; choose one of {', '.join(sorted(presets.PRESETS))}"
-        )
-    return text
-
-
-# ----------------------------------------------------------------------------------
-# Problems from the command line
-# ----------------------------------------------------------------------------------
-class ShapesFileError(ValueError):
-    """A shapes file that cannot be read; the message names the file and line."""
-
-
-def read_shapes_file(path: str | Path, dtypes: Sequence[str], layouts: Sequence[str]) -> list[GemmProblem]:
-    """Problems from a CSV with columns m,n,k[,batch,dtype,layout] (a header row optional).
-
-    Rows without a dtype (layout) get each of ``dtypes`` (``layouts``); lines
-    starting with ``#`` are comments.
-
-    >>> read_shapes_file("shapes.csv", ["float16"], ["NN"])  # doctest: +SKIP
-    [GemmProblem(m=1024, n=4096, k=4096, batch=1, dtype='float16', layout='NN')]
-    """
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise ShapesFileError(f"{path}: cannot read ({exc.strerror})") from None
-    rows = [
-        (number, [cell.strip() for cell in row])
-        for number, row in zip(range(1, len(lines) + 1), csv.reader(lines))
-        if row and any(cell.strip() for cell in row) and not row[0].strip().startswith("#")
-    ]
-    columns = list(SHAPES_FILE_COLUMNS)
-    if rows and not rows[0][1][0].isdigit():
-        number, header = rows.pop(0)
-        columns = [c.lower() for c in header]
-        unknown = [c for c in columns if c not in SHAPES_FILE_COLUMNS]
-        missing = [c for c in ("m", "n", "k") if c not in columns]
-        if unknown or missing:
-            raise ShapesFileError(
-                f"{path}:{number}: header must name m,n,k[,batch,dtype,layout]"
-                + (f"; unknown {unknown}" if unknown else "")
-                + (f"; missing {missing}" if missing else "")
-            )
-    problems = []
-    for number, cells in rows:
-        try:
-            problems += _problems_of_row(
-                dict(zip(columns, cells)), len(cells) > len(columns), dtypes, layouts
-            )
-        except (ValueError, argparse.ArgumentTypeError) as exc:
-            raise ShapesFileError(f"{path}:{number}: {exc}") from None
-    return problems
-
-
-def _problems_of_row(row: dict, extra_cells: bool, dtypes, layouts) -> list[GemmProblem]:
-    if extra_cells:
-        raise ValueError(f"more cells than the columns {', '.join(SHAPES_FILE_COLUMNS)}")
-    m, n, k = (_positive_int(row.get(c, "")) for c in ("m", "n", "k"))
-    batch = _positive_int(row["batch"]) if row.get("batch") else 1
-    row_dtypes = [parse_dtype(row["dtype"])] if row.get("dtype") else dtypes
-    row_layouts = [parse_layout(row["layout"])] if row.get("layout") else layouts
-    return [GemmProblem(m, n, k, batch, dtype, layout) for dtype in row_dtypes for layout in row_layouts]
-
-
-def problems_from_args(args: argparse.Namespace) -> list[GemmProblem]:
-    """Every problem the ``tune`` arguments name, in order, without duplicates."""
-    dtypes = args.dtype or ["float16"]
-    layouts = args.layout or [DEFAULT_LAYOUT]
-    problems = [
-        GemmProblem(m, n, k, 1, dtype, layout)
-        for (m, n, k) in [*args.shape, *getattr(args, "bare_shapes", [])]
-        for dtype in dtypes
-        for layout in layouts
-    ]
-    for name in args.preset:
-        problems += presets.preset_problems(
-            name,
-            tokens=args.tokens,
-            dtypes=dtypes,
-            layouts=args.layout or [presets.LINEAR_LAYOUT],
-            split=args.split_projections,
-        )
-    for shapes_file in args.shapes_file:
-        problems += read_shapes_file(shapes_file, dtypes, layouts)
-    return list(dict.fromkeys(problems))
 
 
 # ----------------------------------------------------------------------------------
@@ -275,14 +94,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     source.add_argument(
         "--preset",
-        type=_preset_name,
+        type=preset_name,
         action="append",
         default=[],
         help=f"linear layers of a model: {', '.join(sorted(presets.PRESETS))} (repeatable)",
     )
     source.add_argument(
         "--tokens",
-        type=_comma_list(_positive_int),
+        type=comma_list(positive_int),
         default=list(presets.DEFAULT_TOKENS),
         help="token counts M for presets (default: %(default)s)",
     )
@@ -301,20 +120,20 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     source.add_argument(
         "--dtype",
-        type=_comma_list(parse_dtype),
+        type=comma_list(parse_dtype),
         default=None,
         help=f"comma list of {DTYPE_HELP} (default: fp16)",
     )
     source.add_argument(
         "--layout",
-        type=_comma_list(parse_layout),
+        type=comma_list(parse_layout),
         default=None,
         help=f"comma list of {LAYOUT_HELP} (default: NN; NT for presets)",
     )
     how = tune.add_argument_group("how")
     how.add_argument(
         "--max-candidates",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="try at most this many configs per shape (the heuristic's first)",
     )
@@ -327,7 +146,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     how.add_argument(
         "--bench-ms",
-        type=_positive_int,
+        type=positive_int,
         default=tuner.DEFAULT_BENCH_MS,
         help="timed repetitions per candidate, in ms (default: %(default)s)",
     )
@@ -348,10 +167,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=DEFAULT_LAYOUT,
         help=f"{LAYOUT_HELP} (default: {DEFAULT_LAYOUT})",
     )
-    explain.add_argument("--batch", type=_positive_int, default=1, help="batch count (default: 1)")
+    explain.add_argument("--batch", type=positive_int, default=1, help="batch count (default: 1)")
     explain.add_argument(
         "--device",
-        type=_device_name,
+        type=device_name,
         default=None,
         metavar="NAME",
         help=f"plan for a named GPU's budgets instead of this machine's: {', '.join(KNOWN_DEVICES)}",
@@ -407,8 +226,8 @@ def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             cache_file=cache_file,
             progress=not args.no_progress,
         )
-    print(tuner.format_table(results))
-    rejections = tuner.format_rejections(results)
+    print(report.format_table(results))
+    rejections = report.format_rejections(results)
     if rejections:
         print("\nrejected candidates:\n" + rejections)
     save_errors = [r.save_error for r in results if r.save_error]
@@ -551,7 +370,7 @@ def _short(config) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``tritongemm`` and ``python -m tritongemm``; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(_negative_shapes_as_values(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(negative_shapes_as_values(sys.argv[1:] if argv is None else argv))
     if args.command == "tune":
         return run_tune(args, parser)
     if args.command == "explain":
