@@ -13,7 +13,7 @@
   breakdown (``gemm_breakdown.py``); ``tiny_models.py`` holds the CPU test models.
 * ``host.py``    — per-call host time of tiny GEMMs against torch.
 
-Results live in ``benchmarks/results/<gpu-name>/`` as CSV + ``.env.json`` + PNG.
+Results live in ``benchmarks/results/<gpu>/`` (``h100/`` on any H100) as CSV + PNG.
 
 Nothing is imported here eagerly: ``python -m benchmarks quick`` must decide
 whether to re-run itself with ``TRITON_INTERPRET=1`` before tritongemm's

@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     q = sub.add_parser(
         "quick", help="short benchmark vs cuBLAS (GPU) or interpreter correctness demo (no GPU)"
     )
-    q.add_argument("--out", help="results folder (default benchmarks/results/<gpu-name>/)")
+    q.add_argument("--out", help="results folder (default benchmarks/results/<gpu>/, e.g. h100/)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     r = sub.add_parser("run", help="run benchmark suites (CUDA GPU)")
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated: square, llm, decode, families, shortk, stages, hierarchy, backward, decomposition, unaligned, models, host",
     )
     r.add_argument("--dtype", help="comma-separated: fp16, bf16, fp32 (default: the suite's)")
-    r.add_argument("--out", help="results folder (default benchmarks/results/<gpu-name>/)")
+    r.add_argument("--out", help="results folder (default benchmarks/results/<gpu>/, e.g. h100/)")
     r.add_argument("--no-compile", action="store_true", help="skip torch.compile(max-autotune-no-cudagraphs)")
     r.add_argument("--filter", help="only cases whose label contains this text")
     r.add_argument(
@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         "soak", help="many mixed calls in one process: memory and caches must stay flat (GPU; tiny on CPU)"
     )
     so.add_argument("--calls", type=int, help="calls after warm-up (default 20000 on a GPU, 300 without)")
-    so.add_argument("--out", help="results folder (default benchmarks/results/<gpu-name>/)")
+    so.add_argument("--out", help="results folder (default benchmarks/results/<gpu>/, e.g. h100/)")
     so.add_argument("--no-plots", action="store_true", help="write the CSV only")
     so.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 

@@ -694,9 +694,19 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
     return env
 
 
+#: GPU families whose results live in a folder of that short name (``results/h100/``): every
+#: memory size and form factor of one chip shares its folder, and the CSV rows name the exact part.
+SHORT_GPU_NAMES = ("h100", "h200", "h800", "h20", "a100", "a10", "l40s", "l4", "b200", "gb200")
+
+
 def gpu_slug(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (a results folder name)."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-device"
+    """A results folder name: the chip's short name where it is one of ``SHORT_GPU_NAMES``
+    ('NVIDIA H100 80GB HBM3' -> 'h100'), else the whole name ('nvidia-rtx-6000-ada-generation')."""
+    words = re.sub(r"[^a-z0-9]+", " ", name.lower()).split()
+    for short in SHORT_GPU_NAMES:
+        if short in words:
+            return short
+    return "-".join(words) or "unknown-device"
 
 
 def default_results_dir(env: dict) -> Path:

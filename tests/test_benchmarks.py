@@ -404,7 +404,10 @@ def test_environment_is_recorded_without_a_gpu():
     for key in ("gpu", "sm_count", "driver", "cuda", "torch", "triton", "date"):
         assert key in env
     assert env["torch"] == torch.__version__
-    assert harness.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert harness.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"  # the folder the committed results use
+    assert harness.gpu_slug("NVIDIA H200") == "h200"
+    assert harness.gpu_slug("NVIDIA H100 PCIe") == "h100"
+    assert harness.gpu_slug("NVIDIA RTX 6000 Ada Generation") == "nvidia-rtx-6000-ada-generation"
 
 
 # ----------------------------------------------------------------------------------
