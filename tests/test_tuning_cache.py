@@ -28,7 +28,7 @@ from tritongemm import explain, heuristics, launch
 from tritongemm.configs import GemmProblem, TileConfig
 from tritongemm.device import INTERPRETER_DEVICE, device_info
 from tritongemm.testing import assert_close, default_device
-from tritongemm.tuning import cache, candidate_configs
+from tritongemm.tuning import cache, candidate_configs, storage
 
 DEVICE = INTERPRETER_DEVICE
 CONFIG = TileConfig(block_m=32, block_n=64, block_k=32, group_m=8, num_warps=4, num_stages=2)
@@ -323,7 +323,7 @@ def test_save_through_a_symlink_writes_the_target_and_keeps_the_link(linked_cach
 
 def test_save_through_a_symlink_takes_the_targets_lock(linked_cache, monkeypatch):
     link, target = linked_cache
-    monkeypatch.setattr(cache, "LOCK_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(storage, "LOCK_TIMEOUT_S", 0.2)
     with filelock.FileLock(str(link.with_name(link.name + ".lock"))):
         cache.record(problem(m=16), DEVICE, CONFIG, 1.0)  # the link's lock file is nobody's
     failure: list[BaseException] = []

@@ -39,34 +39,32 @@ the link stays.  A file that could not be read is copied to
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
-import json
 import os
-import shutil
-import tempfile
 import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import filelock
 import platformdirs
 import triton
 
 from ..configs import MAX_SPLIT_K, MAX_STAGES, MIN_STAGES, ConfigError, GemmProblem, TileConfig
 from ..device import DeviceInfo
+from .storage import (
+    CACHE_VERSION,
+    SCHEMA,
+    TuningCacheWarning,
+    backup,
+    lock_for,
+    read_file,
+    warn_once,
+    write_atomic,
+)
 
-SCHEMA = "tritongemm-tuning-cache"
-CACHE_VERSION = 1
 CACHE_FILENAME = "tuning_cache.json"
 TRITON_VERSION = triton.__version__
-
-#: Seconds to wait for another process's lock.  A writer holds it only while it
-#: reads and rewrites a small JSON file, so a longer wait means a lock left
-#: behind (a soft lock of a crashed process, where ``flock`` is missing).
-LOCK_TIMEOUT_S = 60.0
 
 #: Inclusive bounds of a cached config's integer fields, checked before a
 #: TileConfig is built from the file.  The file is user data: a value no kernel
@@ -90,10 +88,6 @@ CONFIG_BOUNDS: dict[str, tuple[int, int]] = {
 #: Fields an entry's config must name (the flags default to off when absent,
 #: as in entries written before a flag existed).
 REQUIRED_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
-
-
-class TuningCacheWarning(UserWarning):
-    """A cache file that could not be used (corrupt, foreign or stale)."""
 
 
 # ----------------------------------------------------------------------------------
@@ -176,114 +170,6 @@ def make_entry(
 
 
 # ----------------------------------------------------------------------------------
-# Reading a file: never raises
-# ----------------------------------------------------------------------------------
-@dataclass
-class _FileContents:
-    entries: dict
-    #: None when the file was usable (or missing); else "corrupt", "foreign" or "stale".
-    problem: str | None = None
-    detail: str = ""
-
-
-def _read_file(path: Path) -> _FileContents:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return _FileContents({})
-    except OSError as exc:
-        return _FileContents({}, "unreadable", str(exc))
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except Exception as exc:  # any parser failure (RecursionError on deep nesting too) is a corrupt file
-        return _FileContents({}, "corrupt", f"not valid JSON ({type(exc).__name__}: {_first_line(exc)})")
-    if (
-        not isinstance(data, dict)
-        or data.get("schema") != SCHEMA
-        or not isinstance(data.get("entries"), dict)
-    ):
-        return _FileContents({}, "foreign", f"not a {SCHEMA} file")
-    version = data.get("version")
-    if version != CACHE_VERSION:
-        return _FileContents(
-            {}, "stale", f"schema version {version!r}, this tritongemm reads {CACHE_VERSION}"
-        )
-    entries = {k: v for k, v in data["entries"].items() if isinstance(k, str) and isinstance(v, dict)}
-    return _FileContents(entries)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0][:200] if text else ""
-
-
-_warned_paths: set[Path] = set()
-
-
-def _warn_once(path: Path, contents: _FileContents) -> None:
-    if contents.problem is None or path in _warned_paths:
-        return
-    _warned_paths.add(path)
-    warnings.warn(
-        f"tritongemm: ignoring the tuning cache {path}: {contents.problem} file, {contents.detail}. "
-        "Tuned configs from it are not used; the next save keeps a backup copy and starts a fresh file.",
-        TuningCacheWarning,
-        stacklevel=3,
-    )
-
-
-# ----------------------------------------------------------------------------------
-# Writing: lock, merge, atomic replace
-# ----------------------------------------------------------------------------------
-def _lock_for(path: Path) -> filelock.BaseFileLock:
-    """An exclusive lock on ``<cache>.lock``: a separate file, since the cache itself is replaced.
-
-    ``filelock`` takes an ``flock`` where the OS has one (released by the OS if
-    the process dies) and falls back to a lock file created exclusively.
-    """
-    return filelock.FileLock(str(path.with_name(path.name + ".lock")), timeout=LOCK_TIMEOUT_S)
-
-
-def _backup(path: Path, reason: str) -> Path:
-    """Copy an unusable cache file aside before it is replaced; returns the copy's path."""
-    stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
-    target = path.with_name(f"{path.name}.{reason}-{stamp}")
-    n = 1
-    while target.exists():
-        target = path.with_name(f"{path.name}.{reason}-{stamp}-{n}")
-        n += 1
-    shutil.copy2(path, target)
-    return target
-
-
-def _file_mode(path: Path) -> int:
-    """The mode the new file gets: the old file's, else rw-r--r--."""
-    try:
-        return path.stat().st_mode & 0o777
-    except OSError:
-        return 0o644
-
-
-def _write_atomic(path: Path, entries: dict) -> None:
-    """Write the whole file to a temporary sibling, fsync, and rename it over ``path``."""
-    document = {"schema": SCHEMA, "version": CACHE_VERSION, "entries": dict(sorted(entries.items()))}
-    mode = _file_mode(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)  # mkstemp makes 0600; keep the cache's own mode
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-# ----------------------------------------------------------------------------------
 # The in-memory view of one cache file
 # ----------------------------------------------------------------------------------
 @dataclass
@@ -308,8 +194,8 @@ def _store_for(path: Path) -> _Store:
     with _stores_lock:
         store = _stores.get(path)
         if store is None:
-            contents = _read_file(path)
-            _warn_once(path, contents)
+            contents = read_file(path)
+            warn_once(path, contents)
             store = _Store(path, contents.entries)
             _stores[path] = store
     return store
@@ -344,13 +230,13 @@ def save_entries(new_entries: dict, path: Path | None = None) -> Path:
     # Write through a symlink: its target is the file (and owns the lock); the link stays.
     target = Path(os.path.realpath(path))
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _lock_for(target):
-        on_disk = _read_file(target)
-        _warn_once(path, on_disk)
+    with lock_for(target):
+        on_disk = read_file(target)
+        warn_once(path, on_disk)
         if on_disk.problem is not None and target.exists():
-            _backup(target, on_disk.problem)
+            backup(target, on_disk.problem)
         merged = {**on_disk.entries, **new_entries}
-        _write_atomic(target, merged)
+        write_atomic(target, merged)
     with _stores_lock:
         _stores[path] = _Store(path, merged)
     return path
