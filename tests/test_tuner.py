@@ -27,7 +27,7 @@ from tritongemm.configs import GemmProblem, TileConfig
 from tritongemm.device import INTERPRETER_DEVICE, device_info, interpreter_enabled
 from tritongemm.heuristics import heuristic_config
 from tritongemm.launch import problem_of
-from tritongemm.tuning import arguments, autotune, cache, cli, presets, report, tuner
+from tritongemm.tuning import arguments, autotune, cache, cli, measure, presets, report, tuner
 from tritongemm.tuning.progress import ProgressBar
 
 pytestmark = pytest.mark.skipif(
@@ -140,7 +140,7 @@ def test_tune_default_candidates_start_with_the_heuristic():
 # Rejection and the time box
 # ----------------------------------------------------------------------------------
 def _sabotaging_launcher(bad: TileConfig, how: str):
-    real = tuner.KERNEL_LAUNCHERS["pointer"]
+    real = measure.KERNEL_LAUNCHERS["pointer"]
 
     def launcher(config):
         launch = real(config)
@@ -153,7 +153,7 @@ def _sabotaging_launcher(bad: TileConfig, how: str):
                 ops.out[-1, -1] += 1.0
             elif how == "unwritten_row":  # a kernel that never stores row 0
                 scratch = torch.full_like(ops.out, float("nan"))
-                launch(tuner.Operands(ops.a, ops.b, scratch))
+                launch(measure.Operands(ops.a, ops.b, scratch))
                 ops.out[1:] = scratch[1:]
             else:
                 raise RuntimeError("out of resources: shared memory")
@@ -165,7 +165,7 @@ def _sabotaging_launcher(bad: TileConfig, how: str):
 
 @pytest.mark.parametrize("how", ["off_by_one", "unwritten_row", "raises"])
 def test_tune_rejects_a_wrong_candidate(monkeypatch, how):
-    monkeypatch.setitem(tuner.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, how))
+    monkeypatch.setitem(measure.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, how))
     (result,) = tune_quietly([TINY], candidates=[SMALL, LARGE])
     assert result.best == LARGE
     (rejected,) = result.rejected
@@ -174,7 +174,7 @@ def test_tune_rejects_a_wrong_candidate(monkeypatch, how):
 
 
 def test_tune_with_no_correct_candidate_saves_nothing(monkeypatch, cache_dir):
-    monkeypatch.setitem(tuner.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, "off_by_one"))
+    monkeypatch.setitem(measure.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, "off_by_one"))
     (result,) = tune_quietly([TINY], candidates=[SMALL])
     assert result.best is None and result.tflops is None and not result.saved and result.timed is True
     assert cache.lookup(TINY, DEVICE) is None
@@ -204,20 +204,20 @@ def test_unknown_kernel_is_an_error():
 @pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
 def test_operands_have_the_problem_layout(layout):
     problem = GemmProblem(m=24, n=40, k=48, batch=2, dtype="float32", layout=layout)
-    copies = tuner.make_operands(problem, torch.device("cpu"), copies=2)
+    copies = measure.make_operands(problem, torch.device("cpu"), copies=2)
     assert problem_of(copies[0].a, copies[0].b) == problem
     assert not torch.equal(copies[0].a, copies[1].a)  # independent random copies
 
 
 def test_check_result_tolerates_rounding_and_catches_errors():
     ref = torch.randn(16, 16)
-    assert tuner.check_result(ref * (1 + 1e-4), ref, "float32") is None
+    assert measure.check_result(ref * (1 + 1e-4), ref, "float32") is None
     wrong = ref.clone()
     wrong[3, 4] += ref.abs().max()
-    assert "wrong result" in tuner.check_result(wrong, ref, "float32")
+    assert "wrong result" in measure.check_result(wrong, ref, "float32")
     unwritten = ref.clone()
     unwritten[0, 0] = float("nan")
-    assert "wrong result" in tuner.check_result(unwritten, ref, "float32")
+    assert "wrong result" in measure.check_result(unwritten, ref, "float32")
 
 
 # ----------------------------------------------------------------------------------
@@ -703,7 +703,7 @@ def test_cli_tune_into_an_unwritable_cache_prints_the_results_and_why(tmp_path, 
 def test_tune_on_the_interpreter_checks_candidates_but_times_and_saves_nothing(
     honest_timings, monkeypatch, cache_dir
 ):
-    monkeypatch.setitem(tuner.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, "off_by_one"))
+    monkeypatch.setitem(measure.KERNEL_LAUNCHERS, "pointer", _sabotaging_launcher(SMALL, "off_by_one"))
     with pytest.warns(tuner.TimingsMeaninglessWarning, match="timings are meaningless"):
         (result,) = tune_quietly([TINY], candidates=[SMALL, LARGE])
     assert result.timed is False and result.best is None and not result.saved and result.save_error is None

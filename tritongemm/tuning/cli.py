@@ -25,7 +25,7 @@ from pathlib import Path
 from .. import native
 from ..configs import GemmProblem, TileConfig
 from ..device import KNOWN_DEVICES, DeviceInfo, device_info, named_device
-from . import cache, presets, report, tuner
+from . import cache, measure, presets, report, tuner
 from .arguments import (
     DEFAULT_LAYOUT,
     DTYPE_HELP,
@@ -147,7 +147,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     how.add_argument(
         "--bench-ms",
         type=positive_int,
-        default=tuner.DEFAULT_BENCH_MS,
+        default=measure.DEFAULT_BENCH_MS,
         help="timed repetitions per candidate, in ms (default: %(default)s)",
     )
     how.add_argument("--cache-file", default=None, help=f"cache file (default: {cache.cache_path()})")

@@ -21,7 +21,6 @@ not the results: ``tune`` warns, and returns them with ``save_error`` set.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 import warnings
@@ -32,19 +31,21 @@ from pathlib import Path
 import torch
 
 from .. import launch
-from ..call import GemmCall, Request
 from ..configs import ConfigError, GemmProblem, TileConfig
 from ..device import DeviceInfo, device_info, interpreter_enabled
 from ..heuristics import heuristic_config
-from ..semantics import dot_precision
-from ..testing import (
-    LIBRARY_TF32_TOLERANCE,
-    LIBRARY_TOLERANCES,
-    make_matrix,
-    rotation_copies,
-    time_samples,
-)
 from . import cache
+from .measure import (
+    DEFAULT_BENCH_MS,
+    KERNEL_LAUNCHERS,
+    Operands,
+    Rotation,
+    check_result,
+    copies_for,
+    launch_torch,
+    make_operands,
+    median_ms,
+)
 from .progress import ProgressBar
 from .space import candidate_configs
 
@@ -52,21 +53,6 @@ from .space import candidate_configs
 #: Most of it goes to compiling candidates (Triton caches those on disk, and a
 #: config compiled for one shape is reused by shapes of the same alignment).
 DEFAULT_BUDGET_S = 30.0
-
-#: Milliseconds of timed repetitions per candidate (``do_bench``'s ``rep``) and of warm-up.
-DEFAULT_BENCH_MS = 25
-WARMUP_MS = 5
-
-#: Most operand copies tuning rotates through (memory; the rule is ``testing.rotation_copies``).
-MAX_COPIES = 16
-
-
-_TORCH_DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
 
 
 class TimingsMeaninglessWarning(UserWarning):
@@ -135,114 +121,6 @@ def _tflops(problem: GemmProblem, ms: float | None) -> float | None:
     return problem.flops / (ms * 1e9)
 
 
-# ----------------------------------------------------------------------------------
-# Inputs
-# ----------------------------------------------------------------------------------
-@dataclass
-class Operands:
-    """One copy of a problem's inputs and output: ``out = a @ b``."""
-
-    a: torch.Tensor
-    b: torch.Tensor
-    out: torch.Tensor
-
-
-def make_operands(
-    problem: GemmProblem, torch_device: torch.device, copies: int, seed: int = 0
-) -> list[Operands]:
-    """``copies`` independent random copies of the problem's operands, in its layout.
-
-    >>> ops = make_operands(GemmProblem(32, 32, 32, dtype="float32", layout="TN"), torch.device("cpu"), 2)
-    >>> ops[0].a.stride()
-    (1, 32)
-    """
-    dtype = _TORCH_DTYPES[problem.dtype]
-    gen = torch.Generator(device=torch_device)
-    gen.manual_seed(seed)
-    lead = (problem.batch,) if problem.batch > 1 else ()
-    return [
-        Operands(
-            a=make_matrix(problem.m, problem.k, problem.layout[0], dtype, torch_device, lead, gen),
-            b=make_matrix(problem.k, problem.n, problem.layout[1], dtype, torch_device, lead, gen),
-            out=torch.empty(*lead, problem.m, problem.n, dtype=dtype, device=torch_device),
-        )
-        for _ in range(copies)
-    ]
-
-
-def copies_for(problem: GemmProblem, on_cuda: bool) -> int:
-    """How many operand copies to rotate through so that L2 never holds the next call's inputs."""
-    if not on_cuda:
-        return 2  # the interpreter has no L2 to flatter; two copies still exercise the rotation
-    copy_bytes = problem.batch * (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n)
-    copy_bytes *= problem.elem_size
-    return rotation_copies(copy_bytes, most=MAX_COPIES)
-
-
-class _Rotation:
-    """Calls ``launch`` on the next operand copy each time it is called."""
-
-    def __init__(self, copies: list[Operands], launch: Callable[[Operands], None]):
-        self.copies, self.launch, self.next = copies, launch, 0
-
-    def __call__(self) -> None:
-        ops = self.copies[self.next]
-        self.next = (self.next + 1) % len(self.copies)
-        self.launch(ops)
-
-
-# ----------------------------------------------------------------------------------
-# Launching and timing
-# ----------------------------------------------------------------------------------
-def _launch_torch(ops: Operands) -> None:
-    # out= on purpose: inside tritongemm.patch() an out= call is left to torch,
-    # so the baseline is always torch's own kernel (cuBLAS), never ours.
-    torch.matmul(ops.a, ops.b, out=ops.out)
-
-
-def _pointer_launcher(config: TileConfig) -> Callable[[Operands], None]:
-    def run(ops: Operands) -> None:
-        call = GemmCall(request=Request(config=config), precision=dot_precision(ops.a.dtype))
-        launch.gemm(call, ops.a, ops.b, ops.out)
-
-    return run
-
-
-#: Kernel path name (as in cache keys) -> builds the launch function of a config.
-KERNEL_LAUNCHERS: dict[str, Callable[[TileConfig], Callable[[Operands], None]]] = {
-    "pointer": _pointer_launcher,
-}
-
-
-def median_ms(fn: Callable[[], None], on_cuda: bool, bench_ms: int = DEFAULT_BENCH_MS) -> float:
-    """Median milliseconds per call of ``fn`` after warm-up.
-
-    CUDA: ``triton.testing.do_bench`` (which also clears L2 between calls).
-    CPU (Triton's interpreter): ``time.perf_counter`` over at least 3 calls; ``tune``
-    keeps none of these (they say nothing about a GPU), tests of its choosing do.
-    """
-    device = torch.device("cuda" if on_cuda else "cpu")
-    return statistics.median(time_samples(fn, device, warmup_ms=WARMUP_MS, rep_ms=bench_ms))
-
-
-def check_result(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> str | None:
-    """Why ``out`` is not ``ref`` within the dtype's tolerance, or None when it is.
-
-    >>> check_result(torch.ones(4, 4), torch.zeros(4, 4) + 1, "float32") is None
-    True
-    """
-    wide = torch.float64 if dtype == "float64" else torch.float32
-    expected = ref.to(wide)
-    scale = expected.abs().max().clamp_min(1e-6)
-    err = ((out.to(wide) - expected).abs().max() / scale).item()
-    # Against torch's result in the same dtype, relative to max|C|: the library bound, and
-    # TF32's for float32 (torch may use it; the check runs wherever tuning does).
-    tol = LIBRARY_TF32_TOLERANCE if dtype == "float32" else LIBRARY_TOLERANCES[_TORCH_DTYPES[dtype]]
-    if not err <= tol:  # also catches NaN: unwritten (poisoned) elements
-        return f"wrong result: max |C - torch| = {err:.3g} x max|C| (tolerance {tol:g})"
-    return None
-
-
 def _try_candidate(
     config: TileConfig,
     launcher: Callable[[TileConfig], Callable[[Operands], None]],
@@ -263,7 +141,7 @@ def _try_candidate(
             return CandidateResult(config, error=error)
         if not timed:
             return CandidateResult(config)
-        return CandidateResult(config, ms=median_ms(_Rotation(copies, launch), on_cuda, bench_ms))
+        return CandidateResult(config, ms=median_ms(Rotation(copies, launch), on_cuda, bench_ms))
     except Exception as exc:  # a compile failure or out-of-resources rejects one candidate, not the run
         return CandidateResult(
             config, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -346,7 +224,7 @@ def tune_problem(
     seen_as = _as_dispatch_sees(problem, copies[0])
     ref = torch.empty_like(copies[0].out)
     torch.matmul(copies[0].a, copies[0].b, out=ref)
-    torch_ms = median_ms(_Rotation(copies, _launch_torch), on_cuda, bench_ms) if timed else None
+    torch_ms = median_ms(Rotation(copies, launch_torch), on_cuda, bench_ms) if timed else None
 
     results: list[CandidateResult] = []
     timed_out = False
@@ -497,16 +375,11 @@ def _show_candidate(bar: ProgressBar, done: int, label: str) -> Callable[[int, i
 
 __all__ = [
     "CandidateResult",
-    "DEFAULT_BENCH_MS",
     "DEFAULT_BUDGET_S",
-    "Operands",
     "TimingsMeaninglessWarning",
     "TuneResult",
     "candidates_for",
-    "check_result",
     "describe_problem",
-    "make_operands",
-    "median_ms",
     "timings_are_meaningful",
     "torch_device_for",
     "tune",
