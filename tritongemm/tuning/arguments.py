@@ -9,26 +9,10 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..configs import GemmProblem
+from ..configs import GemmProblem, canonical_dtype
 from ..device import KNOWN_DEVICES
 from . import presets
 
-DTYPE_ALIASES = {
-    "fp16": "float16",
-    "f16": "float16",
-    "half": "float16",
-    "float16": "float16",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp32": "float32",
-    "f32": "float32",
-    "float": "float32",
-    "float32": "float32",
-    "fp64": "float64",
-    "f64": "float64",
-    "double": "float64",
-    "float64": "float64",
-}
 LAYOUTS = ("NN", "NT", "TN", "TT")
 DTYPE_HELP = "fp16, bf16, fp32 or fp64 (also float16, half, bfloat16, float, double, ...)"
 LAYOUT_HELP = "NN, NT, TN or TT: A's then B's storage, N row-major, T transposed (nn.Linear is NT)"
@@ -78,11 +62,11 @@ def negative_shapes_as_values(argv: Sequence[str]) -> list[str]:
 
 
 def parse_dtype(text: str) -> str:
-    """``'bf16'`` -> ``'bfloat16'``."""
-    name = DTYPE_ALIASES.get(text.strip().lower())
-    if name is None:
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; use fp16, bf16, fp32 or fp64")
-    return name
+    """``'bf16'`` -> ``'bfloat16'`` (the spellings ``configs.canonical_dtype`` takes)."""
+    try:
+        return canonical_dtype(text.strip().lower())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; use fp16, bf16, fp32 or fp64") from None
 
 
 def parse_layout(text: str) -> str:
