@@ -185,13 +185,11 @@ def test_gradient_of_a_transposed_operand_keeps_its_layout(which, device):
 
 
 def test_forward_records_transposed_operands(device):
-    from tritongemm.autograd import _is_transposed_view
+    from tritongemm.autograd import is_transposed_view
 
     w = random_tensor((17, 40), torch.float32, device)
-    assert _is_transposed_view(w.mT) and not _is_transposed_view(w)
-    assert not _is_transposed_view(
-        random_tensor((1, 40), torch.float32, device).mT
-    )  # a vector: either layout
+    assert is_transposed_view(w.mT) and not is_transposed_view(w)
+    assert not is_transposed_view(random_tensor((1, 40), torch.float32, device).mT)  # a vector: either layout
     lin = torch.nn.Linear(40, 17).to(device)
     x = random_tensor((5, 40), torch.float32, device)  # no grad: only weight's gradient is computed
     tritongemm.linear(x, lin.weight, lin.bias).sum().backward()

@@ -175,7 +175,7 @@ def backward_gemms(ctx, grad_out, a, b, z):
     return grad_a, grad_b, grad_addend, grad_residual
 
 
-def _is_transposed_view(t: torch.Tensor) -> bool:
+def is_transposed_view(t: torch.Tensor) -> bool:
     """A 2-D column-major matrix (the transpose of a contiguous one), read from its strides."""
     if t.dim() != 2:
         return False
@@ -185,7 +185,7 @@ def _is_transposed_view(t: torch.Tensor) -> bool:
 
 def _save(ctx, call: GemmCall, a, b, preact) -> None:
     ctx.call = call
-    ctx.a_transposed, ctx.b_transposed = _is_transposed_view(a), _is_transposed_view(b)
+    ctx.a_transposed, ctx.b_transposed = is_transposed_view(a), is_transposed_view(b)
     ctx.save_for_backward(
         a if ctx.needs_input_grad[1] else None,
         b if ctx.needs_input_grad[0] else None,

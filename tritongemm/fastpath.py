@@ -47,7 +47,7 @@ import os
 import torch
 
 from . import launch, native
-from .autograd import _is_transposed_view, alloc_out, backward_gemms
+from .autograd import alloc_out, backward_gemms, is_transposed_view
 from .call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall, Request
 from .semantics import SUPPORTED_DTYPES, autocast_cast, autocast_dtype, dot_precision
 
@@ -189,7 +189,7 @@ class Entry:
         self.beta = call.epilogue.beta
         # What backward needs of the operands' layouts (fixed by the signature), saved or not.
         self.x_shape, self.k = tuple(x.shape), a.shape[1]
-        self.a_transposed, self.b_transposed = _is_transposed_view(a), _is_transposed_view(b)
+        self.a_transposed, self.b_transposed = is_transposed_view(a), is_transposed_view(b)
         # backward_gemms' gradient call: alpha of the forward (1 here), no epilogue, the same precision.
         self.grad_call = GemmCall(Epilogue(), Request(), None, call.precision)
         self.grad_launches: dict = {}  # (grad strides, grad aligned, needs) -> [grad x, grad w] launches
