@@ -29,8 +29,8 @@ import torch
 
 import tritongemm
 from tritongemm import heuristics
-from tritongemm.configs import GemmProblem
 from tritongemm.device import device_info
+from tritongemm.problem import GemmProblem
 
 from .sweep_skinny import PROMPT_NK
 

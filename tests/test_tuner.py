@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tritongemm.configs import GemmProblem, TileConfig
+from tritongemm.configs import TileConfig
 from tritongemm.device import INTERPRETER_DEVICE, device_info, interpreter_enabled
 from tritongemm.heuristics import heuristic_config
 from tritongemm.launch import problem_of
+from tritongemm.problem import GemmProblem
 from tritongemm.tuning import arguments, autotune, cache, cli, measure, presets, report, tuner
 from tritongemm.tuning.progress import ProgressBar
 

@@ -20,12 +20,12 @@ from conftest import grid_cases
 import tritongemm
 from tritongemm import KNOWN_DEVICES, TileConfig, explain, fastpath, launch
 from tritongemm.call import Epilogue, GemmCall, Request
-from tritongemm.configs import GemmProblem
 from tritongemm.eligibility import Operand, stride_hint, vector_bytes
 from tritongemm.launch.aligned import MatrixCopy, PadCopy, PaddedLauncher, SharedCopy, rows_fast
 from tritongemm.launch.common import Launch
 from tritongemm.launch.pointer import stride_hints
 from tritongemm.plan import TMA_STORE_KERNELS, layout_letters, plan
+from tritongemm.problem import GemmProblem
 from tritongemm.testing import assert_close, make_matrix, make_operands, nan_tensor, random_tensor
 from tritongemm.unaligned import padding_estimate
 

@@ -13,10 +13,10 @@ import torch
 import tritongemm
 from tritongemm import KNOWN_DEVICES, TileConfig
 from tritongemm.call import NO_REQUEST, Request
-from tritongemm.configs import GemmProblem
 from tritongemm.eligibility import Operand
 from tritongemm.heuristics import tiles_of
 from tritongemm.plan import layout_letters, plan
+from tritongemm.problem import GemmProblem
 from tritongemm.testing import assert_close, random_tensor
 from tritongemm.unaligned import ELEMENTWISE_MAX_WAVES, elementwise_tile
 

@@ -36,12 +36,13 @@ from . import (
 from ._version import __version__ as __version__
 from .api import addmm, baddbmm, bmm, linear, matmul, mm
 from .autograd import set_poison_outputs as _set_poison_outputs
-from .configs import PIPELINES, ConfigError, GemmProblem, TileConfig
+from .configs import PIPELINES, ConfigError, TileConfig
 from .device import KNOWN_DEVICES, DeviceInfo, device_info, interpreter_enabled
 from .explain import explain
 from .heuristics import heuristic_config
 from .launch import clear_plan_cache
 from .patch import PatchStats, patch
+from .problem import GemmProblem
 from .selection import select_config
 from .semantics import UnsupportedInputError
 from .tuning import candidate_configs, set_autotune_on_first_call, tune

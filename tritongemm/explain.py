@@ -15,11 +15,11 @@ import torch
 
 from . import checks
 from .call import make_request
-from .configs import GemmProblem
 from .device import DeviceInfo, device_info, named_device
 from .eligibility import Operand
 from .launch import padding_policy
 from .plan import Plan, layout_letters, plan
+from .problem import GemmProblem
 from .semantics import autocast_cast, autocast_dtype, check_activation, dtype_name
 
 

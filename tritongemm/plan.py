@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from .call import Request
-from .configs import GemmProblem, TileConfig
+from .configs import TileConfig
 from .device import DeviceInfo
 from .eligibility import (
     Operand,
@@ -25,6 +25,7 @@ from .eligibility import (
     vector_bytes,
     warp_specialized_unsupported_reason,
 )
+from .problem import GemmProblem
 from .selection import select
 from .unaligned import elementwise_tile, padding_estimate
 

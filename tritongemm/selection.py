@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from .call import NO_REQUEST, Request
-from .configs import DECOMPOSITIONS, MAX_SPLIT_K, ConfigError, GemmProblem, TileConfig
+from .configs import DECOMPOSITIONS, MAX_SPLIT_K, ConfigError, TileConfig
 from .device import DeviceInfo
 from .heuristics import (
     choose_skinny_tile,
@@ -23,6 +23,7 @@ from .heuristics import (
     fit_shared_memory,
     heuristic_choice,
 )
+from .problem import GemmProblem
 
 #: A config source: (problem, device) -> a config, or None to pass.
 ConfigSource = Callable[[GemmProblem, DeviceInfo], "TileConfig | None"]

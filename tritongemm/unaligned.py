@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .configs import GemmProblem, TileConfig
+from .configs import TileConfig
 from .device import DeviceInfo
 from .heuristics import Tile, pow2_at_least, split_k_config, tiles_of
+from .problem import GemmProblem
 
 # Restoring alignment: when a leading dimension is not a multiple
 # of 16 bytes, copying the operand into a padded workspace and running the

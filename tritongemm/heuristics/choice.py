@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
-from ..configs import GemmProblem, TileConfig, split_width, wave_efficiency
+from ..configs import TileConfig, split_width
 from ..device import DeviceInfo
+from ..problem import GemmProblem, wave_efficiency
 from .few_rows import choose_gemv_tile, choose_skinny_tile, is_gemv, is_skinny, prompt_config
 from .tiles import (
     SMALL_MAX_K,

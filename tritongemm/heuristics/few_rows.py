@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..configs import GemmProblem, TileConfig
+from ..configs import TileConfig
 from ..device import DeviceInfo
+from ..problem import GemmProblem
 from .tiles import (
     SMALL_MAX_K,
     SMALL_TILE,

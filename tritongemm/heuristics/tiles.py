@@ -6,8 +6,9 @@ import math
 from dataclasses import replace
 from typing import NamedTuple
 
-from ..configs import MAX_SPLIT_K, GemmProblem, TileConfig, wave_efficiency
+from ..configs import MAX_SPLIT_K, TileConfig
 from ..device import DeviceInfo
+from ..problem import GemmProblem, wave_efficiency
 from ..schedules import cdiv
 
 

@@ -21,11 +21,11 @@ import warnings
 import torch
 
 from ..call import GemmCall
-from ..configs import GemmProblem
 from ..device import device_info, interpreter_enabled
 from ..eligibility import Operand
 from ..kernels import gemm_kernel, gemv_kernel, splitk_reduce_kernel
 from ..plan import PADDING_POLICIES, Plan, layout_letters, plan
+from ..problem import GemmProblem
 from ..semantics import dtype_name
 from . import common
 from .aligned import PaddedLauncher, SharedCopy

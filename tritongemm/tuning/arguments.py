@@ -9,8 +9,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..configs import GemmProblem, canonical_dtype
 from ..device import KNOWN_DEVICES
+from ..problem import GemmProblem, canonical_dtype
 from . import presets
 
 LAYOUTS = ("NN", "NT", "TN", "TT")
@@ -62,7 +62,7 @@ def negative_shapes_as_values(argv: Sequence[str]) -> list[str]:
 
 
 def parse_dtype(text: str) -> str:
-    """``'bf16'`` -> ``'bfloat16'`` (the spellings ``configs.canonical_dtype`` takes)."""
+    """``'bf16'`` -> ``'bfloat16'`` (the spellings ``problem.canonical_dtype`` takes)."""
     try:
         return canonical_dtype(text.strip().lower())
     except ValueError:

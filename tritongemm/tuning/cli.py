@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import native
-from ..configs import GemmProblem, TileConfig
+from ..configs import TileConfig
 from ..device import KNOWN_DEVICES, DeviceInfo, device_info, named_device
+from ..problem import GemmProblem
 from . import cache, measure, presets, report, tuner
 from .arguments import (
     DEFAULT_LAYOUT,

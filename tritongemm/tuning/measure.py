@@ -14,7 +14,8 @@ import torch
 
 from .. import launch
 from ..call import GemmCall, Request
-from ..configs import GemmProblem, TileConfig
+from ..configs import TileConfig
+from ..problem import GemmProblem
 from ..semantics import dot_precision
 from ..testing import (
     LIBRARY_TF32_TOLERANCE,
