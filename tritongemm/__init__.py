@@ -32,6 +32,7 @@ import os as _os
 from . import (
     _compat,  # noqa: F401  (first: an unsupported Triton/torch fails here, named, not later)
     nn,
+    ops,  # noqa: F401  (registers torch.ops.tritongemm.gemm, which traced calls and DTensor use)
 )
 from ._version import __version__ as __version__
 from .api import addmm, baddbmm, bmm, linear, matmul, mm

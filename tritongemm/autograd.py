@@ -17,23 +17,19 @@ Doors:
 * eager code calls ``GemmFunction`` (lowest host overhead); under
   ``torch.func`` transforms (``grad`` / ``jacrev`` / ``vmap``) the same op in
   the functorch form, ``GemmTransformFunction`` (``setup_context``, a ``vmap`` rule);
-* code under ``torch.compile`` / ``torch.export`` calls the custom op
-  ``torch.ops.tritongemm.gemm``, which has a fake (meta) implementation and
-  registered autograd, so graphs trace through it with no graph break.
+* code under ``torch.compile`` / ``torch.export`` calls the op
+  ``torch.ops.tritongemm.gemm`` (``ops.py``: a fake kernel, this module's
+  backward registered as its autograd), so graphs trace through it with no
+  graph break.
 """
 
 from __future__ import annotations
 
-import json
-
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from . import distributed, launch
-from .call import Epilogue, GemmCall, Request
-from .configs import TileConfig
-from .semantics import activation_backward, dot_precision
+from .call import Epilogue, GemmCall, Request, op_args
+from .semantics import activation_backward
 
 _functorch_active = torch._C._are_functorch_transforms_active
 
@@ -183,7 +179,8 @@ def is_transposed_view(t: torch.Tensor) -> bool:
     return rows > 1 and cols > 1 and t.stride() == (1, rows)
 
 
-def _save(ctx, call: GemmCall, a, b, preact) -> None:
+def save_context(ctx, call: GemmCall, a, b, preact) -> None:
+    """What backward needs, kept on ``ctx``: the call, the operands' layouts, the tensors it reads."""
     ctx.call = call
     ctx.a_transposed, ctx.b_transposed = is_transposed_view(a), is_transposed_view(b)
     ctx.save_for_backward(
@@ -217,7 +214,7 @@ class GemmFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, addend, residual, call: GemmCall, launcher=None):
         out, preact = _forward(a, b, addend, residual, call, launcher)
-        _save(ctx, call, a, b, preact)
+        save_context(ctx, call, a, b, preact)
         return out
 
     @staticmethod
@@ -242,7 +239,7 @@ class GemmTransformFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         a, b, _, _, call = inputs
         ctx.mark_non_differentiable(output[1])
-        _save(ctx, call, a, b, output[1])
+        save_context(ctx, call, a, b, output[1])
 
     @staticmethod
     def backward(ctx, grad_out, grad_preact):
@@ -272,152 +269,6 @@ class GemmTransformFunction(torch.autograd.Function):
         return GemmTransformFunction.apply(a, b, addend, residual, call), (0, 0)
 
 
-# ----------------------------------------------------------------------------------
-# The ops: what torch.compile / torch.export see
-# ----------------------------------------------------------------------------------
-def _config_json(config) -> str | None:
-    return None if config is None else json.dumps(config.to_dict(), sort_keys=True)
-
-
-def _parse_pipeline(pipeline: str | None) -> str | int | None:
-    """The ops carry ``pipeline`` as a string: a name, or a stage count."""
-    return int(pipeline) if pipeline is not None and pipeline.isdigit() else pipeline
-
-
-def _op_args(call: GemmCall, a, b, addend, residual) -> tuple:
-    """``call`` on these tensors as the ops' arguments (``_gemm``'s parameters)."""
-    ep, req = call.epilogue, call.request
-    pipeline = None if req.pipeline is None else str(req.pipeline)
-    return (a, b, addend, residual, float(ep.alpha), float(ep.beta), ep.activation, call.out_dtype, pipeline,
-            req.decomposition, _config_json(req.config), call.precision)  # fmt: skip
-
-
-def _op_call(args) -> tuple:
-    """The ops' arguments back as (call, a, b, addend, residual); the inverse of ``_op_args``."""
-    (
-        a,
-        b,
-        addend,
-        residual,
-        alpha,
-        beta,
-        activation,
-        out_dtype,
-        pipeline,
-        decomposition,
-        config_json,
-        *rest,
-    ) = args
-    precision = rest[0] if rest else "ieee"  # a default the dispatcher may leave out
-    config = TileConfig.from_dict(json.loads(config_json)) if config_json else None
-    request = Request(config, _parse_pipeline(pipeline), decomposition)
-    store = activation != "none"
-    ep = Epilogue(activation, alpha, beta, addend is not None and beta != 0, residual is not None, store)
-    return GemmCall(ep, request, out_dtype, precision), a, b, addend, residual
-
-
-def _resolve_precision(call: GemmCall, a: torch.Tensor) -> GemmCall:
-    """A traced call reads torch's TF32 switch when it runs (it cannot be read while tracing)."""
-    return call._replace(precision=dot_precision(a.dtype)) if call.precision == "auto" else call
-
-
 def _traceable_gemm(call: GemmCall, a, b, addend, residual):
-    return torch.ops.tritongemm.gemm(*_op_args(call, a, b, addend, residual))[0]
-
-
-def _outputs(call: GemmCall, a, b) -> tuple[torch.Tensor, torch.Tensor]:
-    out = _alloc_out(a, b, call.out_dtype or a.dtype)
-    store = call.epilogue.store_preact
-    return out, (torch.empty_like(out) if store else out.new_empty(0))
-
-
-def _gemm_extern(*args):
-    """``tritongemm::gemm_extern``: the GEMM as one opaque call, launched by tritongemm."""
-    call, a, b, addend, residual = _op_call(args)
-    call = _resolve_precision(call, a)
-    out, preact = _outputs(call, a, b)
-    store = call.epilogue.store_preact
-    launch.gemm(
-        call, a, b, out, addend if call.epilogue.addend else None, residual, preact if store else None
-    )
-    return out, preact
-
-
-def _gemm_extern_fake(*args):
-    call, a, b, _, _ = _op_call(args)
-    return _outputs(call, a, b)
-
-
-def _gemm(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    addend: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    alpha: float,
-    beta: float,
-    activation: str,
-    out_dtype: torch.dtype | None,
-    pipeline: str | None,
-    decomposition: str | None,
-    config_json: str | None,
-    precision: str = "ieee",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tritongemm::gemm``: (act(alpha a@b + beta addend) + residual, pre-activation or an empty tensor).
-
-    Traced (fake or functional tensors), the kernel launches go into the graph
-    itself where the plan's kernel allows it (``launch.traced_gemm``), so a
-    compiled graph launches them with no Python of ours per call; elsewhere the
-    graph holds the opaque ``gemm_extern``.  On real tensors (eager, or
-    DTensor's local shards) it launches directly.
-    """
-    args = (a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json,
-            precision)  # fmt: skip
-    if type(a) in (torch.Tensor, torch.nn.Parameter):
-        return _gemm_extern(*args)
-    call = _op_call(args)[0]
-    call = _resolve_precision(call, a)
-    out, preact = _outputs(call, a, b)
-    store = call.epilogue.store_preact
-    d = addend if call.epilogue.addend else None
-    if launch.traced_gemm(call, a, b, out, d, residual, preact if store else None):
-        return out, preact
-    return torch.ops.tritongemm.gemm_extern(*args)
-
-
-def _setup_context(ctx, inputs, output):
-    call, a, b, _, _ = _op_call(inputs)
-    _save(ctx, call, a, b, output[1])
-
-
-def _op_backward(ctx, grad_out, grad_preact):
-    a, b, z = ctx.saved_tensors
-    return (*backward_gemms(ctx, grad_out, a, b, z), *([None] * 8))
-
-
-def _decompose_when_functional(mode, op, types, args, kwargs):
-    """``tritongemm::gemm`` under AOTAutograd's functionalization (``torch.compile``): replaced by
-    its body, whose kernel launches Inductor then takes over (what ``torch.library.triton_op``
-    does; registered here directly because ``triton_op`` imports Inductor when it is called,
-    which would add about a second to ``import tritongemm``).  ``torch.export`` keeps the op
-    whole, as it does a ``triton_op``'s."""
-    from torch.export._trace import custom_triton_ops_decomposition_disabled
-
-    if custom_triton_ops_decomposition_disabled():
-        return mode.__torch_dispatch__(op, types, args, kwargs)
-    if any(not issubclass(t, (FakeTensor, FunctionalTensor)) and t is not torch.Tensor for t in types):
-        return NotImplemented
-    with mode:
-        return _gemm(*args, **kwargs)
-
-
-#: Both ops' schema: the tensors, then the ``GemmCall`` as plain values (a config as JSON).
-GEMM_SCHEMA = torch.library.infer_schema(_gemm, mutates_args=())
-torch.library.custom_op("tritongemm::gemm_extern", _gemm_extern, mutates_args=(), schema=GEMM_SCHEMA)
-torch.library.register_fake("tritongemm::gemm_extern", _gemm_extern_fake)
-_GEMM_OP = torch.library.custom_op("tritongemm::gemm", _gemm, mutates_args=())
-_GEMM_OP.register_fake(_gemm_extern_fake)
-_GEMM_OP.register_autograd(_op_backward, setup_context=_setup_context)
-if hasattr(_GEMM_OP, "register_torch_dispatch"):
-    _GEMM_OP.register_torch_dispatch(FunctionalTensorMode, _decompose_when_functional)
-    # What a triton_op records: the kernels its body may launch (AOTAutograd's cache key hashes them).
-    torch._library.triton.triton_ops_to_kernels["tritongemm::gemm"] = list(launch.TRACEABLE_JIT_KERNELS)
+    """The GEMM as the op ``torch.ops.tritongemm.gemm`` (``ops.py``), which traces and exports."""
+    return torch.ops.tritongemm.gemm(*op_args(call, a, b, addend, residual))[0]

@@ -15,6 +15,7 @@ microsecond, which matters on a path that runs for every matmul.
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
 import torch
@@ -79,4 +80,55 @@ def make_request(config=None, pipeline=None, decomposition=None) -> Request:
     return Request(config, pipeline, decomposition)
 
 
-__all__ = ["Epilogue", "GemmCall", "NO_REQUEST", "PLAIN_EPILOGUE", "Request", "make_request"]
+def _config_json(config) -> str | None:
+    return None if config is None else json.dumps(config.to_dict(), sort_keys=True)
+
+
+def _parse_pipeline(pipeline: str | None) -> str | int | None:
+    """The ops carry ``pipeline`` as a string: a name, or a stage count."""
+    return int(pipeline) if pipeline is not None and pipeline.isdigit() else pipeline
+
+
+def op_args(call: GemmCall, a, b, addend, residual) -> tuple:
+    """``call`` on these tensors as the arguments of ``torch.ops.tritongemm.gemm`` (``ops.py``): the
+    tensors, then every field as a plain value the op schema takes (a config as JSON)."""
+    ep, req = call.epilogue, call.request
+    pipeline = None if req.pipeline is None else str(req.pipeline)
+    return (a, b, addend, residual, float(ep.alpha), float(ep.beta), ep.activation, call.out_dtype, pipeline,
+            req.decomposition, _config_json(req.config), call.precision)  # fmt: skip
+
+
+def from_op_args(args) -> tuple:
+    """The op's arguments back as (call, a, b, addend, residual): the inverse of ``op_args``."""
+    (
+        a,
+        b,
+        addend,
+        residual,
+        alpha,
+        beta,
+        activation,
+        out_dtype,
+        pipeline,
+        decomposition,
+        config_json,
+        *rest,
+    ) = args
+    precision = rest[0] if rest else "ieee"  # a default the dispatcher may leave out
+    config = TileConfig.from_dict(json.loads(config_json)) if config_json else None
+    request = Request(config, _parse_pipeline(pipeline), decomposition)
+    store = activation != "none"
+    ep = Epilogue(activation, alpha, beta, addend is not None and beta != 0, residual is not None, store)
+    return GemmCall(ep, request, out_dtype, precision), a, b, addend, residual
+
+
+__all__ = [
+    "Epilogue",
+    "GemmCall",
+    "NO_REQUEST",
+    "PLAIN_EPILOGUE",
+    "Request",
+    "from_op_args",
+    "make_request",
+    "op_args",
+]

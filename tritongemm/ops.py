@@ -1,0 +1,126 @@
+"""The ops ``torch.compile`` and ``torch.export`` see: ``tritongemm::gemm`` and ``tritongemm::gemm_extern``.
+
+Under a trace (fake or functional tensors) the autograd doors call
+``torch.ops.tritongemm.gemm`` (``autograd.gemm_op``); DTensor runs it on
+each rank's shards (``distributed``).  Its fake kernel gives the output's
+shape, its registered autograd the same backward as the eager op
+(``autograd.backward_gemms``), and under AOTAutograd's functionalization it
+is replaced by its body: plans on kernels that read plain pointers become
+Triton launches Inductor makes itself, the others one opaque call,
+``gemm_extern``.  Every argument but the tensors is the ``GemmCall`` as plain
+values (``call.op_args``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+from . import launch
+from .autograd import alloc_out, backward_gemms, save_context
+from .call import GemmCall, from_op_args
+from .semantics import dot_precision
+
+
+def _resolve_precision(call: GemmCall, a: torch.Tensor) -> GemmCall:
+    """A traced call reads torch's TF32 switch when it runs (it cannot be read while tracing)."""
+    return call._replace(precision=dot_precision(a.dtype)) if call.precision == "auto" else call
+
+
+def _outputs(call: GemmCall, a, b) -> tuple[torch.Tensor, torch.Tensor]:
+    out = alloc_out((*a.shape[:-2], a.shape[-2], b.shape[-1]), call.out_dtype or a.dtype, a.device)
+    store = call.epilogue.store_preact
+    return out, (torch.empty_like(out) if store else out.new_empty(0))
+
+
+def _gemm_extern(*args):
+    """``tritongemm::gemm_extern``: the GEMM as one opaque call, launched by tritongemm."""
+    call, a, b, addend, residual = from_op_args(args)
+    call = _resolve_precision(call, a)
+    out, preact = _outputs(call, a, b)
+    store = call.epilogue.store_preact
+    launch.gemm(
+        call, a, b, out, addend if call.epilogue.addend else None, residual, preact if store else None
+    )
+    return out, preact
+
+
+def _gemm_extern_fake(*args):
+    call, a, b, _, _ = from_op_args(args)
+    return _outputs(call, a, b)
+
+
+def _gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    addend: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    alpha: float,
+    beta: float,
+    activation: str,
+    out_dtype: torch.dtype | None,
+    pipeline: str | None,
+    decomposition: str | None,
+    config_json: str | None,
+    precision: str = "ieee",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tritongemm::gemm``: (act(alpha a@b + beta addend) + residual, pre-activation or an empty tensor).
+
+    Traced (fake or functional tensors), the kernel launches go into the graph
+    itself where the plan's kernel allows it (``launch.traced_gemm``), so a
+    compiled graph launches them with no Python of ours per call; elsewhere the
+    graph holds the opaque ``gemm_extern``.  On real tensors (eager, or
+    DTensor's local shards) it launches directly.
+    """
+    args = (a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json,
+            precision)  # fmt: skip
+    if type(a) in (torch.Tensor, torch.nn.Parameter):
+        return _gemm_extern(*args)
+    call = from_op_args(args)[0]
+    call = _resolve_precision(call, a)
+    out, preact = _outputs(call, a, b)
+    store = call.epilogue.store_preact
+    d = addend if call.epilogue.addend else None
+    if launch.traced_gemm(call, a, b, out, d, residual, preact if store else None):
+        return out, preact
+    return torch.ops.tritongemm.gemm_extern(*args)
+
+
+def _setup_context(ctx, inputs, output):
+    call, a, b, _, _ = from_op_args(inputs)
+    save_context(ctx, call, a, b, output[1])
+
+
+def _op_backward(ctx, grad_out, grad_preact):
+    a, b, z = ctx.saved_tensors
+    return (*backward_gemms(ctx, grad_out, a, b, z), *([None] * 8))
+
+
+def _decompose_when_functional(mode, op, types, args, kwargs):
+    """``tritongemm::gemm`` under AOTAutograd's functionalization (``torch.compile``): replaced by
+    its body, whose kernel launches Inductor then takes over (what ``torch.library.triton_op``
+    does; registered here directly because ``triton_op`` imports Inductor when it is called,
+    which would add about a second to ``import tritongemm``).  ``torch.export`` keeps the op
+    whole, as it does a ``triton_op``'s."""
+    from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+    if custom_triton_ops_decomposition_disabled():
+        return mode.__torch_dispatch__(op, types, args, kwargs)
+    if any(not issubclass(t, (FakeTensor, FunctionalTensor)) and t is not torch.Tensor for t in types):
+        return NotImplemented
+    with mode:
+        return _gemm(*args, **kwargs)
+
+
+#: Both ops' schema: the tensors, then the ``GemmCall`` as plain values (a config as JSON).
+GEMM_SCHEMA = torch.library.infer_schema(_gemm, mutates_args=())
+torch.library.custom_op("tritongemm::gemm_extern", _gemm_extern, mutates_args=(), schema=GEMM_SCHEMA)
+torch.library.register_fake("tritongemm::gemm_extern", _gemm_extern_fake)
+_GEMM_OP = torch.library.custom_op("tritongemm::gemm", _gemm, mutates_args=())
+_GEMM_OP.register_fake(_gemm_extern_fake)
+_GEMM_OP.register_autograd(_op_backward, setup_context=_setup_context)
+if hasattr(_GEMM_OP, "register_torch_dispatch"):
+    _GEMM_OP.register_torch_dispatch(FunctionalTensorMode, _decompose_when_functional)
+    # What a triton_op records: the kernels its body may launch (AOTAutograd's cache key hashes them).
+    torch._library.triton.triton_ops_to_kernels["tritongemm::gemm"] = list(launch.TRACEABLE_JIT_KERNELS)
