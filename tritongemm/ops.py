@@ -34,16 +34,22 @@ def _outputs(call: GemmCall, a, b) -> tuple[torch.Tensor, torch.Tensor]:
     return out, (torch.empty_like(out) if store else out.new_empty(0))
 
 
-def _gemm_extern(*args):
-    """``tritongemm::gemm_extern``: the GEMM as one opaque call, launched by tritongemm."""
+def _prepared(args) -> tuple:
+    """The op's arguments as a launch takes them: (call, a, b, out, addend, residual, preact, the
+    pre-activation output), with ``None`` for an epilogue tensor the call does not read or write."""
     call, a, b, addend, residual = from_op_args(args)
     call = _resolve_precision(call, a)
     out, preact = _outputs(call, a, b)
-    store = call.epilogue.store_preact
-    launch.gemm(
-        call, a, b, out, addend if call.epilogue.addend else None, residual, preact if store else None
-    )
-    return out, preact
+    ep = call.epilogue
+    return (call, a, b, out, addend if ep.addend else None, residual, preact if ep.store_preact else None,
+            preact)  # fmt: skip
+
+
+def _gemm_extern(*args):
+    """``tritongemm::gemm_extern``: the GEMM as one opaque call, launched by tritongemm."""
+    call, a, b, out, addend, residual, preact, preact_out = _prepared(args)
+    launch.gemm(call, a, b, out, addend, residual, preact)
+    return out, preact_out
 
 
 def _gemm_extern_fake(*args):
@@ -77,13 +83,9 @@ def _gemm(
             precision)  # fmt: skip
     if type(a) in (torch.Tensor, torch.nn.Parameter):
         return _gemm_extern(*args)
-    call = from_op_args(args)[0]
-    call = _resolve_precision(call, a)
-    out, preact = _outputs(call, a, b)
-    store = call.epilogue.store_preact
-    d = addend if call.epilogue.addend else None
-    if launch.traced_gemm(call, a, b, out, d, residual, preact if store else None):
-        return out, preact
+    call, a, b, out, d, residual, preact, preact_out = _prepared(args)
+    if launch.traced_gemm(call, a, b, out, d, residual, preact):
+        return out, preact_out
     return torch.ops.tritongemm.gemm_extern(*args)
 
 
