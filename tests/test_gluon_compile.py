@@ -73,9 +73,8 @@ def descriptor_type(dtype: str, block: list[int], cga=None) -> str:
     from triton.experimental.gluon import language as gl
 
     extra = {} if cga is None else {"cga_layout": cga}
-    layout = gl.NVMMASharedLayout.get_default_for(
-        block, {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype], **extra
-    )
+    gl_dtypes = {"fp16": gl.float16, "bf16": gl.bfloat16, "fp32": gl.float32, "fp8e4nv": gl.float8e4nv}
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtypes[dtype], **extra)
     return f"tensordesc<{dtype}[{block[0]},{block[1]}],{layout!r}>"
 
 
@@ -96,10 +95,14 @@ def compile_kernel(
     subtile=False,
     cluster_m=1,
     cluster_n=1,
+    out_dtype=None,
+    scaling="none",
+    max_imprecise_acc=None,
 ):
     """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers
     (``bn``: the tile's first, power-of-two part of N; ``bn2``: its second part, 0 for none;
-    ``subtile``: ``bn2 == bn``, both halves staged through one buffer)."""
+    ``subtile``: ``bn2 == bn``, both halves staged through one buffer; ``out_dtype``: C's where it
+    is not ``dtype``'s, as for fp8 operands with ``scaling`` and ``max_imprecise_acc``)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel = gg.gemm_gluon_kernel
@@ -122,20 +125,27 @@ def compile_kernel(
         EPILOGUE_SUBTILE=subtile,
         CLUSTER_M=cluster_m,
         CLUSTER_N=cluster_n,
+        SCALING=scaling,
+        MAX_IMPRECISE_ACC=max_imprecise_acc,
     )
+    if scaling == "none":
+        constexprs.update(sa_ptr=None, sb_ptr=None)
+    out_dtype = out_dtype or dtype
     bn2 = bn2 or bn  # without a second part the launcher passes B's and C's descriptors again
     ga, gb, gc = gg.cluster_layouts(cluster_m, cluster_n, a_row_major, b_row_major)
     types = dict(
         a_desc=descriptor_type(dtype, [bm, bk] if a_row_major else [bk, bm], ga),
         b_desc=descriptor_type(dtype, [bk, bn] if b_row_major else [bn, bk], gb),
         b2_desc=descriptor_type(dtype, [bk, bn2] if b_row_major else [bn2, bk], gb),
-        c_desc=descriptor_type(dtype, [bm, bn], gc),
-        c2_desc=descriptor_type(dtype, [bm, bn2], gc),
-        d_ptr=f"*{dtype}",
-        r_ptr=f"*{dtype}",
-        z_ptr=f"*{dtype}",
+        c_desc=descriptor_type(out_dtype, [bm, bn], gc),
+        c2_desc=descriptor_type(out_dtype, [bm, bn2], gc),
+        d_ptr=f"*{out_dtype}",
+        r_ptr=f"*{out_dtype}",
+        z_ptr=f"*{out_dtype}",
         ws_ptr="*fp32",
         count_ptr="*i32",
+        sa_ptr="*fp32",
+        sb_ptr="*fp32",
         alpha="fp32",
         beta="fp32",
     )
@@ -409,3 +419,36 @@ def test_launcher_binds_every_kernel_argument_and_describes_each_operand_as_stor
     with pytest.raises(ValueError, match="unit last stride"):
         column_major = torch.empty(136, 304, dtype=torch.bfloat16).T[:300]
         GluonLauncher(plan, GemmCall(), x, w.T, column_major, out, out, out, False)
+
+
+#: fp8 operands (K-major both, as wgmma reads fp8), bf16 or fp32 out: dtype-wide K-steps of 128 bytes.
+#: (BM, BN, BN2, stages, warps, consumers, C's dtype, scaling, max_imprecise_acc, activation)
+FP8_CASES = [
+    (128, 128, 128, 4, 8, 1, "bf16", "rowwise", 128, "none"),  # 128 x 256 subtiled, precise sums
+    (128, 128, 0, 6, 8, 1, "bf16", "tensorwise", None, "gelu"),  # fast accumulation, bias + GELU
+    (64, 128, 0, 8, 4, 1, "fp32", "rowwise", 128, "none"),  # fp32 out
+    (128, 128, 0, 5, 4, 2, "bf16", "rowwise", None, "none"),  # ping-pong
+]
+
+
+@needs_gluon
+@pytest.mark.parametrize(
+    "case",
+    FP8_CASES,
+    ids=[f"{c[0]}x{c[1] + c[2]}-s{c[3]}-w{c[4]}-c{c[5]}-{c[6]}-{c[7]}-acc{c[8]}" for c in FP8_CASES],
+)
+def test_fp8_compiles_to_e4m3_wgmma_with_scales_in_the_epilogue(case):
+    bm, bn, bn2, stages, warps, consumers, out, scaling, imprecise, activation = case
+    subtile = bn2 == bn
+    ptx, smem = compiled_facts(
+        "fp8e4nv", bm, bn, 128, stages, True, False, warps, activation, False, consumers, bn2, False,
+        subtile, 1, 1, out, scaling, imprecise,
+    )  # fmt: skip
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bn}k32\.f32\.e4m3\.e4m3", ptx), "no fp8 wgmma"
+    assert ".local" not in ptx, "the accumulators spill"
+    # The scales are read in the epilogue: one per tile (tensorwise) or a vector per row / column.
+    assert ptx.count("ld.global") >= 2
+    out_size = 4 if out == "fp32" else 2
+    ring = stages * (bm + bn + bn2) * 128
+    staged = bm * (bn + bn2) * out_size // (2 if subtile else 1) * consumers
+    assert ring + staged <= smem <= H100_SMEM, f"{smem} bytes of shared memory"

@@ -3,6 +3,7 @@
 Public API (torch signatures and semantics, all differentiable)::
 
     tritongemm.matmul, mm, bmm, addmm, baddbmm, linear
+    tritongemm.scaled_mm           # fp8 (torch._scaled_mm's semantics), fused epilogues
     tritongemm.nn.Linear, tritongemm.nn.convert
     tritongemm.patch()             # route torch's matmul family here
     tritongemm.explain(a, b)       # which kernel and config a call would use, and why
@@ -44,6 +45,7 @@ from .heuristics import heuristic_config
 from .launch import clear_plan_cache
 from .patch import PatchStats, patch
 from .problem import GemmProblem
+from .scaled import scaled_mm
 from .selection import select_config
 from .semantics import UnsupportedInputError
 from .tuning import candidate_configs, set_autotune_on_first_call, tune
@@ -58,6 +60,7 @@ __all__ = [
     "addmm",
     "baddbmm",
     "linear",
+    "scaled_mm",
     "nn",
     "patch",
     "PatchStats",

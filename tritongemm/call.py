@@ -30,7 +30,10 @@ class Epilogue(NamedTuple):
     call); ``addend`` says a D tensor is read (torch's rule: never when
     beta == 0, so NaN in D does not propagate), ``residual`` that R is added
     after the activation, ``store_preact`` that the pre-activation is written
-    too (for backward).
+    too (for backward).  ``scaling`` dequantizes fp8 operands first,
+    ``acc * scale_a * scale_b`` (``scaled_mm``): "tensorwise" (one scale each)
+    or "rowwise" (one per row of A, one per column of B); the scale tensors
+    are given per call, like the operands.
     """
 
     activation: str = "none"
@@ -39,6 +42,7 @@ class Epilogue(NamedTuple):
     addend: bool = False
     residual: bool = False
     store_preact: bool = False
+    scaling: str = "none"
 
     @property
     def scaled(self) -> bool:
@@ -61,7 +65,8 @@ class GemmCall(NamedTuple):
     #: The stored dtype (None: the operands').
     out_dtype: torch.dtype | None = None
     #: ``tl.dot`` input precision for float32: "tf32" or "ieee", read from torch's settings at the API edge
-    #: ("auto" in a torch.compile trace: read when the custom op runs).
+    #: ("auto" in a torch.compile trace: read when the custom op runs).  For fp8 operands, "fast" sums
+    #: products in the tensor cores' reduced-precision accumulator (``use_fast_accum``).
     precision: str = "ieee"
 
 

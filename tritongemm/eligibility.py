@@ -177,15 +177,30 @@ __all__ = [
 ]
 
 
-def warp_specialized_shared_bytes(cfg, elem_size: int = 2) -> int:
+def warp_specialized_shared_bytes(cfg, elem_size: int = 2, out_size: int | None = None) -> int:
     """Shared memory of the warp-specialized kernel (``kernels/gemm_gluon.py``): the ring of
     ``num_stages`` A and B tiles, the output tile staged for its TMA store (one per ping-pong
-    consumer; half of it with ``epilogue_subtile``), and one mbarrier pair per slot."""
+    consumer; half of it with ``epilogue_subtile``), and one mbarrier pair per slot.
+    ``out_size``: C's element size where it differs from the operands' (fp8 in, bf16 out)."""
     ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem_size
     out_tiles = 2 if cfg.pingpong else 1
-    out_tile = cfg.block_m * cfg.block_n * elem_size // (2 if cfg.epilogue_subtile else 1)
+    out_size = elem_size if out_size is None else out_size
+    out_tile = cfg.block_m * cfg.block_n * out_size // (2 if cfg.epilogue_subtile else 1)
     barriers = 16 if cfg.cluster_m * cfg.cluster_n == 1 else 24  # (a cluster's slots have a third)
     return ring + out_tiles * out_tile + barriers * cfg.num_stages
+
+
+#: The fp8 formats of ``scaled_mm`` (on sm_90: the warp-specialized kernel, else the pointer kernel).
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _fp8_warp_specialized_reason(a: Operand, b: Operand, out_dtype: torch.dtype) -> str | None:
+    """Why the warp-specialized kernel cannot take fp8 operands laid out so (None when it can)."""
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"the warp-specialized kernel stores fp8 products as bf16, fp16 or fp32 (not {out_dtype})"
+    if not (a.row_major and not b.row_major):
+        return "wgmma reads fp8 operands K-major only: A row-major and B column-major (b = w.t())"
+    return None
 
 
 def warp_specialized_unsupported_reason(
@@ -202,23 +217,30 @@ def warp_specialized_unsupported_reason(
         return f"Gluon unavailable: {GLUON_UNAVAILABLE_REASON}"
     if cfg.cluster_m * cfg.cluster_n > 1 and CLUSTER_UNAVAILABLE_REASON:
         return f"clusters of CTAs unavailable: {CLUSTER_UNAVAILABLE_REASON}"
-    if dtype not in (torch.float16, torch.bfloat16) or out_dtype != dtype:
+    fp8 = dtype in FP8_DTYPES
+    if fp8:
+        reason = _fp8_warp_specialized_reason(a, b, out_dtype)
+        if reason is not None:
+            return reason
+    elif dtype not in (torch.float16, torch.bfloat16) or out_dtype != dtype:
         return f"the warp-specialized kernel takes fp16/bf16 in and out ({dtype} -> {out_dtype})"
     if batched:
         return "the warp-specialized kernel runs one matrix (batch 1)"
     if cfg.split_k > 1:
         return "the warp-specialized kernel has no split-K"
     # (Stream-K's one consumer and power-of-two block_n are TileConfig's rule.)
-    if cfg.num_warps not in (4, 8) or cfg.block_m % (16 * cfg.num_warps) or cfg.block_k != 64:
+    k_bytes = cfg.block_k * dtype.itemsize
+    if cfg.num_warps not in (4, 8) or cfg.block_m % (16 * cfg.num_warps) or k_bytes != 128:
         return (
             f"the warp-specialized kernel needs num_warps 4 or 8, block_m a multiple of 16 x num_warps "
-            f"and block_k 64 (got {cfg.short()})"
+            f"and a K step of 128 bytes (block_k {128 // dtype.itemsize}; got {cfg.short()})"
         )
     if cfg.block_m * cfg.block_n > 128 * 128 * (cfg.num_warps // 4):
         return f"a {cfg.block_m}x{cfg.block_n} accumulator needs {2 * cfg.num_warps} warps"
     # (pingpong's num_warps=4 is TileConfig's rule: each consumer is one warpgroup.)
-    if warp_specialized_shared_bytes(cfg) > device.smem_per_block:
-        return f"{cfg.short()} needs {warp_specialized_shared_bytes(cfg)} B of shared memory"
+    smem = warp_specialized_shared_bytes(cfg, dtype.itemsize, out_dtype.itemsize)
+    if smem > device.smem_per_block:
+        return f"{cfg.short()} needs {smem} B of shared memory"
     for name, op in (("A", a), ("B", b), ("C", c)):
         reason = tma_operand_reason(name, op)
         if reason is not None:

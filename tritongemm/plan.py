@@ -17,6 +17,7 @@ from .call import Request
 from .configs import TileConfig
 from .device import DeviceInfo
 from .eligibility import (
+    FP8_DTYPES,
     Operand,
     gemv_unsupported_reason,
     stream_k_unsupported_reason,
@@ -136,6 +137,8 @@ def _kernel_for(
     out_dtype: torch.dtype,
 ) -> tuple[TileConfig, str, str | None]:
     """(config, kernel, why it fell back) for these operand layouts."""
+    if dtype in FP8_DTYPES:
+        return _fp8_kernel_for(cfg, device, a, b, c, dtype, out_dtype, problem.batch > 1)
     batched = problem.batch > 1
     kernel, fallbacks = "pointer", []
     if cfg.stream_k:
@@ -173,6 +176,28 @@ def _kernel_for(
                 epilogue_subtile=False,
             )
     return cfg, kernel, "; ".join(fallbacks) or None
+
+
+def _fp8_kernel_for(cfg, device, a, b, c, dtype, out_dtype, batched) -> tuple[TileConfig, str, str | None]:
+    """fp8 runs on the warp-specialized kernel where it can, else on the pointer kernel (the GEMV,
+    Stream-K and TMA kernels take 2-byte operands only)."""
+    reasons = []
+    if cfg.tma and cfg.warp_specialize:
+        reason = warp_specialized_unsupported_reason(cfg, a, b, c, dtype, out_dtype, device, batched)
+        if reason is None:
+            return cfg, "gluon_ws", None
+        reasons.append(reason)
+    elif cfg.tma or cfg.gemv or cfg.stream_k:
+        reasons.append(f"the {cfg.kernel} kernel takes 2-byte operands only: fp8 runs on the pointer kernel")
+    pointer = replace(
+        cfg.without_warp_specialization() if cfg.warp_specialize else cfg,
+        tma=False,
+        persistent=False,
+        epilogue_subtile=False,
+        gemv=False,
+        stream_k=False,
+    )
+    return pointer, "pointer", "; ".join(reasons) or None
 
 
 def _misaligned(a: Operand, b: Operand, c: Operand, wants_tma: bool) -> bool:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Element sizes of the dtypes a problem may name.
-ELEMENT_SIZES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+ELEMENT_SIZES = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
 
 #: Spellings accepted for a problem's dtype (the CLI's too), by canonical name.
 DTYPE_ALIASES = {
@@ -19,6 +26,11 @@ DTYPE_ALIASES = {
     "fp64": "float64",
     "double": "float64",
     "f64": "float64",
+    "fp8": "float8_e4m3fn",
+    "e4m3": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "e5m2": "float8_e5m2",
+    "fp8_e5m2": "float8_e5m2",
 }
 
 

@@ -9,6 +9,7 @@ from ..configs import TileConfig, split_width
 from ..device import DeviceInfo
 from ..problem import GemmProblem, wave_efficiency
 from .few_rows import choose_gemv_tile, choose_skinny_tile, is_gemv, is_skinny, prompt_config
+from .fp8 import fp8_choice
 from .tiles import (
     SMALL_MAX_K,
     choose_cta_tile,
@@ -79,6 +80,8 @@ def heuristic_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
 
 
 def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, str]:
+    if problem.elem_size == 1:
+        return fp8_choice(problem, device)
     if is_gemv(problem):
         g = choose_gemv_tile(problem)
         split = choose_split_k(problem, device, 1, g.block_n, g.block_k)

@@ -48,8 +48,14 @@ def mainloop(
     ACC_FP64: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_OPERANDS: tl.constexpr,
+    MAX_IMPRECISE_ACC: tl.constexpr = None,
 ):
-    """The K loop: accumulate one BLOCK_M x BLOCK_N tile of A @ B."""
+    """The K loop: accumulate one BLOCK_M x BLOCK_N tile of A @ B.
+
+    ``MAX_IMPRECISE_ACC`` (fp8 on sm_90 only): how many K the tensor cores sum in their reduced-precision
+    accumulator before the sum is added into the fp32 one; None is Triton's default there (never:
+    torch's ``use_fast_accum=True``), BLOCK_K adds once per K-step (cuBLAS's and CUTLASS's precise mode).
+    """
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
@@ -74,7 +80,14 @@ def mainloop(
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         # out_dtype must name the accumulator's type: triton 3.6 defaults it to fp32 even for fp64.
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION, out_dtype=acc.dtype)
+        acc = tl.dot(
+            a,
+            b,
+            acc,
+            input_precision=DOT_PRECISION,
+            out_dtype=acc.dtype,
+            max_num_imprecise_acc=MAX_IMPRECISE_ACC,
+        )
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     return acc
@@ -139,6 +152,22 @@ def finish_tile(
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn, mask=mask, other=0.0)
         acc = acc + r.to(acc.dtype)
+    return acc
+
+
+@triton.jit
+def scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING: tl.constexpr):
+    """Dequantize an fp8 product: ``acc * scale_a * scale_b``, before the rest of the epilogue.
+
+    "tensorwise": one scale per operand; "rowwise": one per row of A (M of them) and one per
+    column of B (N), both contiguous fp32.
+    """
+    if SCALING == "tensorwise":
+        acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
+    elif SCALING == "rowwise":
+        sa = tl.load(sa_ptr + offs_m, mask=offs_m < M, other=0.0)
+        sb = tl.load(sb_ptr + offs_n, mask=offs_n < N, other=0.0)
+        acc = acc * sa[:, None] * sb[None, :]
     return acc
 
 
@@ -282,6 +311,8 @@ def gemm_kernel(
     z_ptr,
     ws_ptr,
     count_ptr,
+    sa_ptr,
+    sb_ptr,
     M,
     N,
     K,
@@ -326,6 +357,8 @@ def gemm_kernel(
     HINT_BN: tl.constexpr = 1,
     HINT_CM: tl.constexpr = 1,
     HINT_CN: tl.constexpr = 1,
+    SCALING: tl.constexpr = "none",
+    MAX_IMPRECISE_ACC: tl.constexpr = None,
 ):
     """Sliced-K GEMM (SPLIT_K=False): one program per (batch, C tile), walking all of K.
 
@@ -341,6 +374,9 @@ def gemm_kernel(
     of each tile to finish does it: every slice bumps the tile's arrival
     counter (``count_ptr``, zero at launch, re-armed to zero by the reducer).
     Both sum the slices in slice order, so results are bitwise-reproducible.
+
+    With SCALING (fp8 operands, ``scale_tile``) the sum is dequantized by ``sa_ptr``'s and
+    ``sb_ptr``'s scales before the epilogue; otherwise neither is read.
     """
     pid = tl.program_id(0)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -389,6 +425,7 @@ def gemm_kernel(
         ACC_FP64,
         DOT_PRECISION,
         UPCAST_OPERANDS,
+        MAX_IMPRECISE_ACC,
     )
     if SPLIT_K:
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -408,6 +445,7 @@ def gemm_kernel(
                     BLOCK_N,
                     ACC_FP64,
                 )
+                acc = scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING)
                 epilogue(
                     acc,
                     c_ptr + batch * stride_cb,
@@ -433,6 +471,7 @@ def gemm_kernel(
                     STORE_PREACT,
                 )
     else:
+        acc = scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING)
         epilogue(
             acc,
             c_ptr + batch * stride_cb,
@@ -466,6 +505,8 @@ def splitk_reduce_kernel(
     d_ptr,
     r_ptr,
     z_ptr,
+    sa_ptr,
+    sb_ptr,
     M,
     N,
     SPLITS,
@@ -489,6 +530,7 @@ def splitk_reduce_kernel(
     HAS_RESIDUAL: tl.constexpr,
     STORE_PREACT: tl.constexpr,
     ACC_FP64: tl.constexpr,
+    SCALING: tl.constexpr = "none",
 ):
     """C = epilogue(sum over s of workspace[s]): split-K's second launch.
 
@@ -505,6 +547,7 @@ def splitk_reduce_kernel(
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = sum_slices(ws_ptr, SPLITS, batch, offs_m, offs_n, M, N, stride_split, BLOCK_M, BLOCK_N, ACC_FP64)
+    acc = scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING)
     epilogue(
         acc,
         c_ptr + batch * stride_cb,

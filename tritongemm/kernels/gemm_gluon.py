@@ -70,23 +70,28 @@ from .gluon_common import (
     CLUSTER_UNAVAILABLE_REASON,
     GLUON_AVAILABLE,
     GLUON_UNAVAILABLE_REASON,
+    PRECISE_FP8_AVAILABLE,
     accumulator_layout,
     barriers,
     cluster_layouts,
     fence_async_shared,
     finish_tile,
+    free_slot,
     gl,
     gluon,
     load_box,
     mbarrier,
+    mma,
+    ready_operands,
+    release_slot,
     slot_bytes,
     streamk_collect,
     streamk_contribute,
     streamk_segment,
+    tile_coords,
     tile_width,
     tma,
     tma_store,
-    warpgroup_mma,
     warpgroup_mma_wait,
 )
 
@@ -97,19 +102,6 @@ PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 #: each consumer 232): with the producer's 40 and the first consumer's share of what is left, 2 x 232 x 128
 #: + 40 x 128 registers fit the 64K register file.
 CONSUMER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
-
-
-@gluon.jit
-def tile_coords(tile_id, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """(pid_m, pid_n) of a linear tile id in grouped order, as ``gemm.grouped_tile_coords``."""
-    tiles_m = gl.cdiv(M, BLOCK_M)
-    tiles_n = gl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (tile_id // per_group) * GROUP_M
-    rows = gl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (tile_id % per_group) % rows
-    pid_n = (tile_id % per_group) // rows
-    return pid_m, pid_n
 
 
 @gluon.jit
@@ -225,46 +217,6 @@ def producer(
 
 
 @gluon.jit
-def ready_operands(
-    ring, step, NUM_STAGES: gl.constexpr, A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr
-):
-    """Wait until ring step ``step``'s slot is loaded; its index and A's and B's tiles as wgmma reads them
-    (a slot holding a tile transposed is read through a permuted view)."""
-    a_ring, b_ring, _, ready, _, _, _ = ring
-    slot = step % NUM_STAGES
-    mbarrier.wait(ready.index(slot), (step // NUM_STAGES) & 1)
-    a = a_ring.index(slot)
-    if not A_ROW_MAJOR:
-        a = a.permute((1, 0))
-    b = b_ring.index(slot)
-    if not B_ROW_MAJOR:
-        b = b.permute((1, 0))
-    return slot, a, b
-
-
-@gluon.jit
-def free_slot(ring, slot, pred, CLUSTERED: gl.constexpr):
-    """This CTA's consumers are done reading ``slot``: its producer may refill it, and in a cluster so
-    may the first CTA's multicast (``gathered`` completes once both CTAs arrive)."""
-    mbarrier.arrive(ring[4].index(slot), pred=pred)
-    if CLUSTERED:
-        mbarrier.arrive(ring[6].index(slot), pred=pred)
-
-
-@gluon.jit
-def release_slot(
-    ring, step, slot, not_first, IN_FLIGHT: gl.constexpr, NUM_STAGES: gl.constexpr, CLUSTERED: gl.constexpr
-):
-    """After issuing ring step ``step``'s wgmma (``slot``): with one wgmma left in flight, the previous
-    step's has retired and its slot may be refilled (none before a segment's first step); with none in
-    flight, this step's own slot."""
-    if IN_FLIGHT:
-        free_slot(ring, (step + NUM_STAGES - 1) % NUM_STAGES, not_first, CLUSTERED)
-    else:
-        free_slot(ring, slot, True, CLUSTERED)
-
-
-@gluon.jit
 def consumer(
     ring,
     c_desc,
@@ -287,6 +239,8 @@ def consumer(
     ACTIVATION: gl.constexpr,
     HAS_RESIDUAL: gl.constexpr,
     STORE_PREACT: gl.constexpr,
+    SCALING: gl.constexpr,
+    MAX_IMPRECISE_ACC: gl.constexpr,
     CONSUMER: gl.constexpr,
     CONSUMERS: gl.constexpr,
     BLOCK_N2: gl.constexpr,
@@ -315,10 +269,13 @@ def consumer(
     CLUSTERED: gl.constexpr = CLUSTER_M * CLUSTER_N > 1
     M = epi[0]
     N = epi[1]
-    acc_layout: gl.constexpr = accumulator_layout(BLOCK_M, BLOCK_N, gl.num_warps(), CLUSTER_M, CLUSTER_N)
+    INSTR_K: gl.constexpr = 256 // a_ring.dtype.primitive_bitwidth  # one wgmma reads 32 bytes of K
+    acc_layout: gl.constexpr = accumulator_layout(
+        BLOCK_M, BLOCK_N, gl.num_warps(), CLUSTER_M, CLUSTER_N, INSTR_K
+    )
     # (BLOCK_N2 == 0: a layout nothing uses)
     acc2_layout: gl.constexpr = accumulator_layout(
-        BLOCK_M, BLOCK_N2 if BLOCK_N2 > 0 else BLOCK_N, gl.num_warps(), CLUSTER_M, CLUSTER_N
+        BLOCK_M, BLOCK_N2 if BLOCK_N2 > 0 else BLOCK_N, gl.num_warps(), CLUSTER_M, CLUSTER_N, INSTR_K
     )
     TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2)
     # One K-step's wgmma (one per accumulator) left in flight needs a second slot to load into meanwhile.
@@ -341,12 +298,12 @@ def consumer(
             mbarrier.wait(turn.index(CONSUMER), (j & 1) ^ (1 if CONSUMER == 0 else 0))
         for ki in range(k_tiles):
             slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
-            acc = warpgroup_mma(a, b, acc, is_async=True)
+            acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
             if BLOCK_N2 > 0:
                 b2 = b2_ring.index(slot)
                 if not B_ROW_MAJOR:
                     b2 = b2.permute((1, 0))
-                acc2 = warpgroup_mma(a, b2, acc2, is_async=True)
+                acc2 = mma(a, b2, acc2, MAX_IMPRECISE_ACC)
                 acc, acc2 = warpgroup_mma_wait(IN_FLIGHT * WGMMAS, deps=(acc, acc2))
             else:
                 acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
@@ -364,7 +321,7 @@ def consumer(
         off_m = pid_m * BLOCK_M
         off_n = pid_n * TILE_N
         acc = finish_tile(
-            acc, off_m, off_n, epi, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT
+            acc, off_m, off_n, epi, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, SCALING
         )
         if BLOCK_N2 > 0:
             acc2 = finish_tile(
@@ -377,6 +334,7 @@ def consumer(
                 ACTIVATION,
                 HAS_RESIDUAL,
                 STORE_PREACT,
+                SCALING,
             )
         # The previous tile's TMA stores must have finished reading c_smem before it is overwritten.
         tma.store_wait(0)
@@ -409,7 +367,7 @@ def consumer(
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
             for ki in range(steps):
                 slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
-                acc = warpgroup_mma(a, b, acc, is_async=True)
+                acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
                 acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
                 release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES, False)
                 step += 1
@@ -425,8 +383,9 @@ def consumer(
                 off_m = pid_m * BLOCK_M
                 off_n = pid_n * TILE_N
                 acc = finish_tile(
-                    acc, off_m, off_n, epi, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT
-                )
+                    acc, off_m, off_n, epi, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+                    SCALING,
+                )  # fmt: skip
                 tma.store_wait(0)
                 c_smem.store(acc.to(c_desc.dtype))
                 fence_async_shared()
@@ -449,6 +408,8 @@ def gemm_gluon_kernel(
     z_ptr,
     ws_ptr,
     count_ptr,
+    sa_ptr,
+    sb_ptr,
     M,
     N,
     K,
@@ -481,6 +442,8 @@ def gemm_gluon_kernel(
     EPILOGUE_SUBTILE: gl.constexpr,
     CLUSTER_M: gl.constexpr = 1,
     CLUSTER_N: gl.constexpr = 1,
+    SCALING: gl.constexpr = "none",
+    MAX_IMPRECISE_ACC: gl.constexpr = None,
 ):
     """C = act(alpha * A @ B + beta * D) + R on a persistent grid (program p takes tiles p, p + grid, ...).
 
@@ -502,6 +465,9 @@ def gemm_gluon_kernel(
     program and ``count_ptr`` one arrival counter per streamed tile, zero at launch and re-armed to zero
     by the kernel (``launch.stream_k.StreamKBuffers``).  Without STREAM_K neither is read.
     CLUSTER_M (N) = 2: a program is two CTAs, BLOCK_M (N) theirs, sharing B's (A's) box (``load_k_steps``).
+    fp8 operands (K-major both, as wgmma reads them) are dequantized by ``sa_ptr``'s and ``sb_ptr``'s
+    scales (SCALING, ``gluon_common.finish_tile``) and summed in full fp32 precision every
+    MAX_IMPRECISE_ACC products of K (None: fast accumulation).
     """
     dtype: gl.constexpr = a_desc.dtype
     a_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -544,14 +510,15 @@ def gemm_gluon_kernel(
     fixup = (ws_ptr, count_ptr)
     # fmt: off
     epi = (M, N, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn, z_ptr, stride_zm, stride_zn,
-           alpha, beta)
+           alpha, beta, sa_ptr, sb_ptr)
     if CONSUMERS == 1:
         # Cooperative (or a single warpgroup): the kernel's num_warps run every tile together.
         gl.warp_specialize(
             [
                 (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 1, BLOCK_N2, STREAM_K,
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+                            SCALING, MAX_IMPRECISE_ACC, 0, 1, BLOCK_N2, STREAM_K,
                             EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
@@ -567,11 +534,13 @@ def gemm_gluon_kernel(
             [
                 (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 0, 2, BLOCK_N2, False,
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+                            SCALING, MAX_IMPRECISE_ACC, 0, 2, BLOCK_N2, False,
                             EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N)),
                 (consumer, (ring, c_desc, c_tiles.index(1), c2_desc, c2_tiles.index(1), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, 1, 2, BLOCK_N2, False,
+                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+                            SCALING, MAX_IMPRECISE_ACC, 1, 2, BLOCK_N2, False,
                             EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
@@ -591,6 +560,7 @@ def gemm_gluon_kernel(
 
 
 __all__ = [
+    "PRECISE_FP8_AVAILABLE",
     "CLUSTER_AVAILABLE",
     "CLUSTER_UNAVAILABLE_REASON",
     "GLUON_AVAILABLE",

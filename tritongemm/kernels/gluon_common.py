@@ -47,6 +47,12 @@ else:
 
 GLUON_AVAILABLE: bool = not GLUON_UNAVAILABLE_REASON
 
+#: Can wgmma sum fp8 products in full fp32 precision (a partial accumulator added every
+#: ``max_num_imprecise_acc`` K)?  Without it the Gluon kernel runs fp8 with fast accumulation only.
+PRECISE_FP8_AVAILABLE: bool = (
+    GLUON_AVAILABLE and "max_num_imprecise_acc" in inspect.signature(warpgroup_mma).parameters
+)
+
 # Clusters (two CTAs sharing a box by TMA multicast) need Gluon's CGA layouts (Triton 3.7+).
 CLUSTER_UNAVAILABLE_REASON = GLUON_UNAVAILABLE_REASON
 if GLUON_AVAILABLE:
@@ -111,9 +117,10 @@ def cluster_layouts(cluster_m: int, cluster_n: int, a_row_major: bool, b_row_maj
 
 
 @gluon.constexpr_function
-def accumulator_layout(BLOCK_M, BLOCK_N, num_warps, CLUSTER_M=1, CLUSTER_N=1):
+def accumulator_layout(BLOCK_M, BLOCK_N, num_warps, CLUSTER_M=1, CLUSTER_N=1, INSTR_K=16):
     """wgmma's register layout for a BLOCK_M x BLOCK_N fp32 tile on ``num_warps`` warps: warpgroups
-    stacked along M (each owns BLOCK_M / groups rows), one instruction as wide as BLOCK_N allows.
+    stacked along M (each owns BLOCK_M / groups rows), one instruction as wide as BLOCK_N allows
+    and 32 bytes of K deep (``INSTR_K``: 16 for 2-byte operands, 32 for fp8).
     In a cluster the tile is the cluster's: each CTA holds its CLUSTER_M x CLUSTER_N share."""
     width = BLOCK_N // CLUSTER_N
     n = min(width, 256)
@@ -121,12 +128,12 @@ def accumulator_layout(BLOCK_M, BLOCK_N, num_warps, CLUSTER_M=1, CLUSTER_N=1):
         n -= 8
     if CLUSTER_M * CLUSTER_N == 1:
         return gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16]
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, INSTR_K]
         )
     return gl.NVMMADistributedLayout(
         version=[3, 0],
         warps_per_cta=[num_warps, 1],
-        instr_shape=[16, n, 16],
+        instr_shape=[16, n, INSTR_K],
         cga_layout=cluster_split(CLUSTER_M),
     )
 
@@ -165,6 +172,70 @@ def load_box(desc, row, col, bar, dst, MULTICAST: gl.constexpr):
 
 
 @gluon.jit
+def mma(a, b, acc, MAX_IMPRECISE_ACC: gl.constexpr):
+    """One K-step's async wgmma; fp8 products are added into fp32 every MAX_IMPRECISE_ACC of K
+    (None: fast accumulation)."""
+    if MAX_IMPRECISE_ACC is None:
+        acc = warpgroup_mma(a, b, acc, is_async=True)
+    else:
+        acc = warpgroup_mma(a, b, acc, is_async=True, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
+    return acc
+
+
+@gluon.jit
+def tile_coords(tile_id, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(pid_m, pid_n) of a linear tile id in grouped order, as ``gemm.grouped_tile_coords``."""
+    tiles_m = gl.cdiv(M, BLOCK_M)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (tile_id // per_group) * GROUP_M
+    rows = gl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (tile_id % per_group) % rows
+    pid_n = (tile_id % per_group) // rows
+    return pid_m, pid_n
+
+
+@gluon.jit
+def ready_operands(
+    ring, step, NUM_STAGES: gl.constexpr, A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr
+):
+    """Wait until ring step ``step``'s slot is loaded; its index and A's and B's tiles as wgmma reads them
+    (a slot holding a tile transposed is read through a permuted view)."""
+    a_ring, b_ring, _, ready, _, _, _ = ring
+    slot = step % NUM_STAGES
+    mbarrier.wait(ready.index(slot), (step // NUM_STAGES) & 1)
+    a = a_ring.index(slot)
+    if not A_ROW_MAJOR:
+        a = a.permute((1, 0))
+    b = b_ring.index(slot)
+    if not B_ROW_MAJOR:
+        b = b.permute((1, 0))
+    return slot, a, b
+
+
+@gluon.jit
+def free_slot(ring, slot, pred, CLUSTERED: gl.constexpr):
+    """This CTA's consumers are done reading ``slot``: its producer may refill it, and in a cluster so
+    may the first CTA's multicast (``gathered`` completes once both CTAs arrive)."""
+    mbarrier.arrive(ring[4].index(slot), pred=pred)
+    if CLUSTERED:
+        mbarrier.arrive(ring[6].index(slot), pred=pred)
+
+
+@gluon.jit
+def release_slot(
+    ring, step, slot, not_first, IN_FLIGHT: gl.constexpr, NUM_STAGES: gl.constexpr, CLUSTERED: gl.constexpr
+):
+    """After issuing ring step ``step``'s wgmma (``slot``): with one wgmma left in flight, the previous
+    step's has retired and its slot may be refilled (none before a segment's first step); with none in
+    flight, this step's own slot."""
+    if IN_FLIGHT:
+        free_slot(ring, (step + NUM_STAGES - 1) % NUM_STAGES, not_first, CLUSTERED)
+    else:
+        free_slot(ring, slot, True, CLUSTERED)
+
+
+@gluon.jit
 def activate(x, ACTIVATION: gl.constexpr):
     """``gemm.activate`` in Gluon (which has no sigmoid: 1 / (1 + exp(-x)) is what tl.sigmoid computes)."""
     if ACTIVATION == "relu":
@@ -190,13 +261,15 @@ def finish_tile(
     ACTIVATION: gl.constexpr,
     HAS_RESIDUAL: gl.constexpr,
     STORE_PREACT: gl.constexpr,
+    SCALING: gl.constexpr = "none",
 ):
-    """``gemm.finish_tile`` on the accumulator in its wgmma layout: z = alpha acc + beta D, y = act(z) + R.
+    """``gemm.finish_tile`` on the accumulator in its wgmma layout: z = alpha acc + beta D, y = act(z) + R,
+    after ``gemm.scale_tile``'s dequantization of fp8 products (SCALING).
 
     ``epi`` holds the epilogue's runtime values (the kernel's ``epi``)."""
     # fmt: off
     (M, N, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn, z_ptr, stride_zm, stride_zn,
-     alpha, beta) = epi
+     alpha, beta, sa_ptr, sb_ptr) = epi
     # fmt: on
     BLOCK_M: gl.constexpr = acc.shape[0]
     BLOCK_N: gl.constexpr = acc.shape[1]
@@ -205,6 +278,12 @@ def finish_tile(
     rows = gl.expand_dims(offs_m, 1)
     cols = gl.expand_dims(offs_n, 0)
     mask = (rows < M) & (cols < N)
+    if SCALING == "tensorwise":
+        acc = acc * (gl.load(sa_ptr) * gl.load(sb_ptr))
+    elif SCALING == "rowwise":
+        sa = gl.load(sa_ptr + offs_m, mask=offs_m < M, other=0.0)
+        sb = gl.load(sb_ptr + offs_n, mask=offs_n < N, other=0.0)
+        acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
     if HAS_ALPHA:
         acc = acc * alpha
     if HAS_ADDEND:

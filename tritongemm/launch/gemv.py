@@ -75,6 +75,9 @@ class GemvLauncher:
                     BLOCK_N=block_n,
                     **epilogue,
                     ACC_FP64=acc_fp64,
+                    sa_ptr=None,  # (unscaled: the plan runs fp8 on the pointer and Gluon kernels only)
+                    sb_ptr=None,
+                    SCALING="none",
                 ),
                 (triton.cdiv(N, block_n),),
                 4,

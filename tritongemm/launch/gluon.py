@@ -21,14 +21,20 @@ import triton
 
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, cluster_layouts, gemm_gluon_kernel
 from .common import KernelArgs, Launch
-from .pointer import epilogue_constexprs
+from .pointer import epilogue_constexprs, scaling_args
 from .stream_k import StreamKBuffers
 
 if GLUON_AVAILABLE:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+    GL_DTYPES = {
+        torch.float16: gl.float16,
+        torch.bfloat16: gl.bfloat16,
+        torch.float32: gl.float32,  # (C of an fp8 call)
+        torch.float8_e4m3fn: gl.float8e4nv,
+        torch.float8_e5m2: gl.float8e5,
+    }
 else:
     GL_DTYPES = {}
 
@@ -110,10 +116,11 @@ class GluonLauncher:
             # (one consumer on a power-of-two block_n: TileConfig's rule)
             self.buffers = StreamKBuffers(cfg, a, tiles, K, plan.device.sm_count, split_tail=True)
             programs, dp_tiles, iters_per_program, tile_span = self.buffers.schedule
+        scales, scaling = scaling_args(call, cfg.block_k, a.dtype)
         self.main = Launch(
             KernelArgs(
                 gemm_gluon_kernel,
-                RUNTIME,
+                RUNTIME + scales,
                 M=M,
                 N=N,
                 K=K,
@@ -140,6 +147,7 @@ class GluonLauncher:
                 CLUSTER_M=cm,
                 CLUSTER_N=cn,
                 **epilogue_constexprs(call),
+                **scaling,
             ),
             (programs,),
             cfg.num_warps,
@@ -161,8 +169,8 @@ class GluonLauncher:
 
     takes_bases = True  # reads only data pointers (see ``launch.launcher_for``)
 
-    def __call__(self, a, b, out, d, r, z, alpha, beta):
+    def __call__(self, a, b, out, d, r, z, alpha, beta, *scales):
         # The launch puts a, b and out in descriptors; without STREAM_K, out stands in for the unread
         # workspace and counters.
         ws, counts = self.buffers.get(a.device) if self.buffers is not None else (out, out)
-        self.main(a, b, b, out, out, d, r, z, ws, counts, alpha, beta)
+        self.main(a, b, b, out, out, d, r, z, ws, counts, alpha, beta, *scales)

@@ -22,6 +22,24 @@ from .common import (
 #: What a launch passes per call; every other argument is fixed when the launcher is built.
 RUNTIME = ("a_ptr", "b_ptr", "c_ptr", "d_ptr", "r_ptr", "z_ptr", "ws_ptr", "count_ptr", "alpha", "beta")
 REDUCE_RUNTIME = ("ws_ptr", "c_ptr", "d_ptr", "r_ptr", "z_ptr", "alpha", "beta")
+#: A scaled (fp8) call's dequantization scales come last, after ``alpha`` and ``beta``.
+SCALES = ("sa_ptr", "sb_ptr")
+
+
+def scaling_args(call, block_k: int, dtype: torch.dtype) -> tuple[tuple[str, ...], dict]:
+    """The runtime names and the fixed arguments of an fp8 call's dequantization
+    (``kernels.gemm.scale_tile``) and accumulation.
+
+    The scales are given per call when the call dequantizes, else fixed to None (never read: an
+    unscaled launch passes nothing more than before).  fp8 products are summed in the tensor cores'
+    reduced-precision accumulator and added into the fp32 one once per K-step, unless the call asked
+    for fast accumulation (``precision == "fast"``: never, Triton's default on sm_90).
+    """
+    fp8 = dtype.itemsize == 1
+    fixed = dict(MAX_IMPRECISE_ACC=block_k if fp8 and call.precision != "fast" else None)
+    if call.epilogue.scaling == "none":
+        return (), dict(sa_ptr=None, sb_ptr=None, SCALING="none", **fixed)
+    return SCALES, dict(SCALING=call.epilogue.scaling, **fixed)
 
 
 def epilogue_constexprs(call) -> dict:
@@ -87,10 +105,11 @@ class PointerLauncher:
         index_64 = needs_index_64(*tensors) or (split.splits > 1 and split.splits * batch * M * N > INT32_MAX)
         acc_fp64 = a.dtype == torch.float64
         epilogue = epilogue_constexprs(call)
+        scales, scaling = scaling_args(call, cfg.block_k, a.dtype)
         self.main = Launch(
             KernelArgs(
                 gemm_kernel,
-                RUNTIME,
+                RUNTIME + scales,
                 M=M,
                 N=N,
                 K=K,
@@ -119,6 +138,7 @@ class PointerLauncher:
                 SPLIT_K=split.splits > 1,
                 REDUCE_INLINE=split.inline,
                 **stride_hints(a, b, out),
+                **scaling,
             ),
             (batch * tiles, split.splits),
             cfg.num_warps,
@@ -133,7 +153,7 @@ class PointerLauncher:
             self.reduce = Launch(
                 KernelArgs(
                     splitk_reduce_kernel,
-                    REDUCE_RUNTIME,
+                    REDUCE_RUNTIME + scales,
                     M=M,
                     N=N,
                     SPLITS=split.splits,
@@ -151,18 +171,21 @@ class PointerLauncher:
                     BLOCK_N=block_n,
                     **epilogue,
                     ACC_FP64=acc_fp64,
+                    sa_ptr=scaling.get("sa_ptr"),
+                    sb_ptr=scaling.get("sb_ptr"),
+                    SCALING=scaling["SCALING"],
                 ),
                 (batch * triton.cdiv(M, block_m) * triton.cdiv(N, block_n),),
                 4,
                 3,
             )
 
-    def __call__(self, a, b, out, d, r, z, alpha, beta):
+    def __call__(self, a, b, out, d, r, z, alpha, beta, *scales):
         if not self.outer:
             if self.splits == 1:  # the common launch, without a further call
-                self.main(a, b, out, d, r, z, out, out, alpha, beta)
+                self.main(a, b, out, d, r, z, out, out, alpha, beta, *scales)
             else:
-                self._one(a, b, out, d, r, z, alpha, beta)
+                self._one(a, b, out, d, r, z, alpha, beta, *scales)
             return
         tensors = [a, b, out, d, r, z]
         strides_of = [0, 1, 2, 3, 4, 2]  # z shares out's strides
@@ -177,15 +200,15 @@ class PointerLauncher:
             ]
             self._one(*views, alpha, beta)
 
-    def _one(self, a, b, out, d, r, z, alpha, beta):
+    def _one(self, a, b, out, d, r, z, alpha, beta, *scales):
         if self.splits == 1:
-            self.main(a, b, out, d, r, z, out, out, alpha, beta)
+            self.main(a, b, out, d, r, z, out, out, alpha, beta, *scales)
             return
         # Split-K: slices write fp32 partials to a workspace (from torch's caching
         # allocator: no cudaMalloc per call, and graph-capture safe); they are
         # added in slice order by the last slice to arrive or by a second kernel.
         ws = torch.empty(*self.ws_shape, dtype=self.ws_dtype, device=a.device)
         counts = arrival_counters(a.device, self.counters) if self.inline else ws
-        self.main(a, b, out, d, r, z, ws, counts, alpha, beta)
+        self.main(a, b, out, d, r, z, ws, counts, alpha, beta, *scales)
         if not self.inline:
-            self.reduce(ws, out, d, r, z, alpha, beta)
+            self.reduce(ws, out, d, r, z, alpha, beta, *scales)

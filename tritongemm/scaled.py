@@ -1,0 +1,189 @@
+"""``scaled_mm``: fp8 GEMMs with ``torch._scaled_mm``'s signature and semantics, and our epilogues.
+
+    out = act((a @ b) * scale_a * scale_b + bias) + residual
+
+``a`` (M, K) and ``b`` (K, N) are float8 (e4m3 or e5m2); the scales dequantize
+them: one fp32 scale each ("tensorwise": 0-d or one-element tensors), or one per
+row of ``a`` and one per column of ``b`` ("rowwise": (M, 1) and (1, N)).  The
+products are summed in fp32 and the epilogue runs on the fp32 sum before one
+store in ``out_dtype``.  On sm_90 the warp-specialized kernel runs it (both
+operands K-major: ``a`` row-major, ``b`` column-major, i.e. ``w.t()`` of a
+row-major weight, the layout ``torch._scaled_mm`` requires); any other layout
+runs on the pointer kernel.
+
+What differs from ``torch._scaled_mm``: ``activation`` and ``residual`` are
+fused; a bias of any float dtype is accepted (torch's CUDA path wants bf16/fp16
+and none with an fp32 output); an fp8 ``out_dtype`` (torch's default) is
+computed in fp32 and cast, one more pass over the output; ``scale_result`` is
+not taken.  Like ``torch._scaled_mm`` it has no autograd.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import launch
+from .autograd import alloc_out
+from .call import Epilogue, GemmCall, make_request
+from .device import interpreter_enabled
+from .eligibility import FP8_DTYPES
+from .semantics import ACTIVATIONS, check_activation
+
+#: Output dtypes the kernels store (an fp8 output is cast from fp32).
+STORED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> str:
+    """ "tensorwise" or "rowwise" for these scales; ``ValueError`` (torch's type and words) otherwise."""
+    m, n = a.shape[0], b.shape[1]
+    if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
+        raise ValueError(
+            f"Invalid scaling configuration. The scales must be float32, got scale_a {scale_a.dtype} "
+            f"and scale_b {scale_b.dtype}"
+        )
+    if scale_a.numel() == 1 and scale_b.numel() == 1 and scale_a.dim() <= 2 and scale_b.dim() <= 2:
+        return "tensorwise"
+    if tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n):
+        return "rowwise"
+    raise ValueError(
+        f"Invalid scaling configuration. For tensorwise scaling both scales have one element; for rowwise "
+        f"scaling scale_a is ({m}, 1) and scale_b is (1, {n}); got scale_a {tuple(scale_a.shape)} and "
+        f"scale_b {tuple(scale_b.shape)}"
+    )
+
+
+def _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype) -> None:
+    for name, t in (("mat1", a), ("mat2", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"scaled_mm(): {name} must be a Tensor, not {type(t).__name__}")
+        if t.dim() != 2:
+            raise RuntimeError(f"{name} must be a matrix")
+    if a.shape[1] != b.shape[0]:
+        raise RuntimeError(
+            f"mat_a and mat_b shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
+            f"{b.shape[0]}x{b.shape[1]})"
+        )
+    if a.dtype not in FP8_DTYPES or b.dtype not in FP8_DTYPES:
+        raise ValueError(
+            f"Invalid scaling configuration. scaled_mm multiplies float8_e4m3fn / float8_e5m2 matrices, "
+            f"got {a.dtype} and {b.dtype}"
+        )
+    devices = {t.device for t in (a, b, scale_a, scale_b, bias, residual, out) if t is not None}
+    if len(devices) > 1:
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices: "
+            f"{', '.join(sorted(map(str, devices)))}"
+        )
+    m, n = a.shape[0], b.shape[1]
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+        raise RuntimeError(
+            f"Bias must be size {n} but got {bias.shape[0] if bias.dim() == 1 else tuple(bias.shape)}"
+        )
+    if residual is not None and tuple(residual.shape) != (m, n):
+        raise RuntimeError(f"residual must be ({m}, {n}) to add to the output, got {tuple(residual.shape)}")
+    if out is not None and (tuple(out.shape) != (m, n) or out.dtype != out_dtype):
+        raise RuntimeError(
+            f"Expected out to be a ({m}, {n}) {out_dtype} tensor, got {tuple(out.shape)} {out.dtype}"
+        )
+
+
+def scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    use_fast_accum: bool = False,
+    out: torch.Tensor | None = None,
+    activation: str = "none",
+    residual: torch.Tensor | None = None,
+    config=None,
+) -> torch.Tensor:
+    """``act((a @ b) * scale_a * scale_b + bias) + residual`` for float8 ``a`` (M, K) and ``b`` (K, N).
+
+    Scales are fp32: tensorwise (one element each) or rowwise (``scale_a`` (M, 1), ``scale_b``
+    (1, N)).  ``out_dtype`` defaults to ``a``'s dtype, as ``torch._scaled_mm``'s.  With
+    ``use_fast_accum`` the products are summed in the tensor cores' reduced-precision
+    accumulator throughout (faster, as torch's flag); without it they are added into fp32 every
+    K-step.  ``activation``: "none", "relu", "gelu", "gelu_tanh" or "silu", fused.
+
+    >>> w8 = w.to(torch.float8_e4m3fn)                       # (N, K), row-major
+    >>> y = scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.bfloat16, bias=bias)
+    """
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype)
+    scaling_of(a, b, scale_a, scale_b)
+    activation = check_activation("scaled_mm", activation)
+    if out_dtype not in STORED_DTYPES and out_dtype not in FP8_DTYPES:
+        raise ValueError(
+            f"scaled_mm(): out_dtype must be bf16, fp16, fp32 or a float8 dtype, got {out_dtype}"
+        )
+    if torch.compiler.is_compiling():
+        y = _scaled_mm_op(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
+        return y if out is None else out.copy_(y)
+    return run_scaled_mm(
+        a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual, out, config
+    )
+
+
+def run_scaled_mm(
+    a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual, out=None, config=None
+) -> torch.Tensor:
+    """``scaled_mm`` on checked arguments: launch, or hand a CPU call without the interpreter to torch."""
+    scaling = scaling_of(a, b, scale_a, scale_b)
+    if a.device.type != "cuda" and not interpreter_enabled():
+        return _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residual, out)
+    stored = out_dtype if out_dtype in STORED_DTYPES else torch.float32
+    epilogue = Epilogue(
+        activation,
+        beta=1.0 if bias is not None else 0.0,
+        addend=bias is not None,
+        residual=residual is not None,
+        scaling=scaling,
+    )
+    call = GemmCall(epilogue, make_request(config), stored, "fast" if use_fast_accum else "ieee")
+    m, n = a.shape[0], b.shape[1]
+    target = out if out is not None and out.dtype == stored else alloc_out((m, n), stored, a.device)
+    addend = bias.expand(m, n) if bias is not None else None
+    scales = (scale_a.reshape(-1).contiguous(), scale_b.reshape(-1).contiguous())
+    launch.gemm(call, a, b, target, addend, residual, None, scales)
+    if target.dtype == out_dtype:
+        return target
+    return out.copy_(target) if out is not None else target.to(out_dtype)
+
+
+@torch.library.custom_op("tritongemm::scaled_mm", mutates_args=())
+def _scaled_mm_op(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    use_fast_accum: bool,
+    activation: str,
+    residual: torch.Tensor | None,
+) -> torch.Tensor:
+    """``scaled_mm`` as one op of a compiled graph (checked at trace time, by ``scaled_mm``)."""
+    return run_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
+
+
+@_scaled_mm_op.register_fake
+def _scaled_mm_fake(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+def _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residual, out):
+    """Off the GPU without the interpreter: dequantize and multiply in fp32 with torch."""
+    y = (a.float() @ b.float()) * scale_a.float() * scale_b.float()
+    if bias is not None:
+        y = y + bias.float()
+    y = ACTIVATIONS[activation](y)
+    if residual is not None:
+        y = y + residual.float()
+    return out.copy_(y) if out is not None else y.to(out_dtype)
+
+
+__all__ = ["STORED_DTYPES", "run_scaled_mm", "scaled_mm", "scaling_of"]
