@@ -12,6 +12,8 @@
   ``nn.convert`` / ``patch()`` / ``torch.compile``, gated, with a per-GEMM
   breakdown (``gemm_breakdown.py``); ``tiny_models.py`` holds the CPU test models.
 * ``host.py``    — per-call host time of tiny GEMMs against torch.
+* ``fp8.py``     — ``tritongemm.scaled_mm`` against ``torch._scaled_mm`` (fp8 e4m3 in, bf16
+  out; tensorwise and rowwise scales, fast accumulation off and on): ``python -m benchmarks fp8``.
 
 Results live in ``benchmarks/results/<gpu>/`` (``h100/`` on any H100) as CSV + PNG.
 

@@ -1,10 +1,11 @@
-"""Command line: ``python -m benchmarks {quick,run,plot,list}`` (run from the repository root).
+"""Command line: ``python -m benchmarks {quick,run,plot,soak,fp8,list}`` (run from the repository root).
 
 python -m benchmarks quick [--out DIR]
 python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|models|host [--dtype fp16,bf16]
                          [--out DIR] [--no-compile] [--filter TEXT] [--impls A,B] [--sabotaged]
 python -m benchmarks plot CSV [CSV ...] [--out DIR] [--figures KIND,...]
 python -m benchmarks soak [--calls N] [--out DIR]
+python -m benchmarks fp8 [--shape MxNxK ...] [--rounds N] [--out DIR]
 python -m benchmarks list
 """
 
@@ -46,6 +47,21 @@ def _reexec_with_interpreter(argv: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "benchmarks", *argv], env)
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    """``--shape MxNxK``, parsed as ``tritongemm tune`` parses it (imported only when given: see
+    ``_interpreter_ready``)."""
+    from tritongemm.tuning.arguments import parse_shape
+
+    return parse_shape(text)
+
+
+def _positive_int(text: str) -> int:
+    """``--rounds N`` (N >= 1), imported only when given, as ``_shape``."""
+    from tritongemm.tuning.arguments import positive_int
+
+    return positive_int(text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -115,6 +131,29 @@ def _parser() -> argparse.ArgumentParser:
     so.add_argument("--no-plots", action="store_true", help="write the CSV only")
     so.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
+    f8 = sub.add_parser(
+        "fp8",
+        help="tritongemm.scaled_mm vs torch._scaled_mm, tensorwise and rowwise scales (CUDA GPU, sm_89+)",
+    )
+    f8.add_argument(
+        "--shape",
+        type=_shape,
+        action="append",
+        metavar="MxNxK",
+        help="only this shape (repeat for several; one the suite does not list runs too)",
+    )
+    f8.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=None,
+        help="time each shape's implementations in this many interleaved rounds (default 3)",
+    )
+    f8.add_argument("--out", help="results folder (default benchmarks/results/<gpu>/, e.g. h100/)")
+    f8.add_argument("--warmup", type=float, default=25, help="do_bench warm-up, ms (default 25)")
+    f8.add_argument("--rep", type=float, default=100, help="do_bench measuring time, ms (default 100)")
+    f8.add_argument("--no-plots", action="store_true", help="write the CSV only")
+    f8.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
     sub.add_parser("list", help="list the suites and their cases")
     return p
 
@@ -151,6 +190,10 @@ def _plot(args: argparse.Namespace) -> int:
             from .host import plot_host
 
             files += plot_host(path, out)
+        elif "fp8" in suites:  # its own figure: fp8 rates against bf16 roofs would mislead
+            from .fp8 import plot_fp8
+
+            files += plot_fp8(path, out)
         else:
             frames.append(frame)
     if model_csvs:
@@ -194,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_cli(args)
 
+    if args.command == "fp8":  # a timing suite: without a GPU it says so (run_cli), as `run` does
+        from .fp8 import run_cli
+
+        return run_cli(args)
+
     if args.command == "list":
         from .suites import SUITES
 
@@ -205,12 +253,18 @@ def main(argv: list[str] | None = None) -> int:
             )
             for c in cases:
                 print(f"    {c.label:45s} M={c.m:<6d} N={c.n:<6d} K={c.k:<6d} {c.layout}")
-        from . import host, models
+        from . import fp8, host, models
 
         print(f"{'models':10s} whole models, stock vs tritongemm (GPU; `--filter vit` adds ViT-B/16)")
         for spec, workload in models.select_cases():
             print(f"    {spec.name + ' ' + workload:45s} {spec.size}")
         print(f"{'host':10s} {len(host.cases()):3d} cases  per-call host time of tiny GEMMs vs torch")
+        print(
+            f"{'fp8':10s} {len(fp8.cases()):3d} shapes x {len(fp8.RECIPES)} recipes  tritongemm.scaled_mm vs "
+            "torch._scaled_mm (`python -m benchmarks fp8`)"
+        )
+        for c in fp8.cases():
+            print(f"    {c.group + ' ' + c.shape:45s} M={c.m:<6d} N={c.n:<6d} K={c.k:<6d} NT")
         return 0
 
     # run

@@ -146,15 +146,22 @@ class GateResult:
     reason: str = ""
 
 
-def check_output(out: Any, ref: torch.Tensor, tol: float | None = None) -> GateResult:
-    """Does ``out`` match the reference (cuBLAS) output within the dtype's tolerance?"""
-    tol = gate_tolerance(ref.dtype) if tol is None else tol
+def check_output(
+    out: Any, ref: torch.Tensor, tol: float | None = None, dtype: torch.dtype | None = None
+) -> GateResult:
+    """Does ``out`` match the reference (cuBLAS) output within the dtype's tolerance?
+
+    ``dtype``: the dtype ``out`` must have, where the reference is computed in another one
+    (the fp8 suite's float64 product of the dequantized operands); default the reference's.
+    """
+    dtype = ref.dtype if dtype is None else dtype
+    tol = gate_tolerance(dtype) if tol is None else tol
     if not isinstance(out, torch.Tensor):
         return GateResult(False, math.nan, tol, f"returned {type(out).__name__}, not a Tensor")
     if tuple(out.shape) != tuple(ref.shape):
         return GateResult(False, math.nan, tol, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
-    if out.dtype != ref.dtype:
-        return GateResult(False, math.nan, tol, f"dtype {out.dtype} != reference {ref.dtype}")
+    if out.dtype != dtype:
+        return GateResult(False, math.nan, tol, f"dtype {out.dtype} != expected {dtype}")
     if not bool(torch.isfinite(out).all()):
         return GateResult(False, math.nan, tol, "output holds NaN or Inf")
     err = relative_error(out, ref)

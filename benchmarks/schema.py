@@ -22,7 +22,8 @@ COLUMN_DOCS: tuple[tuple[str, str], ...] = (
     (
         "suite",
         "what produced the row: a `python -m benchmarks run` suite (`square`, `llm`, ...), `quick`, "
-        "`sweep` (a config sweep), `tuning` (the autotuner), `epilogue`, or `ceiling`",
+        "`sweep` (a config sweep), `tuning` (the autotuner), `epilogue`, `fp8` (`python -m benchmarks fp8`), "
+        "or `ceiling`",
     ),
     ("group", "a set of cases drawn together (one figure panel), e.g. `square`, `llama3-8b qkv`"),
     ("case", "the problem's label, unique within (suite, group)"),
@@ -32,10 +33,18 @@ COLUMN_DOCS: tuple[tuple[str, str], ...] = (
     ("n", "columns of B and C"),
     ("k", "the reduction length"),
     ("layout", "`NN`/`NT`/`TN`/`TT`: per operand, `N` row-major, `T` a transposed (column-major) view"),
-    ("dtype", "operand dtype: `fp16`, `bf16`, `fp32`, `fp64`"),
+    (
+        "dtype",
+        "operand dtype: `fp16`, `bf16`, `fp32`, `fp64`, or `fp8_e4m3` (float8_e4m3fn; the `fp8` suite's "
+        "output dtype is in its own `out_dtype` column)",
+    ),
     ("backward", "True: the row times forward + backward (autograd), and `flops` counts both"),
     # how
-    ("impl", "the implementation: `cublas`, `tritongemm`, `tritongemm:<variant>`, `torch.compile`, ..."),
+    (
+        "impl",
+        "the implementation: `cublas`, `tritongemm`, `tritongemm:<variant>`, `torch.compile`, "
+        "`tritongemm.scaled_mm`, `torch._scaled_mm`, ...",
+    ),
     (
         "family",
         "`cublas` (the baseline of `speedup_vs_cublas`), `tritongemm`, `torch.compile`, `ceiling`, `test`",
@@ -43,7 +52,7 @@ COLUMN_DOCS: tuple[tuple[str, str], ...] = (
     (
         "variant",
         "what distinguishes the impl: `heuristic`, `tuned`, a pipeline or decomposition name, "
-        "`stages`, `hierarchy`, `sweep`, `torch.matmul`, ...",
+        "`stages`, `hierarchy`, `sweep`, `torch.matmul`, an fp8 scaling recipe (`rowwise+fast_accum`), ...",
     ),
     ("config", "the tritongemm config that ran, as `TileConfig.short()`, or a sweep's config label"),
     ("block_m", "CTA tile rows"),
@@ -83,7 +92,11 @@ COLUMN_DOCS: tuple[tuple[str, str], ...] = (
     ("gbps", "`bytes` / `ms`, GB/s (for a copy ceiling: bytes read + written)"),
     ("speedup_vs_cublas", "baseline time / this row's time, same case, dtype and run (> 1: faster)"),
     ("flops", "2 M N K (x3 with backward)"),
-    ("bytes", "compulsory DRAM traffic: A, B read and C written once (x3 with backward), bytes"),
+    (
+        "bytes",
+        "compulsory DRAM traffic: A, B read and C written once (x3 with backward), bytes, at each "
+        "operand's element size",
+    ),
     ("intensity", "`flops` / `bytes`, FLOP per byte"),
 )
 

@@ -2,8 +2,9 @@
 
 GPU timing cannot run here; what can is: the correctness gate (it must reject
 a wrong implementation and record it untimed), L2 rotation, CSV round trips
-with the environment, suite shape lists, every figure from synthetic CSVs, and
-``python -m benchmarks quick`` on Triton's interpreter.
+with the environment, suite shape lists, every figure from synthetic CSVs, the
+fp8 suite's gate and rounds on tiny shapes, and ``python -m benchmarks quick``
+on Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import pytest
 import torch
 
 import tritongemm
-from benchmarks import harness, plots, quick, schema, suites
+from benchmarks import fp8, harness, plots, quick, schema, suites
+from benchmarks.__main__ import _parser as cli_parser
 from benchmarks.__main__ import main as cli_main
 from benchmarks.harness import Case, Impl
 from tritongemm.testing import MAX_ROTATION_COPIES
@@ -716,3 +718,156 @@ def test_shape_class_suites_cover_issue_17s_classes():
     )
     assert {c.k for c in short if not c.group.startswith("encoder")} == {128, 256}
     assert {1536, 3072, 6144} <= {c.m for c in suites.square_cases()}
+
+
+# ----------------------------------------------------------------------------------
+# The fp8 suite (scaled_mm vs torch._scaled_mm)
+# ----------------------------------------------------------------------------------
+def test_fp8_cases_measure_each_listed_shape_once():
+    shapes = [(c.m, c.n, c.k) for c in fp8.cases()]
+    assert len(shapes) == len(set(shapes)) == 19
+    listed = {(4096, 4096, 4096), (8192, 8192, 4096), (2048, 14336, 4096), (1024, 18944, 3584)}
+    assert listed | {(256, 5120, 5120), (16, 4096, 4096)} <= set(shapes)
+    for n, k in fp8.PROJECTIONS.values():  # every token count over both projections: M from 16 to 8192
+        assert sorted(m for m, nn, kk in shapes if (nn, kk) == (n, k)) == list(fp8.TOKENS)
+    assert (fp8.TOKENS[0], fp8.TOKENS[-1]) == (16, 8192)
+    assert [r.name for r in fp8.RECIPES] == [
+        "tensorwise",
+        "tensorwise+fast_accum",
+        "rowwise",
+        "rowwise+fast_accum",
+    ]
+    # --shape restricts the list, once per shape; a shape the suite does not list runs as "custom"
+    picked = fp8.select_cases([(16, 4096, 4096), (100, 200, 300), (16, 4096, 4096)])
+    assert [(c.group, c.shape) for c in picked] == [
+        ("proj N=4096 K=4096", "16x4096x4096"),
+        ("custom", "100x200x300"),
+    ]
+
+
+def test_fp8_cli_parses_shapes_rounds_and_out():
+    args = cli_parser().parse_args(
+        ["fp8", "--shape", "16x4096x4096", "--shape", "256X5120X5120", "--rounds", "5", "--out", "d"]
+    )
+    assert args.shape == [(16, 4096, 4096), (256, 5120, 5120)] and args.rounds == 5 and args.out == "d"
+    defaults = cli_parser().parse_args(["fp8"])
+    assert defaults.shape is None and defaults.rounds is None and not defaults.no_plots
+    for bad in (["--shape", "16x4096"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit):
+            cli_parser().parse_args(["fp8", *bad])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_fp8_without_gpu_explains_itself(capsys):
+    assert cli_main(["fp8", "--shape", "16x4096x4096"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and "torch._scaled_mm" in err and "plot" in err
+
+
+def test_fp8_shape_is_gated_against_float64_then_timed_in_interleaved_rounds(monkeypatch):
+    """Every recipe's output, ours and torch's, is held to the bf16 gate against the float64 product of
+    the dequantized operands; one that drops a scale is rejected untimed; the rest are timed in rounds
+    that reverse their order (A B .. | .. B A | A B ..), on the same rotated copies."""
+    timed: list = []
+
+    def fake_samples(step, device, warmup_ms, rep_ms, grad_to_none=None):
+        timed.append(step)
+        return [float(len(timed))]
+
+    monkeypatch.setattr(harness, "time_samples", fake_samples)
+
+    def drops_scale_b(a, b, scale_a, scale_b, fast_accum):
+        return torch._scaled_mm(a, b, scale_a, torch.ones_like(scale_b), out_dtype=torch.bfloat16)
+
+    wrong = fp8.Fp8Impl("drops scale_b", "test", drops_scale_b)
+    case = fp8.Fp8Case("tiny", 32, 48, 64)
+    rows = fp8.measure_shape(
+        case, "cpu", impls=(*fp8.IMPLS, wrong), rounds=3, l2_bytes=3 * fp8.input_set_bytes(case)
+    )
+    assert len(rows) == len(fp8.RECIPES) * 3
+    by = {(r["variant"], r["impl"]): r for r in rows}
+    tol = harness.gate_tolerance(torch.bfloat16)
+    for recipe in fp8.RECIPES:
+        ours, theirs = by[recipe.name, "tritongemm.scaled_mm"], by[recipe.name, "torch._scaled_mm"]
+        for r in (ours, theirs):
+            assert r["status"] == "ok", r.get("message")
+            assert 0 < r["rel_err"] < r["tol"] == tol and r["message"] == fp8.REFERENCE_NOTE
+            assert (r["dtype"], r["layout"], r["out_dtype"]) == ("fp8_e4m3", "NT", "bf16")
+            assert (r["scaling"], r["fast_accum"]) == (recipe.scaling, recipe.fast_accum)
+            assert r["n_copies"] == 6 and r["case"] == f"32x48x64 {recipe.name}"
+            assert r["bytes"] == 32 * 64 + 64 * 48 + 32 * 48 * 2 and r["tflops"] > 0
+        assert ours["speedup_vs_cublas"] == pytest.approx(theirs["ms"] / ours["ms"])
+        assert theirs["speedup_vs_cublas"] == 1.0
+        assert ours["config"] and ours["kernel"]
+        bad = by[recipe.name, "drops scale_b"]
+        assert bad["status"] == "failed_gate" and bad["rel_err"] > 1 and "relative error" in bad["message"]
+        assert bad.get("ms") is None and bad.get("tflops") is None  # rejected, never timed
+    first_seen = list(dict.fromkeys(timed))
+    assert len(first_seen) == 8  # the four recipes' two timed implementations
+    forward = list(range(8))
+    assert [first_seen.index(s) for s in timed] == forward + forward[::-1] + forward
+
+
+def _fake_fp8_rows() -> list[dict]:
+    """Rows as the suite writes them, with plausible rates; one recipe of one shape failed its gate."""
+    rows = []
+    for case in fp8.cases():
+        for recipe in fp8.RECIPES:
+            for impl in fp8.IMPLS:
+                row = {
+                    **fp8.base_row(case, recipe),
+                    "impl": impl.name,
+                    "family": impl.family,
+                    "n_copies": 2,
+                    "rel_err": 2e-3,
+                    "tol": 3e-2,
+                }
+                if (
+                    case.m == 16
+                    and case.n == 14336
+                    and recipe.name == "rowwise"
+                    and impl.family == "tritongemm"
+                ):
+                    rows.append({**row, "rel_err": 0.5, "status": "failed_gate", "message": "relative error"})
+                    continue
+                rate = (900.0 if impl.family == "cublas" else 860.0 + 40 * (case.m % 3)) * (
+                    1.3 if recipe.fast_accum else 1.0
+                ) * min(1.0, math.log2(case.m) / 12)  # fmt: skip
+                ms = case.flops / (rate * 1e12) * 1e3
+                rows.append({**row, "status": "ok", "message": fp8.REFERENCE_NOTE, "ms": ms})
+    harness._finish_rows(rows)
+    return rows
+
+
+def test_fp8_rows_tables_figure_and_plot_command(tmp_path, capsys):
+    rows = _fake_fp8_rows()
+    csv = harness.write_results(rows, tmp_path / "h100" / "fp8.csv", ENV, {"suite": "fp8"})
+    df = schema.read(csv)
+    assert list(df.columns[: len(schema.COLUMNS)]) == schema.COLUMNS
+    assert {"scaling", "fast_accum", "out_dtype"} <= set(df.columns) and (df["env_gpu"] == ENV["gpu"]).all()
+    ours = df[(df["family"] == "tritongemm") & (df["status"] == "ok")]
+    theirs = df[df["family"] == "cublas"]
+    assert (ours["speedup_vs_cublas"] > 0).all() and (theirs["speedup_vs_cublas"] == 1).all()
+
+    table = fp8.summary_table(rows)
+    assert len(table.splitlines()) == 2 + 19 * 4  # heading, rule, one line per (shape, recipe)
+    assert "torch ms / ours ms" in table and "ours failed_gate" in table
+    means = {(g["recipe"], g["fast"]): g for g in fp8.geomeans(rows)}
+    assert means["rowwise", "no"]["shapes"] == 18 and means["tensorwise", "yes"]["shapes"] == 19
+    assert all(0.9 < g["geomean"] < 1.1 for g in means.values())
+    assert "geomean" in fp8.geomean_table(rows)
+
+    fig = fp8.fig_fp8(harness.read_results(csv))
+    ratio_ax, rate_ax = _visible_axes(fig)
+    assert any(list(line.get_ydata()) == [1.0, 1.0] for line in ratio_ax.get_lines()), "no parity line"
+    assert ratio_ax.get_ylabel() and rate_ax.get_ylabel() == "TFLOP/s" and rate_ax.get_xlabel()
+    assert [t.get_text() for t in rate_ax.get_xticklabels()] == [c.shape for c in fp8.cases()]
+    assert "NVIDIA H100" in fig.get_suptitle()
+    width, height = fig.get_size_inches() * plots.DPI
+    assert width <= 1920 and height <= 2400, (width, height)
+
+    # `plot` draws the suite's own figure (no bf16 roofline or generic panels for fp8 rows)
+    assert cli_main(["plot", str(csv), "--out", str(tmp_path / "figs")]) == 0
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == [fp8.FIGURE]
+    assert (tmp_path / "figs" / fp8.FIGURE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "wrote" in capsys.readouterr().out
