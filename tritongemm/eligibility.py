@@ -196,6 +196,10 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 def _fp8_warp_specialized_reason(a: Operand, b: Operand, out_dtype: torch.dtype) -> str | None:
     """Why the warp-specialized kernel cannot take fp8 operands laid out so (None when it can)."""
+    from .kernels.gluon_common import PRECISE_FP8_AVAILABLE
+
+    if not PRECISE_FP8_AVAILABLE:
+        return "this Triton's Gluon wgmma cannot sum fp8 products precisely (no max_num_imprecise_acc)"
     if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return f"the warp-specialized kernel stores fp8 products as bf16, fp16 or fp32 (not {out_dtype})"
     if not (a.row_major and not b.row_major):

@@ -107,7 +107,8 @@ def scaled_mm(
     (1, N)).  ``out_dtype`` defaults to ``a``'s dtype, as ``torch._scaled_mm``'s.  With
     ``use_fast_accum`` the products are summed in the tensor cores' reduced-precision
     accumulator throughout (faster, as torch's flag); without it they are added into fp32 every
-    K-step.  ``activation``: "none", "relu", "gelu", "gelu_tanh" or "silu", fused.
+    K-step.  ``activation``: "none", "relu", "gelu", "gelu_tanh" or "silu", fused.  ``config``
+    forces a ``TileConfig`` (eager calls; a compiled graph runs the heuristic's).
 
     >>> w8 = w.to(torch.float8_e4m3fn)                       # (N, K), row-major
     >>> y = scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.bfloat16, bias=bias)

@@ -6,35 +6,45 @@ tile runs on the warp-specialized kernel (its wgmma needs both operands K-major:
 B column-major, as ``torch._scaled_mm`` requires); elsewhere, and for other layouts, the
 pointer kernel takes the same tile.
 
-The tiles by rows of A (H100, fp8 e4m3 -> bf16, against ``torch._scaled_mm``:
-``sweeps/fp8_tiles.txt``):
+Measured on an H100 against ``torch._scaled_mm`` (fp8 e4m3 -> bf16, rowwise and tensorwise, with
+and without fast accumulation, 19 shapes from 16x4096x4096 to 8192x14336x4096:
+``benchmarks/results/h100/sweeps/fp8_tiles.txt``), by how many tiles the shape has:
+
+* at most 64 rows, or 128 x 128 tiles for at most half the SMs: 64 x 128 on 4 warps (16 x 4096 x
+  4096, precise sums: 0.95 of torch where 128 x 128 reached 0.81 and 128 x 256 0.54; 16 x 14336 x
+  4096: 1.00 against 0.92), which loses where more tiles would fill the SMs (512 x 4096 x 4096: 0.68
+  against 128 x 128's 0.89);
+* fewer 128 x 256 tiles than three quarters of the SMs: 128 x 128 on 8 warps, 6 stages
+  (512 x 4096 x 4096: 0.89 against 128 x 256's 0.62; 256 x 5120 x 5120: 0.89 against 0.60);
+* else 128 x 256 on 8 warps, its output staged in halves for a fourth stage (0.84-0.90 of
+  torch's precise mode, 0.93-1.00 of its fast mode, against 128 x 128's 0.78-0.84 and 0.89-0.97).
 """
 
 from __future__ import annotations
 
 from ..configs import TileConfig
 from ..device import DeviceInfo
-from ..problem import GemmProblem, wave_efficiency
+from ..problem import GemmProblem
 from .tiles import tiles_of
 
-#: (block_m, block_n, warps, stages, epilogue_subtile, pingpong) by the most rows of A they serve
-#: (the last serves every M).  A cooperative 128x256 tile holds 128 fp32 accumulators a thread
-#: on 8 warps; 4 stages of it fit with the output staged in halves.
-FP8_TILES: list[tuple[int, tuple[int, int, int, int, bool, bool]]] = [
-    (64, (64, 128, 4, 8, False, False)),
-    (512, (128, 128, 8, 6, False, False)),
-    (1 << 62, (128, 256, 8, 4, True, False)),
-]
 FP8_BLOCK_K = 128
+#: (block_m, block_n, warps, stages, epilogue_subtile) by the shape's tiles (see above).
+FP8_NARROW_TILE = (64, 128, 4, 6, False)
+FP8_MID_TILE = (128, 128, 8, 6, False)
+FP8_WIDE_TILE = (128, 256, 8, 4, True)
 
 
 def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, str]:
     """The fp8 tile for ``problem`` on a GPU, and why."""
-    bm, bn, warps, stages, subtile, pingpong = next(tile for rows, tile in FP8_TILES if problem.m <= rows)
-    # Too few tiles for the SMs: the next smaller width fills more of them.
-    while bn > 64 and wave_efficiency(tiles_of(problem, bm, bn), device.sm_count) < 0.5:
-        bn //= 2
-        subtile = False
+    mid = tiles_of(problem, 128, 128)
+    wide = tiles_of(problem, 128, 256)
+    if problem.m <= 64 or 2 * mid <= device.sm_count:
+        tile, why = FP8_NARROW_TILE, f"M = {problem.m}, {mid} tiles of 128x128"
+    elif 4 * wide < 3 * device.sm_count:
+        tile, why = FP8_MID_TILE, f"{wide} tiles of 128x256 fill under 3/4 of the SMs"
+    else:
+        tile, why = FP8_WIDE_TILE, f"{wide} tiles of 128x256"
+    bm, bn, warps, stages, subtile = tile
     ws = device.capability == (9, 0)
     cfg = TileConfig(
         bm,
@@ -47,10 +57,9 @@ def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, st
         persistent=ws,
         warp_specialize=ws,
         epilogue_subtile=subtile and ws,
-        pingpong=pingpong and ws,
     )
     where = "the warp-specialized kernel" if ws else "the pointer kernel"
-    return cfg, f"fp8 (M = {problem.m}): {bm}x{bn} tiles, a K step of {FP8_BLOCK_K} bytes, on {where}"
+    return cfg, f"fp8: {bm}x{bn} tiles, a K step of {FP8_BLOCK_K} bytes, on {where} ({why})"
 
 
-__all__ = ["FP8_BLOCK_K", "FP8_TILES", "fp8_choice"]
+__all__ = ["FP8_BLOCK_K", "FP8_MID_TILE", "FP8_NARROW_TILE", "FP8_WIDE_TILE", "fp8_choice"]

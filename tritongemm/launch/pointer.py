@@ -198,7 +198,7 @@ class PointerLauncher:
                 )
                 for j, t in enumerate(tensors)
             ]
-            self._one(*views, alpha, beta)
+            self._one(*views, alpha, beta, *scales)
 
     def _one(self, a, b, out, d, r, z, alpha, beta, *scales):
         if self.splits == 1:
