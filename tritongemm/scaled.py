@@ -41,7 +41,7 @@ def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
             f"Invalid scaling configuration. The scales must be float32, got scale_a {scale_a.dtype} "
             f"and scale_b {scale_b.dtype}"
         )
-    if scale_a.numel() == 1 and scale_b.numel() == 1 and scale_a.dim() <= 2 and scale_b.dim() <= 2:
+    if scale_a.numel() == 1 and scale_b.numel() == 1:
         return "tensorwise"
     if tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n):
         return "rowwise"
@@ -52,10 +52,14 @@ def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
     )
 
 
+def _check_types(**tensors) -> None:
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"scaled_mm(): argument '{name}' must be Tensor, not {type(t).__name__}")
+
+
 def _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype) -> None:
     for name, t in (("mat1", a), ("mat2", b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"scaled_mm(): {name} must be a Tensor, not {type(t).__name__}")
         if t.dim() != 2:
             raise RuntimeError(f"{name} must be a matrix")
     if a.shape[1] != b.shape[0]:
@@ -75,10 +79,8 @@ def _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype) -> None:
             f"{', '.join(sorted(map(str, devices)))}"
         )
     m, n = a.shape[0], b.shape[1]
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
-        raise RuntimeError(
-            f"Bias must be size {n} but got {bias.shape[0] if bias.dim() == 1 else tuple(bias.shape)}"
-        )
+    if bias is not None and bias.numel() != n:  # (torch counts elements: a (1, N) bias is taken)
+        raise RuntimeError(f"Bias must be size {n} but got {bias.numel()}")
     if residual is not None and tuple(residual.shape) != (m, n):
         raise RuntimeError(f"residual must be ({m}, {n}) to add to the output, got {tuple(residual.shape)}")
     if out is not None and (tuple(out.shape) != (m, n) or out.dtype != out_dtype):
@@ -113,6 +115,7 @@ def scaled_mm(
     >>> w8 = w.to(torch.float8_e4m3fn)                       # (N, K), row-major
     >>> y = scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.bfloat16, bias=bias)
     """
+    _check_types(mat1=a, mat2=b, scale_a=scale_a, scale_b=scale_b, bias=bias, residual=residual, out=out)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype)
     scaling_of(a, b, scale_a, scale_b)
@@ -147,7 +150,7 @@ def run_scaled_mm(
     call = GemmCall(epilogue, make_request(config), stored, "fast" if use_fast_accum else "ieee")
     m, n = a.shape[0], b.shape[1]
     target = out if out is not None and out.dtype == stored else alloc_out((m, n), stored, a.device)
-    addend = bias.expand(m, n) if bias is not None else None
+    addend = bias.reshape(n).expand(m, n) if bias is not None else None
     scales = (scale_a.reshape(-1).contiguous(), scale_b.reshape(-1).contiguous())
     launch.gemm(call, a, b, target, addend, residual, None, scales)
     if target.dtype == out_dtype:
@@ -180,7 +183,7 @@ def _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residu
     """Off the GPU without the interpreter: dequantize and multiply in fp32 with torch."""
     y = (a.float() @ b.float()) * scale_a.float() * scale_b.float()
     if bias is not None:
-        y = y + bias.float()
+        y = y + bias.float().reshape(-1)
     y = ACTIVATIONS[activation](y)
     if residual is not None:
         y = y + residual.float()
