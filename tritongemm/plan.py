@@ -24,6 +24,7 @@ from .eligibility import (
     tma_operand_reason,
     tma_unsupported_reason,
     vector_bytes,
+    warp_specialized_shared_bytes,
     warp_specialized_unsupported_reason,
 )
 from .problem import GemmProblem
@@ -183,6 +184,11 @@ def _fp8_kernel_for(cfg, device, a, b, c, dtype, out_dtype, batched) -> tuple[Ti
     Stream-K and TMA kernels take 2-byte operands only)."""
     reasons = []
     if cfg.tma and cfg.warp_specialize:
+        # The tiles are chosen for a 2-byte output; a 4-byte one's staging tile costs ring slots.
+        while cfg.num_stages > 2 and (
+            warp_specialized_shared_bytes(cfg, 1, out_dtype.itemsize) > device.smem_per_block
+        ):
+            cfg = replace(cfg, num_stages=cfg.num_stages - 1)
         reason = warp_specialized_unsupported_reason(cfg, a, b, c, dtype, out_dtype, device, batched)
         if reason is None:
             return cfg, "gluon_ws", None

@@ -33,11 +33,16 @@ from .semantics import ACTIVATIONS, check_activation
 STORED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+class ScalingError(RuntimeError, ValueError):
+    """Operands or scales ``scaled_mm`` cannot take: a ``ValueError`` as torch 2.13's ``_scaled_mm``
+    raises, and a ``RuntimeError`` as earlier releases (and torch's CUDA checks) raise."""
+
+
 def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> str:
     """ "tensorwise" or "rowwise" for these scales; ``ValueError`` (torch's type and words) otherwise."""
     m, n = a.shape[0], b.shape[1]
     if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
-        raise ValueError(
+        raise ScalingError(
             f"Invalid scaling configuration. The scales must be float32, got scale_a {scale_a.dtype} "
             f"and scale_b {scale_b.dtype}"
         )
@@ -45,7 +50,7 @@ def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
         return "tensorwise"
     if tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n):
         return "rowwise"
-    raise ValueError(
+    raise ScalingError(
         f"Invalid scaling configuration. For tensorwise scaling both scales have one element; for rowwise "
         f"scaling scale_a is ({m}, 1) and scale_b is (1, {n}); got scale_a {tuple(scale_a.shape)} and "
         f"scale_b {tuple(scale_b.shape)}"
@@ -68,7 +73,7 @@ def _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype) -> None:
             f"{b.shape[0]}x{b.shape[1]})"
         )
     if a.dtype not in FP8_DTYPES or b.dtype not in FP8_DTYPES:
-        raise ValueError(
+        raise ScalingError(
             f"Invalid scaling configuration. scaled_mm multiplies float8_e4m3fn / float8_e5m2 matrices, "
             f"got {a.dtype} and {b.dtype}"
         )
@@ -190,4 +195,4 @@ def _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residu
     return out.copy_(y) if out is not None else y.to(out_dtype)
 
 
-__all__ = ["STORED_DTYPES", "run_scaled_mm", "scaled_mm", "scaling_of"]
+__all__ = ["STORED_DTYPES", "ScalingError", "run_scaled_mm", "scaled_mm", "scaling_of"]

@@ -469,15 +469,17 @@ def gemm_gluon_kernel(
     scales (SCALING, ``gluon_common.finish_tile``) and summed in full fp32 precision every
     MAX_IMPRECISE_ACC products of K (None: fast accumulation).
     """
-    dtype: gl.constexpr = a_desc.dtype
-    a_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    # (B's dtype may differ from A's: fp8 e4m3 x e5m2)
+    a_ring = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_ring = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
     # One output staging tile per consumer: each stores its own tiles.
     c_tiles = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
     b2_ring = b_ring
     c2_tiles = c_tiles
     if BLOCK_N2 > 0:  # the tile's last BLOCK_N2 columns: B's in a ring of its own, C's staged on its own
-        b2_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b2_desc.block_type.shape, b2_desc.layout)
+        b2_ring = gl.allocate_shared_memory(
+            b2_desc.dtype, [NUM_STAGES] + b2_desc.block_type.shape, b2_desc.layout
+        )
         if not EPILOGUE_SUBTILE:  # (subtiled: both halves pass through c_tiles in turn)
             c2_tiles = gl.allocate_shared_memory(
                 c2_desc.dtype, [CONSUMERS] + c2_desc.block_type.shape, c2_desc.layout
