@@ -50,7 +50,7 @@ os.environ["TRITONGEMM_AUTOTUNE"] = "0"
 import pytest  # noqa: E402
 
 import tritongemm  # noqa: E402
-from tritongemm import fastpath, launch, native  # noqa: E402
+from tritongemm import fastpath, launch, native, scaled  # noqa: E402
 from tritongemm.autograd import set_poison_outputs  # noqa: E402
 from tritongemm.testing import default_device  # noqa: E402
 
@@ -211,7 +211,16 @@ def plans(monkeypatch):
         return real_grad_call(grad_launch, operands)
 
     monkeypatch.setattr(fastpath._GradLaunch, "__call__", grad_spy)
+    # fp8's repeated calls (``scaled._FAST``) are not remembered while recording: each reaches ``launch.gemm``.
+    monkeypatch.setattr(scaled, "_FAST", _Forgetful())
     return records
+
+
+class _Forgetful(dict):
+    """A cache that keeps nothing."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
 
 
 def require_native() -> None:

@@ -120,6 +120,10 @@ def scaled_mm(
     >>> w8 = w.to(torch.float8_e4m3fn)                       # (N, K), row-major
     >>> y = scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.bfloat16, bias=bias)
     """
+    if out is None and residual is None and config is None and bias is None:
+        fast = _FAST.get(_fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation))
+        if fast is not None and not ((a.data_ptr() | b.data_ptr()) & 15):
+            return fast(a, b, scale_a, scale_b)
     _check_types(mat1=a, mat2=b, scale_a=scale_a, scale_b=scale_b, bias=bias, residual=residual, out=out)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype)
@@ -158,9 +162,54 @@ def run_scaled_mm(
     addend = bias.reshape(n).expand(m, n) if bias is not None else None
     scales = (scale_a.reshape(-1).contiguous(), scale_b.reshape(-1).contiguous())
     launch.gemm(call, a, b, target, addend, residual, None, scales)
+    if out is None and residual is None and bias is None and config is None and target.dtype == out_dtype:
+        _remember(call, a, b, scale_a, scale_b, target, out_dtype, use_fast_accum, activation)
     if target.dtype == out_dtype:
         return target
     return out.copy_(target) if out is not None else target.to(out_dtype)
+
+
+# ----------------------------------------------------------------------------------
+# Repeated calls: a decode step's fp8 GEMM runs in microseconds, so the checks and the
+# plan of a call seen before are not redone.  An entry is kept for the common form (no
+# out=, bias, residual or config; CUDA; contiguous scales); the operands' 16-byte
+# alignment, which the launcher was built for, is checked per call.
+# ----------------------------------------------------------------------------------
+_FAST: dict = {}
+MAX_FAST = 1024
+launch.register_dependent_cache(_FAST)  # its launchers go with the launch cache (tuning, padding)
+
+
+def _fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation):
+    try:
+        return (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device,
+                scale_a.shape, scale_a.stride(), scale_a.dtype, scale_a.device, scale_b.shape,
+                scale_b.stride(), scale_b.dtype, scale_b.device, out_dtype, use_fast_accum, activation)  # fmt: skip
+    except AttributeError:  # (not tensors: the checks below say so)
+        return None
+
+
+def _remember(call, a, b, scale_a, scale_b, target, out_dtype, use_fast_accum, activation) -> None:
+    """Keep what a later identical call needs: its launcher and the output's shape."""
+    if a.device.type != "cuda" or not (scale_a.is_contiguous() and scale_b.is_contiguous()):
+        return
+    launcher = launch.launcher_for(call, a, b, target)
+    if not getattr(launcher, "takes_bases", False):
+        return
+    key = _fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation)
+    shape, device, index = (a.shape[0], b.shape[1]), a.device, a.device.index
+    current = launch.current_device
+
+    def run(a, b, scale_a, scale_b):
+        if current() != index:  # (launch.gemm switches devices; this path does not)
+            return run_scaled_mm(a, b, scale_a, scale_b, None, out_dtype, use_fast_accum, activation, None)
+        out = alloc_out(shape, out_dtype, device)
+        launcher(a, b, out, out, out, out, 1.0, 0.0, scale_a, scale_b)
+        return out
+
+    if len(_FAST) >= MAX_FAST:
+        _FAST.clear()
+    _FAST[key] = run
 
 
 @torch.library.custom_op("tritongemm::scaled_mm", mutates_args=())

@@ -269,6 +269,7 @@ def register_dependent_cache(cache: dict) -> None:
 
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device  # no Python layers
+current_device = _current_device
 
 
 def _build(call, a, b, out, addend, residual, preact):
