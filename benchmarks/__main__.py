@@ -1,4 +1,4 @@
-"""Command line: ``python -m benchmarks {quick,run,plot,soak,fp8,list}`` (run from the repository root).
+"""Command line: ``python -m benchmarks {quick,run,plot,soak,fp8,fp8-train,list}`` (run from the repository root).
 
 python -m benchmarks quick [--out DIR]
 python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|models|host [--dtype fp16,bf16]
@@ -6,6 +6,7 @@ python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|mod
 python -m benchmarks plot CSV [CSV ...] [--out DIR] [--figures KIND,...]
 python -m benchmarks soak [--calls N] [--out DIR]
 python -m benchmarks fp8 [--shape MxNxK ...] [--rounds N] [--out DIR]
+python -m benchmarks fp8-train [--steps N] [--rounds N] [--out DIR]
 python -m benchmarks list
 """
 
@@ -131,6 +132,14 @@ def _parser() -> argparse.ArgumentParser:
     so.add_argument("--no-plots", action="store_true", help="write the CSV only")
     so.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
+    ft = sub.add_parser(
+        "fp8-train",
+        help="fp8 training via nn.convert(precision='fp8'): a loss curve against bf16, and step times (GPU)",
+    )
+    ft.add_argument("--steps", type=int, default=500, help="training steps of the loss comparison")
+    ft.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    ft.add_argument("--out", help="results folder (default benchmarks/results/<gpu>/, e.g. h100/)")
+
     f8 = sub.add_parser(
         "fp8",
         help="tritongemm.scaled_mm vs torch._scaled_mm, tensorwise and rowwise scales (CUDA GPU, sm_89+)",
@@ -234,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (_has_gpu() and not _interpreter_requested()) and not _interpreter_ready():
             _reexec_with_interpreter(argv)  # does not return
         from .soak import run_cli
+
+        return run_cli(args)
+
+    if args.command == "fp8-train":
+        from .fp8_train import run_cli
 
         return run_cli(args)
 

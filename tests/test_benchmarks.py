@@ -871,3 +871,29 @@ def test_fp8_rows_tables_figure_and_plot_command(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == [fp8.FIGURE]
     assert (tmp_path / "figs" / fp8.FIGURE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in capsys.readouterr().out
+
+
+def test_fp8_train_corpus_blocks_and_figure(tmp_path):
+    """The fp8 training benchmark's parts that need no GPU: a reproducible corpus with structure,
+    the converted projections, the figure from fake results."""
+    from benchmarks import fp8_train
+
+    a = fp8_train.markov_corpus(3000, seed=3, device="cpu")
+    assert torch.equal(a, fp8_train.markov_corpus(3000, seed=3, device="cpu"))
+    assert not torch.equal(a, fp8_train.markov_corpus(3000, seed=4, device="cpu"))
+    pairs = a[:-1] * fp8_train.VOCAB + a[1:]
+    # Peaked transitions: far fewer distinct successor pairs than a uniform chain would show.
+    assert pairs.unique().numel() < 0.7 * pairs.numel()
+    layers, _ = fp8_train.llama_block("meta", "fp8", "tensorwise")
+    assert all(type(m) is tritongemm.nn.Float8Linear and m.recipe == "tensorwise" for m in layers.values())
+    curves = {
+        "bf16 stock": [5.5 - 0.01 * i for i in range(50)],
+        "fp8 rowwise": [5.5 - 0.01 * i for i in range(50)],
+    }
+    timing = [
+        dict(phase=p, variant=v, speedup=s)
+        for p in ("prefill", "train step")
+        for v, s in (("bf16 stock", 1.0), ("fp8 rowwise", 1.3))
+    ]
+    fp8_train._plot(curves, timing, {"gpu": "test GPU"}, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 10_000

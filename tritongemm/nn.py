@@ -21,7 +21,8 @@ from . import api, fastpath
 from .autograd import is_tracing
 from .distributed import dtensor_reason, is_dtensor
 from .fallback import torch_reason, warn_device_fallback
-from .semantics import ACTIVATIONS
+from .float8 import RECIPES, float8_linear, float8_unsupported_reason
+from .semantics import ACTIVATIONS, autocast_dtype
 
 _counts_lock = threading.Lock()  # `counter[k] += 1` is a read-modify-write; fallbacks may come from threads
 
@@ -121,6 +122,38 @@ class Linear(torch.nn.Linear):
         return new
 
 
+class Float8Linear(Linear):
+    """A ``Linear`` whose forward and backward GEMMs run in fp8 with dynamic scales (``float8``).
+
+    The parameters stay in their dtype; the output is in the input's dtype (autocast's under
+    ``torch.autocast``).  ``recipe``: "rowwise" (default) or "tensorwise" scales.  Made by
+    ``convert(model, precision="fp8")`` for layers whose in and out features are multiples of 16.
+    """
+
+    recipe: str = "rowwise"
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", precision='fp8', recipe={self.recipe!r}"
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        tensors = (input, self.weight) if self.bias is None else (input, self.weight, self.bias)
+        if not is_tracing(input) or is_dtensor(input):
+            reason = torch_reason(*tensors) or dtensor_reason(*tensors)
+            if reason is not None:
+                return self._torch_forward(input, reason)
+        if float8_unsupported_reason(input, self.weight) is not None:
+            return super().forward(input)
+        out_dtype = autocast_dtype(input.device) or input.dtype
+        y = float8_linear(input, self.weight, self.bias, self.recipe, out_dtype)
+        return ACTIVATIONS[self.activation](y)
+
+    @classmethod
+    def from_linear(cls, module: torch.nn.Linear, recipe: str = "rowwise") -> Float8Linear:
+        new = super().from_linear(module)
+        new.__dict__["recipe"] = recipe
+        return new
+
+
 def _convertible(module: torch.nn.Module) -> bool:
     if type(module) is not torch.nn.Linear:  # subclasses may compute something else: left alone
         return False
@@ -134,7 +167,7 @@ def _convertible(module: torch.nn.Module) -> bool:
     return True
 
 
-def convert(model: torch.nn.Module) -> torch.nn.Module:
+def convert(model: torch.nn.Module, precision: str | None = None, recipe: str = "rowwise") -> torch.nn.Module:
     """Swap every ``torch.nn.Linear`` in ``model`` (in place) for ``tritongemm.nn.Linear``.
 
     The new modules take over the old ones' parameters, hooks and attributes
@@ -143,14 +176,28 @@ def convert(model: torch.nn.Module) -> torch.nn.Module:
     ``nn.Linear`` are left alone.  Returns ``model`` (itself a new ``Linear``
     if it was one).
 
+    ``precision="fp8"`` makes ``Float8Linear`` layers instead (fp8 GEMMs in forward and backward,
+    dynamic ``recipe`` scales: "rowwise" or "tensorwise"; see ``tritongemm.float8``), for every
+    layer whose in and out features are multiples of 16; the others become ``Linear``.
+
     >>> model = tritongemm.nn.convert(model)
+    >>> model = tritongemm.nn.convert(model, precision="fp8")       # fp8 training
     """
+    if precision not in (None, "fp8"):
+        raise ValueError(f"convert: precision must be None or 'fp8', got {precision!r}")
+    if recipe not in RECIPES:
+        raise ValueError(f"convert: recipe must be one of {RECIPES}, got {recipe!r}")
     replaced: dict[int, torch.nn.Module] = {}  # id(an nn.Linear met) -> what takes its place
     visited: set[int] = set()
 
+    def converted(linear: torch.nn.Linear) -> torch.nn.Module:
+        if precision == "fp8" and linear.in_features % 16 == 0 and linear.out_features % 16 == 0:
+            return Float8Linear.from_linear(linear, recipe)
+        return Linear.from_linear(linear)
+
     def replacement(linear: torch.nn.Linear) -> torch.nn.Module:
         if id(linear) not in replaced:
-            replaced[id(linear)] = Linear.from_linear(linear) if _convertible(linear) else linear
+            replaced[id(linear)] = converted(linear) if _convertible(linear) else linear
         return replaced[id(linear)]
 
     def walk(module: torch.nn.Module) -> None:
@@ -195,4 +242,4 @@ def fallback_summary(model: torch.nn.Module) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Linear", "convert", "fallback_counts", "fallback_summary"]
+__all__ = ["Float8Linear", "Linear", "convert", "fallback_counts", "fallback_summary"]

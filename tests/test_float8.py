@@ -1,0 +1,164 @@
+"""fp8 training layers (``tritongemm.float8``, ``nn.convert(precision="fp8")``): the casts, the three
+GEMMs against float64 products of the same fp8 operands, conversion, autocast, compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tritongemm
+from tritongemm import nn as tnn
+from tritongemm.float8 import E4M3, E5M2, FP8_MAX, float8_linear, quantize
+from tritongemm.testing import relative_error
+
+RECIPES = ("rowwise", "tensorwise")
+
+
+def device_for_kernels() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+#: fp32 outputs of fp8 products: exact sums on the interpreter; Hopper's tensor cores round the
+#: products' partial sums (about 1e-4 relative, as torch._scaled_mm's).
+def fp32_tolerance(device: torch.device) -> float:
+    return 5e-4 if device.type == "cuda" else 1e-5
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_quantize_maps_the_amax_to_the_formats_largest_value(recipe, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(24, 40) * torch.logspace(-3, 3, 24)[:, None]  # rows spanning six decades
+    x[5] = 0.0  # an all-zero row
+    x8, scale = quantize(x, dtype, recipe)
+    assert x8.dtype == dtype and x8.is_contiguous() and x8.shape == x.shape
+    assert scale.dtype == torch.float32
+    assert scale.shape == ((24, 1) if recipe == "rowwise" else ())
+    back = x8.float() * scale
+    limit = FP8_MAX[dtype]
+    if recipe == "rowwise":
+        assert torch.equal(
+            x8.float().abs().amax(dim=1)[[i for i in range(24) if i != 5]], torch.full((23,), limit)
+        )
+        assert scale[5].item() == 1.0 and not x8[5].float().any()
+    else:
+        assert x8.float().abs().max().item() == limit
+    # Each element is its format's nearest value, relative to the row's (tensor's) scale.
+    mantissa = 3 if dtype == E4M3 else 2
+    big = x.abs() > scale * 2 ** (-6 if dtype == E4M3 else -14) * 4  # (clear of the subnormals)
+    rel = ((back - x).abs() / x.abs().clamp_min(1e-30))[big]
+    assert rel.max().item() <= 2.0 ** -(mantissa + 1) * 1.0001
+
+
+def _reference(x, w, bias, g, recipe):
+    """float64 products of exactly the fp8 operands the layer multiplies (see float8's table)."""
+    q = lambda t, dt: (lambda v, s: v.double() * s.double())(*quantize(t, dt, recipe))  # noqa: E731
+    y = q(x, E4M3) @ q(w, E4M3).T + (bias.double() if bias is not None else 0)
+    dx = q(g, E5M2) @ q(w.t(), E4M3).T
+    dw = q(g.t(), E5M2) @ q(x.t(), E4M3).T
+    return y, dx, dw
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_float8_linear_forward_and_backward_match_float64_of_the_fp8_operands(recipe, with_bias):
+    device = device_for_kernels()
+    torch.manual_seed(1)
+    x = torch.randn(2, 24, 64, device=device, requires_grad=True)  # M = 48 rows, K = 64
+    w = (torch.randn(48, 64, device=device) * 0.1).requires_grad_()
+    bias = torch.randn(48, device=device, requires_grad=True) if with_bias else None
+    y = float8_linear(x, w, bias, recipe, torch.float32)
+    assert y.shape == (2, 24, 48) and y.dtype == torch.float32
+    g = torch.randn_like(y)
+    y.backward(g)
+    ry, rdx, rdw = _reference(x.detach().reshape(48, 64), w.detach(), bias, g.reshape(48, 48), recipe)
+    tol = fp32_tolerance(device)
+    assert relative_error(y.detach().reshape(48, 48), ry) <= tol
+    assert relative_error(x.grad.reshape(48, 64), rdx) <= tol
+    assert relative_error(w.grad, rdw) <= tol
+    if with_bias:
+        torch.testing.assert_close(bias.grad, g.reshape(48, 48).sum(0))
+    # ... and fp8 is near the exact layer (e5m2 gradients: a few percent).
+    exact = torch.nn.functional.linear(x.detach().double(), w.detach().double())
+    assert relative_error(y.detach() - (bias.detach() if with_bias else 0), exact) < 0.05
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_convert_makes_fp8_layers_where_the_features_are_multiples_of_16(recipe):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    tnn.convert(model, precision="fp8", recipe=recipe)
+    assert type(model[0]) is tnn.Float8Linear and model[0].recipe == recipe
+    assert type(model[2]) is tnn.Linear  # 10 outputs: not a multiple of 16
+    assert "precision='fp8'" in repr(model[0])
+
+
+def test_convert_rejects_unknown_precision_and_recipe():
+    with pytest.raises(ValueError, match="precision"):
+        tnn.convert(torch.nn.Linear(16, 16), precision="fp4")
+    with pytest.raises(ValueError, match="recipe"):
+        tnn.convert(torch.nn.Linear(16, 16), precision="fp8", recipe="blockwise")
+
+
+def test_fp8_model_trains_and_keeps_parameters_and_grads_in_the_models_dtype():
+    device = device_for_kernels()
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16)).to(device)
+    reference = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16)).to(
+        device
+    )
+    reference.load_state_dict(model.state_dict())
+    tnn.convert(model, precision="fp8")
+    x = torch.randn(64, 32, device=device)
+    target = torch.randn(64, 16, device=device)
+    losses = {}
+    for name, net in (("fp8", model), ("fp32", reference)):
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        for _ in range(5):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(net(x), target)
+            loss.backward()
+            opt.step()
+        losses[name] = loss.item()
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in net.parameters())
+    assert abs(losses["fp8"] - losses["fp32"]) <= 0.05 * losses["fp32"], losses
+
+
+def test_autocast_output_in_autocast_dtype_and_grads_in_the_parameters_dtype():
+    device = device_for_kernels()
+    layer = tnn.convert(torch.nn.Linear(32, 48).to(device), precision="fp8")
+    x = torch.randn(16, 32, device=device, requires_grad=True)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and layer.weight.grad.dtype == torch.float32
+    exact = torch.nn.functional.linear(
+        x.detach().double(), layer.weight.detach().double(), layer.bias.double()
+    )
+    assert relative_error(y.detach(), exact) < 0.05
+
+
+@pytest.mark.slow
+def test_fp8_layer_compiles_without_graph_breaks():
+    device = device_for_kernels()
+    layer = tnn.convert(torch.nn.Linear(32, 48).to(device), precision="fp8")
+    x = torch.randn(16, 32, device=device, requires_grad=True)
+    eager = layer(x)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(compiled, eager)
+    compiled.sum().backward()
+    assert x.grad is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_gpu_fp8_layer_runs_the_warp_specialized_kernel(plans, recipe):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialized kernel is sm_90's")
+    layer = tnn.convert(
+        torch.nn.Linear(256, 512, device="cuda", dtype=torch.bfloat16), precision="fp8", recipe=recipe
+    )
+    x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    layer(x).sum().backward()
+    assert [p["kernel"] for p in plans] == ["gluon_ws"] * 3, plans
+    assert tritongemm.scaled_mm is not None
