@@ -162,3 +162,60 @@ def test_gpu_fp8_layer_runs_the_warp_specialized_kernel(plans, recipe):
     layer(x).sum().backward()
     assert [p["kernel"] for p in plans] == ["gluon_ws"] * 3, plans
     assert tritongemm.scaled_mm is not None
+
+
+def _on_the_grid(rows, cols, dtype, recipe, device, seed=5):
+    """fp8 numbers of magnitude 1 to the format's largest (each row's maximum that), times a power of two
+    per row where the scales are per row: their scaled values need no rounding.  (Triton's interpreter
+    rounds some fp32 -> fp8 conversions down a binade; exact values keep the comparison about the
+    kernels' indexing, maxima and scales.)"""
+    gen = torch.Generator().manual_seed(seed)
+    magnitude = 1 + torch.rand(rows, cols, generator=gen) * (FP8_MAX[dtype] - 1)
+    sign = torch.randint(0, 2, (rows, cols), generator=gen) * 2 - 1
+    v = (magnitude * sign).to(dtype).float()
+    v[:, 0] = FP8_MAX[dtype]
+    if recipe == "rowwise":
+        v = v * 2.0 ** torch.randint(-4, 5, (rows, 1), generator=gen)
+    return v.to(device)
+
+
+@pytest.mark.parametrize("view", ["row-major", "transposed"])
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_quantize_kernels_match_torchs_quantization(recipe, dtype, view):
+    from tritongemm.float8 import quantize_kernels
+
+    device = device_for_kernels()
+    rows, cols = 70, 300  # ragged against the kernels' 16-row, 256-column and 64 x 64 blocks
+    if device.type == "cuda":
+        x = torch.randn(rows, cols, device=device, dtype=torch.bfloat16) * 3
+    else:
+        x = _on_the_grid(rows, cols, dtype, recipe, device)
+    if view == "transposed":
+        x = x.t().contiguous().t()  # the same values, column-major
+    q, scale = quantize_kernels(x, dtype, recipe)
+    q_ref, scale_ref = quantize(x.contiguous(), dtype, recipe)
+    assert q.is_contiguous() and q.dtype == dtype and q.shape == (rows, cols)
+    torch.testing.assert_close(scale, scale_ref, rtol=0, atol=0)
+    assert torch.equal(q.float(), q_ref.float())
+
+
+def test_inference_reuses_the_fp8_weight_until_the_weight_changes():
+    device = device_for_kernels()
+    layer = tnn.convert(torch.nn.Linear(32, 48).to(device), precision="fp8")
+    x = torch.randn(8, 32, device=device)
+    with torch.no_grad():
+        first = layer(x)
+        cached = layer._weight8.entries[(False, "rowwise")][1][0]
+        assert torch.equal(layer(x), first)
+        assert layer._weight8.entries[(False, "rowwise")][1][0] is cached  # not quantized again
+        layer.weight.mul_(2.0)  # an in-place write: a new version
+        second = layer(x)
+    assert layer._weight8.entries[(False, "rowwise")][1][0] is not cached
+    exact = torch.nn.functional.linear(
+        x.double(), layer.weight.detach().double(), layer.bias.detach().double()
+    )
+    assert relative_error(second, exact) < 0.05
+    # With gradients recorded, the weight is quantized on every call (it changes every step).
+    layer(x).sum().backward()
+    assert layer.weight.grad is not None

@@ -27,7 +27,9 @@ own scales along the rows of the transposed matrix:
 from __future__ import annotations
 
 import torch
+import triton
 
+from .kernels import amax_kernel, cast_kernel
 from .scaled import scaled_mm
 
 E4M3 = torch.float8_e4m3fn
@@ -41,15 +43,41 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, recipe: str) -> tuple[torch.Te
     """(x in ``dtype``, the fp32 scale that dequantizes it): ``x ~ x8 * scale``, computed on x's device.
 
     "rowwise": one scale per row, (rows, 1); "tensorwise": one, a 0-d tensor.  The scale maps the
-    (row's) absolute maximum to the format's largest value; an all-zero row keeps scale 1.  The
-    result is contiguous, row-major.
+    (row's) absolute maximum to the format's largest value; an all-zero row keeps scale 1.  ``x``
+    may be any 2-D view (a transpose included); the result is row-major.  On a GPU two kernels do
+    it (``quantize_kernels``); in a ``torch.compile`` graph, and on the CPU, torch's ops (which
+    Inductor fuses; Triton's interpreter rounds some fp32 -> fp8 conversions down a binade).
     """
+    if x.device.type == "cuda" and not torch.compiler.is_compiling():
+        return quantize_kernels(x, dtype, recipe)
     limit = FP8_MAX[dtype]
-    amax = x.abs().amax(dim=1, keepdim=True) if recipe == "rowwise" else x.abs().amax()
-    amax = amax.float()
+    amax = (x.abs().amax(dim=1, keepdim=True) if recipe == "rowwise" else x.abs().amax()).float()
     scale = torch.where(amax > 0, amax / limit, torch.ones_like(amax))
-    x8 = (x.float() / scale).clamp_(-limit, limit).to(dtype)
+    return (x.float() / scale).clamp_(-limit, limit).to(dtype).contiguous(), scale
+
+
+def quantize_kernels(x: torch.Tensor, dtype: torch.dtype, recipe: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize`` by ``kernels.quantize``: one pass for the maxima, one for the cast (which reads
+    ``x`` through its strides and writes the result row-major)."""
+    limit = FP8_MAX[dtype]
+    rowwise = recipe == "rowwise"
+    rows, cols = x.shape
+    amax = torch.zeros((rows, 1) if rowwise else (), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(rows, QUANTIZE_ROWS),)
+    amax_kernel[grid](x, amax, rows, cols, x.stride(0), x.stride(1), rowwise, QUANTIZE_ROWS, QUANTIZE_COLS)
+    scale = torch.where(amax > 0, amax / limit, torch.ones_like(amax))
+    x8 = torch.empty((rows, cols), dtype=dtype, device=x.device)
+    grid = (triton.cdiv(rows, CAST_TILE), triton.cdiv(cols, CAST_TILE))
+    cast_kernel[grid](
+        x, x8, scale, rows, cols, x.stride(0), x.stride(1), limit, rowwise, CAST_TILE, CAST_TILE
+    )
     return x8, scale
+
+
+#: Rows of the maxima kernel's programs and the columns they read at a time; the cast kernel's tile.
+QUANTIZE_ROWS = 16
+QUANTIZE_COLS = 256
+CAST_TILE = 64
 
 
 def _as_column_scale(scale: torch.Tensor) -> torch.Tensor:
@@ -57,16 +85,46 @@ def _as_column_scale(scale: torch.Tensor) -> torch.Tensor:
     return scale.reshape(1, -1) if scale.dim() else scale
 
 
+class WeightCache:
+    """A layer's weight in fp8 for inference, kept while the weight is unchanged: recomputed when its
+    address or version moves (``load_state_dict``, ``copy_``, any in-place write through the
+    parameter; a write through ``weight.data`` bypasses the version, so call ``clear()`` after one).
+    Only calls that record no gradient for the weight use it: a training step quantizes afresh."""
+
+    def __init__(self) -> None:
+        self.entries: dict = {}
+
+    def get(self, weight: torch.Tensor, transposed: bool, recipe: str):
+        key = (transposed, recipe)
+        stamp = (weight.data_ptr(), weight._version, weight.dtype, weight.shape)
+        hit = self.entries.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        value = quantize(weight.t() if transposed else weight, E4M3, recipe)
+        self.entries[key] = (stamp, value)
+        return value
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+def _weight8(weight, transposed: bool, recipe: str, cache: WeightCache | None):
+    if cache is None or (weight.requires_grad and torch.is_grad_enabled()):
+        return quantize(weight.t() if transposed else weight, E4M3, recipe)
+    return cache.get(weight, transposed, recipe)
+
+
 class _Float8Linear(torch.autograd.Function):
     """y = x @ w.T + bias with every GEMM in fp8 (see the module's table)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe: str, out_dtype: torch.dtype):
+    def forward(ctx, x, weight, bias, recipe: str, out_dtype: torch.dtype, cache: WeightCache | None):
         x8, sx = quantize(x, E4M3, recipe)
-        w8, sw = quantize(weight, E4M3, recipe)
+        w8, sw = _weight8(weight, False, recipe, cache)
         y = scaled_mm(x8, w8.t(), sx, _as_column_scale(sw), bias=bias, out_dtype=out_dtype)
         ctx.save_for_backward(x, weight)
         ctx.recipe = recipe
+        ctx.cache = cache
         ctx.has_bias = bias is not None
         return y
 
@@ -78,7 +136,7 @@ class _Float8Linear(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             g8, sg = quantize(grad, E5M2, recipe)
-            wt8, swt = quantize(weight.t(), E4M3, recipe)
+            wt8, swt = _weight8(weight, True, recipe, ctx.cache)
             grad_x = scaled_mm(g8, wt8.t(), sg, _as_column_scale(swt), out_dtype=x.dtype)
         if ctx.needs_input_grad[1]:
             gt8, sgt = quantize(grad.t(), E5M2, recipe)
@@ -86,7 +144,7 @@ class _Float8Linear(torch.autograd.Function):
             grad_w = scaled_mm(gt8, xt8.t(), sgt, _as_column_scale(sxt), out_dtype=weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.sum(0, dtype=torch.float32).to(grad.dtype)
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 def float8_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None:
@@ -99,11 +157,24 @@ def float8_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | No
     return None
 
 
-def float8_linear(x, weight, bias, recipe: str, out_dtype: torch.dtype) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` in fp8, any leading dimensions of ``x``; output in ``out_dtype``."""
+def float8_linear(x, weight, bias, recipe: str, out_dtype: torch.dtype, cache: WeightCache | None = None):
+    """``F.linear(x, weight, bias)`` in fp8, any leading dimensions of ``x``; output in ``out_dtype``.
+    ``cache``: the layer's ``WeightCache`` (eager only; a compiled graph quantizes in the graph)."""
     lead = x.shape[:-1]
-    y = _Float8Linear.apply(x.reshape(-1, x.shape[-1]), weight, bias, recipe, out_dtype)
+    if torch.compiler.is_compiling():
+        cache = None
+    y = _Float8Linear.apply(x.reshape(-1, x.shape[-1]), weight, bias, recipe, out_dtype, cache)
     return y.reshape(*lead, weight.shape[0])
 
 
-__all__ = ["E4M3", "E5M2", "FP8_MAX", "RECIPES", "float8_linear", "float8_unsupported_reason", "quantize"]
+__all__ = [
+    "E4M3",
+    "E5M2",
+    "FP8_MAX",
+    "RECIPES",
+    "WeightCache",
+    "float8_linear",
+    "float8_unsupported_reason",
+    "quantize",
+    "quantize_kernels",
+]

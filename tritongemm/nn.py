@@ -21,7 +21,7 @@ from . import api, fastpath
 from .autograd import is_tracing
 from .distributed import dtensor_reason, is_dtensor
 from .fallback import torch_reason, warn_device_fallback
-from .float8 import RECIPES, float8_linear, float8_unsupported_reason
+from .float8 import RECIPES, WeightCache, float8_linear, float8_unsupported_reason
 from .semantics import ACTIVATIONS, autocast_dtype
 
 _counts_lock = threading.Lock()  # `counter[k] += 1` is a read-modify-write; fallbacks may come from threads
@@ -144,8 +144,16 @@ class Float8Linear(Linear):
         if float8_unsupported_reason(input, self.weight) is not None:
             return super().forward(input)
         out_dtype = autocast_dtype(input.device) or input.dtype
-        y = float8_linear(input, self.weight, self.bias, self.recipe, out_dtype)
+        y = float8_linear(input, self.weight, self.bias, self.recipe, out_dtype, self._weight8)
         return ACTIVATIONS[self.activation](y)
+
+    @property
+    def _weight8(self) -> WeightCache:
+        """The fp8 copies of this layer's weight (made on first use, not saved with the state)."""
+        cache = self.__dict__.get("_weight8_cache")
+        if cache is None:
+            cache = self.__dict__["_weight8_cache"] = WeightCache()
+        return cache
 
     @classmethod
     def from_linear(cls, module: torch.nn.Linear, recipe: str = "rowwise") -> Float8Linear:

@@ -120,7 +120,13 @@ def scaled_mm(
     >>> w8 = w.to(torch.float8_e4m3fn)                       # (N, K), row-major
     >>> y = scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.bfloat16, bias=bias)
     """
-    if out is None and residual is None and config is None and bias is None:
+    if (
+        out is None
+        and residual is None
+        and config is None
+        and bias is None
+        and not torch.compiler.is_compiling()
+    ):
         fast = _FAST.get(_fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation))
         if fast is not None and not ((a.data_ptr() | b.data_ptr()) & 15):
             return fast(a, b, scale_a, scale_b)

@@ -11,12 +11,15 @@ from .gemm_streamk import streamk_kernel
 from .gemm_tma import gemm_tma_kernel
 from .gemv import gemv_kernel
 from .pad_copy import pad_copy_kernel
+from .quantize import amax_kernel, cast_kernel
 
 # Triton decides at decoration time whether a kernel runs compiled or on the
 # CPU interpreter (TRITON_INTERPRET=1 must be set before tritongemm is imported).
 KERNELS_INTERPRETED: bool = type(gemm_kernel).__name__ == "InterpretedFunction"
 
 __all__ = [
+    "amax_kernel",
+    "cast_kernel",
     "gemm_kernel",
     "gemm_tma_kernel",
     "gemv_kernel",
