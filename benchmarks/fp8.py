@@ -362,15 +362,7 @@ def measure_shape(
     # Ours and torch's run side by side for each recipe, and the order reverses every other round,
     # so a drift of the GPU's clocks (power capping swings them by +-5% over about a second) falls on
     # both alike instead of on whichever ran during a slow phase.
-    for r in range(rounds):
-        order = range(len(slots)) if r % 2 == 0 else reversed(range(len(slots)))
-        for i in order:
-            if isinstance(slots[i], harness.Prepared):
-                failed = harness.time_round(
-                    slots[i], device, warmup_ms if r == 0 else warmup_ms / 5, rep_ms / rounds
-                )
-                if failed is not None:
-                    slots[i] = failed
+    harness.time_interleaved(slots, device, rounds, warmup_ms, rep_ms)
     rows = []
     for slot in slots:
         row = harness.finish(slot, device) if isinstance(slot, harness.Prepared) else slot

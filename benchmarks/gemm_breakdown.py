@@ -186,15 +186,7 @@ def time_shapes(
                 rows[name].update(status=harness.FAILED_GATE, message=gate.reason)
                 continue
             slots[name] = harness.Prepared(rows[name], (lambda f=fn, a=a, b=b: f(a, b)), None, torch.no_grad)
-        for r in range(rounds):
-            order = list(slots) if r % 2 == 0 else list(reversed(slots))
-            for name in order:
-                if isinstance(slots[name], harness.Prepared):
-                    failed = harness.time_round(
-                        slots[name], device, warmup_ms if r == 0 else warmup_ms / 5, rep_ms / rounds
-                    )
-                    if failed is not None:
-                        slots[name] = failed
+        harness.time_interleaved(slots, device, rounds, warmup_ms, rep_ms)
         for name, slot in slots.items():
             if isinstance(slot, harness.Prepared):
                 ms, p20, p80 = harness.summarize(slot.samples)

@@ -409,6 +409,24 @@ def time_round(prepared: Prepared, device: torch.device, warmup_ms: float, rep_m
     return None
 
 
+def time_interleaved(
+    slots: list | dict, device: torch.device, rounds: int, warmup_ms: float, rep_ms: float
+) -> None:
+    """Time every ``Prepared`` of ``slots`` (a list, or a dict's values) in ``rounds`` interleaved rounds,
+    the order reversed every other round, so a drift of the GPU's clocks (power capping swings them
+    by +-5% over about a second) falls on all alike; a slot whose timing fails becomes its error row.
+    The first round warms up for ``warmup_ms``, later ones a fifth of it; each takes ``rep_ms / rounds``."""
+    keys = list(slots) if isinstance(slots, dict) else list(range(len(slots)))
+    for r in range(rounds):
+        for key in keys if r % 2 == 0 else reversed(keys):
+            if isinstance(slots[key], Prepared):
+                failed = time_round(
+                    slots[key], device, warmup_ms if r == 0 else warmup_ms / 5, rep_ms / rounds
+                )
+                if failed is not None:
+                    slots[key] = failed
+
+
 def finish(prepared: Prepared, device: torch.device) -> dict:
     """The timed row: median and 20th/80th percentiles over all rounds, and the host time."""
     try:
@@ -515,15 +533,7 @@ def run_cases(
             done += 1
             bar.step(done, f"{base['dtype']} {case.label} {impl.name}")
             slots.append(prepare(case, impl, sets, refs, device))
-        for r in range(rounds):
-            order = range(len(slots)) if r % 2 == 0 else reversed(range(len(slots)))
-            for i in order:
-                if isinstance(slots[i], Prepared):
-                    failed = time_round(
-                        slots[i], device, warmup_ms if r == 0 else warmup_ms / 5, rep_ms / rounds
-                    )
-                    if failed is not None:
-                        slots[i] = failed
+        time_interleaved(slots, device, rounds, warmup_ms, rep_ms)
         for slot in slots:
             rows.append({**base, **(finish(slot, device) if isinstance(slot, Prepared) else slot)})
         del sets, refs, slots

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import tritongemm
 import tritongemm.scaled
@@ -33,6 +32,7 @@ from tritongemm.device import DeviceInfo
 from tritongemm.eligibility import Operand
 from tritongemm.launch import problem_of
 from tritongemm.plan import plan
+from tritongemm.semantics import ACTIVATIONS  # (torch's own functions, as the reference)
 from tritongemm.testing import assert_close, random_tensor, relative_error, shape_id
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -62,14 +62,6 @@ def tolerance(out_dtype, device) -> float:
         return GPU_FP32_TOL
     return TOL[out_dtype]
 
-
-ACTIVATIONS = {
-    "none": lambda x: x,
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-}
 
 SCALINGS = ("tensorwise", "rowwise")
 OPERAND_DTYPES = [(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2), (E5M2, E4M3)]
