@@ -923,3 +923,16 @@ def test_gpu_repeated_calls_read_each_calls_tensors(device, scaling):
     shifted.copy_(a)
     ours = tritongemm.scaled_mm(shifted, b, scale_a, scale_b, out_dtype=torch.bfloat16)
     check(ours, a, b, scale_a, scale_b, torch.bfloat16)
+
+
+def test_explain_gives_scaled_mms_plan_for_fp8_operands():
+    a = torch.empty(4096, 4096, dtype=E4M3, device="meta")
+    w = torch.empty(4096, 4096, dtype=E4M3, device="meta")
+    k_major = tritongemm.explain(a, w.t(), device="h100", out_dtype=torch.bfloat16)
+    expected = gpu_plan(4096, 4096, 4096, H100, "col")
+    assert (k_major.kernel, k_major.config) == (expected.kernel, expected.config)
+    assert k_major.config.block_k == 128 and "fp8" in k_major.source
+    row_major = tritongemm.explain(a, w, device="h100")
+    assert row_major.kernel == "pointer" and "K-major" in row_major.fallback
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        tritongemm.explain(a, w[:, :128].t(), device="h100")

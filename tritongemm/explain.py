@@ -16,7 +16,7 @@ import torch
 from . import checks
 from .call import make_request
 from .device import DeviceInfo, device_info, named_device
-from .eligibility import Operand
+from .eligibility import FP8_DTYPES, Operand
 from .launch import padding_policy
 from .plan import Plan, layout_letters, plan
 from .problem import GemmProblem
@@ -43,7 +43,7 @@ def explain(
     decomposition=None,
     device: str | DeviceInfo | None = None,
 ) -> Plan:
-    """The plan ``tritongemm.matmul(a, b, ...)`` would run, and why.
+    """The plan ``tritongemm.matmul(a, b, ...)`` would run, and why (for fp8 operands, ``scaled_mm``'s).
 
     >>> print(tritongemm.explain(a, b).describe())
     >>> w = torch.empty(4096, 4096, device="meta", dtype=torch.bfloat16)
@@ -52,6 +52,8 @@ def explain(
     Raises what ``matmul`` raises for inputs it rejects.  Without ``device``
     the operands' own device is planned for (and must be one tritongemm runs on).
     """
+    if all(isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES for t in (a, b)):
+        return _explain_fp8(a, b, out_dtype, config, device)
     dtype = autocast_dtype(a.device) if isinstance(a, torch.Tensor) else None
     if dtype is not None:
         a, b, bias, residual = autocast_cast(dtype, a, b, bias, residual)
@@ -97,6 +99,26 @@ def explain(
         out,
         padding_policy(),
     )
+
+
+def _explain_fp8(a, b, out_dtype, config, device) -> Plan:
+    """The plan of ``scaled_mm(a, b, ..., out_dtype=out_dtype)`` (fp8 operands; the scales do not
+    change it)."""
+    for name, t in (("mat1", a), ("mat2", b)):
+        if t.dim() != 2:
+            raise RuntimeError(f"{name} must be a matrix")
+    if a.shape[1] != b.shape[0]:
+        raise RuntimeError(
+            f"mat_a and mat_b shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
+            f"{b.shape[0]}x{b.shape[1]})"
+        )
+    target = device_info(a.device) if device is None else named_device(device)
+    stored = out_dtype if out_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    op_a, op_b = _operand(a), _operand(b)
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    problem = GemmProblem(m, n, k, 1, dtype_name(a.dtype), layout_letters(op_a, op_b))
+    c = Operand.contiguous(m, n, stored.itemsize)
+    return plan(problem, target, make_request(config), op_a, op_b, c, a.dtype, stored, padding_policy())
 
 
 def explain_problem(problem: GemmProblem, device: str | DeviceInfo, **options) -> Plan:
