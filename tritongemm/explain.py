@@ -20,6 +20,7 @@ from .eligibility import FP8_DTYPES, Operand
 from .launch import padding_policy
 from .plan import Plan, layout_letters, plan
 from .problem import GemmProblem
+from .scaled import check_matrices, stored_dtype
 from .semantics import autocast_cast, autocast_dtype, check_activation, dtype_name
 
 
@@ -104,16 +105,9 @@ def explain(
 def _explain_fp8(a, b, out_dtype, config, device) -> Plan:
     """The plan of ``scaled_mm(a, b, ..., out_dtype=out_dtype)`` (fp8 operands; the scales do not
     change it)."""
-    for name, t in (("mat1", a), ("mat2", b)):
-        if t.dim() != 2:
-            raise RuntimeError(f"{name} must be a matrix")
-    if a.shape[1] != b.shape[0]:
-        raise RuntimeError(
-            f"mat_a and mat_b shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
-            f"{b.shape[0]}x{b.shape[1]})"
-        )
+    check_matrices(a, b)
     target = device_info(a.device) if device is None else named_device(device)
-    stored = out_dtype if out_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    stored = stored_dtype(out_dtype or a.dtype)
     op_a, op_b = _operand(a), _operand(b)
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     problem = GemmProblem(m, n, k, 1, dtype_name(a.dtype), layout_letters(op_a, op_b))

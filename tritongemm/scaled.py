@@ -63,7 +63,8 @@ def _check_types(**tensors) -> None:
             raise TypeError(f"scaled_mm(): argument '{name}' must be Tensor, not {type(t).__name__}")
 
 
-def _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype) -> None:
+def check_matrices(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Two matrices that multiply, or torch's ``RuntimeError`` in torch's words."""
     for name, t in (("mat1", a), ("mat2", b)):
         if t.dim() != 2:
             raise RuntimeError(f"{name} must be a matrix")
@@ -72,6 +73,10 @@ def _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype) -> None:
             f"mat_a and mat_b shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
             f"{b.shape[0]}x{b.shape[1]})"
         )
+
+
+def _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype) -> None:
+    check_matrices(a, b)
     if a.dtype not in FP8_DTYPES or b.dtype not in FP8_DTYPES:
         raise ScalingError(
             f"Invalid scaling configuration. scaled_mm multiplies float8_e4m3fn / float8_e5m2 matrices, "
@@ -147,6 +152,11 @@ def scaled_mm(
     )
 
 
+def stored_dtype(out_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernel stores for ``out_dtype`` (fp32 for an fp8 output, cast afterwards)."""
+    return out_dtype if out_dtype in STORED_DTYPES else torch.float32
+
+
 def run_scaled_mm(
     a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual, out=None, config=None
 ) -> torch.Tensor:
@@ -154,7 +164,7 @@ def run_scaled_mm(
     scaling = scaling_of(a, b, scale_a, scale_b)
     if a.device.type != "cuda" and not interpreter_enabled():
         return _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residual, out)
-    stored = out_dtype if out_dtype in STORED_DTYPES else torch.float32
+    stored = stored_dtype(out_dtype)
     epilogue = Epilogue(
         activation,
         beta=1.0 if bias is not None else 0.0,
@@ -250,4 +260,12 @@ def _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residu
     return out.copy_(y) if out is not None else y.to(out_dtype)
 
 
-__all__ = ["STORED_DTYPES", "ScalingError", "run_scaled_mm", "scaled_mm", "scaling_of"]
+__all__ = [
+    "STORED_DTYPES",
+    "ScalingError",
+    "check_matrices",
+    "stored_dtype",
+    "run_scaled_mm",
+    "scaled_mm",
+    "scaling_of",
+]
