@@ -4,8 +4,7 @@
 ``Float8Linear``.  Weights, gradients and the optimizer stay in the model's dtype;
 each forward casts the input and the weight to fp8, and each backward casts the
 output gradient, with scales computed on the GPU from the tensors' absolute
-maxima (no host synchronization, so it captures in CUDA graphs and traces
-under ``torch.compile``).
+maxima (no host synchronization; it traces under ``torch.compile``).
 
 Formats: the forward's operands (activations, weights) are e4m3, whose 3
 mantissa bits keep the products accurate; the output gradient is e5m2, whose
