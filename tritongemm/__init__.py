@@ -24,7 +24,8 @@ Where things live (imports flow down this list, never up)::
     plan.py         Plan: config + kernel + why
     launch/         the launch cache and one launcher per kernel
     autograd.py     the autograd op (eager Function + custom op for compile)
-    api.py          the public functions; explain.py, nn.py, patch.py on top
+    batched.py      the one batched GEMM every public function reaches
+    api.py          the public functions; scaled.py (fp8), explain.py, nn.py, float8.py, patch.py on top
     tuning/         autotuner and cache; registers itself as a config source
 """
 

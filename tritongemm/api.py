@@ -3,148 +3,17 @@
 Each function validates its inputs (raising the exception type torch raises,
 with the shapes and dtypes in the message), normalizes them into same-batch
 operands using stride views only (``unsqueeze``, ``expand``, ``view``, ``mT``),
-and calls the autograd op.
+and hands them to ``batched.batched_gemm`` (or, for a plain 2-D product, ``batched.run``).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import checks, fastpath
-from .autograd import gemm_op, needs_autograd, run_gemm
-from .call import PLAIN_EPILOGUE, Epilogue, GemmCall, make_request
-from .configs import TileConfig
-from .semantics import (
-    as_torch_sees,
-    check_activation,
-    dot_precision,
-)
-
-Config = TileConfig | dict | None
-Pipeline = str | int | None
-
-
-def _call(a: torch.Tensor, epilogue: Epilogue, out_dtype, config, pipeline, decomposition) -> GemmCall:
-    """The one value that describes this call from here down (see ``tritongemm.call``).
-
-    Under torch.compile torch's TF32 switch cannot be read while tracing: the
-    custom op reads it when it runs ("auto").
-    """
-    if a.dtype is not torch.float32:
-        precision = "ieee"  # TF32 concerns float32 only
-    else:
-        precision = "auto" if torch.compiler.is_compiling() else dot_precision(a.dtype)
-    return GemmCall(epilogue, make_request(config, pipeline, decomposition), out_dtype, precision)
-
-
-def _epilogue(activation: str, alpha: float, beta: float, addend, residual) -> Epilogue:
-    # torch's rule: beta=0 ignores the addend's values, NaN and Inf included (the kernel never reads it).
-    reads_addend = addend is not None and beta != 0
-    if activation == "none" and alpha == 1.0 and not reads_addend and residual is None:
-        return PLAIN_EPILOGUE
-    return Epilogue(activation, alpha, beta, reads_addend, residual is not None)
-
-
-# ----------------------------------------------------------------------------------
-# The core: batched, broadcast C = act(alpha * A @ B + beta * D) + R
-# ----------------------------------------------------------------------------------
-def _batched(
-    fn: str,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    addend: torch.Tensor | None,
-    alpha: float,
-    beta: float,
-    out_dtype,
-    config: Config,
-    pipeline: Pipeline,
-    out: torch.Tensor | None,
-    decomposition: str | None = None,
-    activation: str = "none",
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """a: (*, M, K) with a.dim() >= 2, b: (*, K, N) with b.dim() >= 2."""
-    m, k = a.shape[-2:]
-    n = b.shape[-1]
-    batch = checks.broadcast_batch(fn, a, b)
-    result_shape = (*batch, m, n)
-    addend = checks.expand_to(fn, "input", addend, result_shape)
-    residual = checks.expand_to(fn, "residual", residual, result_shape)
-    extra = [t for t in (addend, residual) if t is not None]
-    out = checks.check_out(fn, out, result_shape, out_dtype or a.dtype, a, b, *extra)
-    if k == 0 and addend is not None and beta != 0 and activation == "none" and residual is None:
-        # An empty sum: torch returns beta * input exactly (a -0.0 stays -0.0, which 0 + -0.0 would not).
-        if out is None and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-            return _EmptySum.apply(addend, a, b, beta, out_dtype or a.dtype)
-        c = _empty_sum(addend, beta)
-        return out.copy_(c) if out is not None else c.to(out_dtype or a.dtype)
-    call = _call(
-        a, _epilogue(activation, alpha, beta, addend, residual), out_dtype, config, pipeline, decomposition
-    )
-
-    # Fold (*, M, K) @ (K, N) into one (prod(*) * M, K) @ (K, N) product when
-    # B carries no batch and A's rows can be viewed as one matrix: a single
-    # large GEMM instead of many small ones (torch.matmul does the same).
-    if a.dim() > 2 and math.prod(b.shape[:-2]) == 1 and math.prod(a.shape[:-2]) == math.prod(batch):
-        a2 = checks.fold_rows(a)
-        d2 = checks.fold_rows(addend) if addend is not None else None
-        r2 = checks.fold_rows(residual) if residual is not None else None
-        if a2 is not None and (addend is None or d2 is not None) and (residual is None or r2 is not None):
-            b2 = b.reshape(k, n)  # size-1 batch dims only: a view
-            o2 = checks.fold_rows(out) if out is not None else None
-            if out is None or o2 is not None:
-                c2 = _run(call, a2, b2, d2, r2, o2)
-                return out if out is not None else c2.view(result_shape)
-
-    a_e = a if tuple(a.shape[:-2]) == batch else a.expand((*batch, m, k))
-    b_e = b if tuple(b.shape[:-2]) == batch else b.expand((*batch, k, n))
-    return _run(call, a_e, b_e, addend, residual, out)
-
-
-def _empty_sum(addend: torch.Tensor, beta: float) -> torch.Tensor:
-    """``beta * addend``: what ``addmm`` gives for K = 0 (exactly: a -0.0 stays -0.0)."""
-    return addend * beta if beta != 1 else addend.clone(memory_format=torch.contiguous_format)
-
-
-class _EmptySum(torch.autograd.Function):
-    """``_empty_sum`` where the K = 0 operands ``a`` and ``b`` require grad.
-
-    The empty product reads neither, but torch's ops still give an operand that
-    requires grad a gradient of its own (zero-size), not None: a training loop
-    or optimizer that reads ``.grad`` finds the same here.
-    """
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(addend, a, b, beta, dtype):
-        return _empty_sum(addend, beta).to(dtype)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        addend, a, b, beta, _ = inputs
-        ctx.beta, ctx.addend_dtype = beta, addend.dtype
-        ctx.shapes = (a.shape, a.dtype, a.device), (b.shape, b.dtype, b.device)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (sa, da, va), (sb, db, vb) = ctx.shapes
-        grad_addend = (grad * ctx.beta if ctx.beta != 1 else grad).to(ctx.addend_dtype)
-        zeros_a = torch.zeros(sa, dtype=da, device=va)
-        return grad_addend, zeros_a, torch.zeros(sb, dtype=db, device=vb), None, None
-
-
-def _run(call: GemmCall, a, b, addend=None, residual=None, out=None) -> torch.Tensor:
-    """Launch directly when nothing needs autograd (microseconds a call), else through the autograd op.
-
-    ``addend`` may be given while the epilogue does not read it (beta = 0): the
-    autograd op still takes it, so its gradient is a zero tensor, as torch's.
-    """
-    if out is not None or not needs_autograd(call, a, b, addend, residual):
-        return run_gemm(call, a, b, addend if call.epilogue.addend else None, residual, out)
-    return gemm_op(call, a, b, addend, residual)
+from .batched import Config, Pipeline, batched_gemm, gemm_call, run
+from .call import PLAIN_EPILOGUE
+from .semantics import as_torch_sees, check_activation
 
 
 # ----------------------------------------------------------------------------------
@@ -225,7 +94,7 @@ def _matmul(a, b, out_dtype, config, pipeline, decomposition, out, bias, activat
                 f"{checks.shape_str(a)} and {checks.shape_str(b)}"
             )
         checks.check_inner("matmul", a.shape, b.shape, a.shape[-1], b.shape[-2])
-        return _batched(
+        return batched_gemm(
             "matmul",
             a,
             b,
@@ -242,7 +111,7 @@ def _matmul(a, b, out_dtype, config, pipeline, decomposition, out, bias, activat
         )
     if a.dim() == 2 and b.dim() == 2 and out is None:  # the common case, kept short
         checks.check_inner("matmul", a.shape, b.shape, a.shape[1], b.shape[0])
-        return _run(_call(a, PLAIN_EPILOGUE, out_dtype, config, pipeline, decomposition), a, b)
+        return run(gemm_call(a, PLAIN_EPILOGUE, out_dtype, config, pipeline, decomposition), a, b)
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
     checks.check_inner("matmul", a.shape, b.shape, a2.shape[-1], b2.shape[-2])
@@ -252,9 +121,11 @@ def _matmul(a, b, out_dtype, config, pipeline, decomposition, out, bias, activat
         full = (*batch, a2.shape[-2], b2.shape[-1])
         final = (*batch, *((a2.shape[-2],) if a.dim() > 1 else ()), *((b2.shape[-1],) if b.dim() > 1 else ()))
         checks.check_out("matmul", out, final, out_dtype or a.dtype, a, b)
-        _batched("matmul", a2, b2, None, 1.0, 0.0, out_dtype, config, pipeline, out.view(full), decomposition)
+        batched_gemm(
+            "matmul", a2, b2, None, 1.0, 0.0, out_dtype, config, pipeline, out.view(full), decomposition
+        )
         return out
-    c = _batched("matmul", a2, b2, None, 1.0, 0.0, out_dtype, config, pipeline, out, decomposition)
+    c = batched_gemm("matmul", a2, b2, None, 1.0, 0.0, out_dtype, config, pipeline, out, decomposition)
     if a.dim() == 1:
         c = c.squeeze(-2)
     if b.dim() == 1:
@@ -298,7 +169,7 @@ def _mm(input, mat2, out_dtype, config, pipeline, decomposition, out):
             f"mm: expected 2-D matrices, got shapes {checks.shape_str(input)} ({input.dim()}-D) and {checks.shape_str(mat2)} ({mat2.dim()}-D)"
         )
     checks.check_inner("mm", input.shape, mat2.shape, input.shape[1], mat2.shape[0])
-    return _batched("mm", input, mat2, None, 1.0, 0.0, out_dtype, config, pipeline, out, decomposition)
+    return batched_gemm("mm", input, mat2, None, 1.0, 0.0, out_dtype, config, pipeline, out, decomposition)
 
 
 def bmm(
@@ -328,7 +199,7 @@ def bmm(
             f"(shapes {checks.shape_str(input)} and {checks.shape_str(mat2)})"
         )
     checks.check_inner("bmm", input.shape, mat2.shape, input.shape[2], mat2.shape[1])
-    return _batched("bmm", input, mat2, None, 1.0, 0.0, out_dtype, config, pipeline, out, decomposition)
+    return batched_gemm("bmm", input, mat2, None, 1.0, 0.0, out_dtype, config, pipeline, out, decomposition)
 
 
 def addmm(
@@ -360,7 +231,7 @@ def addmm(
     checks.check_inner("addmm", mat1.shape, mat2.shape, mat1.shape[1], mat2.shape[0])
     if input.dim() > 2:
         raise RuntimeError(f"addmm: input of shape {checks.shape_str(input)} has more than 2 dimensions")
-    return _batched("addmm", mat1, mat2, input, alpha, beta, None, config, pipeline, out, decomposition)
+    return batched_gemm("addmm", mat1, mat2, input, alpha, beta, None, config, pipeline, out, decomposition)
 
 
 def baddbmm(
@@ -394,7 +265,9 @@ def baddbmm(
     checks.check_inner("baddbmm", batch1.shape, batch2.shape, batch1.shape[2], batch2.shape[1])
     if input.dim() > 3:
         raise RuntimeError(f"baddbmm: input of shape {checks.shape_str(input)} has more than 3 dimensions")
-    return _batched("baddbmm", batch1, batch2, input, alpha, beta, None, config, pipeline, out, decomposition)
+    return batched_gemm(
+        "baddbmm", batch1, batch2, input, alpha, beta, None, config, pipeline, out, decomposition
+    )
 
 
 def linear(
@@ -480,7 +353,7 @@ def _linear(input, weight, bias, activation, residual, out_dtype, config, pipeli
     x2 = input.unsqueeze(0) if input.dim() == 1 else input
     if residual is not None and input.dim() == 1:
         residual = residual.unsqueeze(0)
-    y = _batched(
+    y = batched_gemm(
         "linear",
         x2,
         weight.mT,
