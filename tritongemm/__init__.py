@@ -15,7 +15,9 @@ Where things live (imports flow down this list, never up)::
 
     kernels/        Triton code only
     device.py       device facts (and named GPUs' budgets)
-    configs.py      TileConfig, GemmProblem: the tiling hierarchy as values
+    pipelines.py    the three mainloop schemes (single_stage, double_buffer, multi_stage)
+    problem.py      GemmProblem: sizes, dtype, layouts
+    configs.py      TileConfig: the tiling hierarchy as values
     semantics.py    torch's rules: dtypes, TF32, autocast, activations
     call.py         GemmCall: the one value that describes a call
     heuristics/     pure (problem, device) -> config rules
