@@ -88,6 +88,11 @@ def pointer_cases():
         HAS_ADDEND=False,
         INDEX_64=False,
         UPCAST_OPERANDS=False,
+        # Unscaled calls fix the fp8 scales to None (launch.pointer.scaling_args).
+        sa_ptr=None,
+        sb_ptr=None,
+        SCALING="none",
+        MAX_IMPRECISE_ACC=None,
     )
     yield (
         "ptr-fp16-128x256x64-s3",
@@ -165,6 +170,17 @@ def pointer_cases():
         4,
         4,
     )
+
+
+def pointer_fp8_cases():
+    """fp8 operands on the pointer kernel (the layouts wgmma's K-major rule sends there), bf16 out."""
+    for scaling, imprecise in (("rowwise", 128), ("tensorwise", None)):
+        consts = {k: v for k, v in next(pointer_cases())[2].items() if k not in ("sa_ptr", "sb_ptr")}
+        consts.update(
+            BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, EVEN_K=True, ACC_FP64=False, DOT_PRECISION="ieee",
+            SCALING=scaling, MAX_IMPRECISE_ACC=imprecise, HAS_ADDEND=True,
+        )  # fmt: skip
+        yield (f"ptr-fp8-{scaling}-{'precise' if imprecise else 'fast'}", "fp8e4nv", consts, 8, 3)
 
 
 def tma_cases():
@@ -247,7 +263,7 @@ def main():
     except Exception:
         traceback.print_exc()
     failures = 0
-    cases = [(gemm, *c) for c in pointer_cases()]
+    cases = [(gemm, *c) for c in pointer_cases()] + [(gemm, *c) for c in pointer_fp8_cases()]
     gemv_base = dict(
         stride_ak=1,
         stride_bk=1,
@@ -325,6 +341,9 @@ def main():
                 for n in kernel.arg_names
             }
             types.update(ws_ptr="*fp32", count_ptr="*i32")
+            if consts.get("SCALING", "none") != "none":  # fp8 in, bf16 out, fp32 scales
+                types.update({n: "*bf16" for n in ("c_ptr", "d_ptr", "r_ptr", "z_ptr")})
+                types.update(sa_ptr="*fp32", sb_ptr="*fp32")
         else:
             bm, bn, bk = consts["BLOCK_M"], consts["BLOCK_N"], consts["BLOCK_K"]
             a_block = [bm, bk] if consts["A_KMAJOR"] else [bk, bm]
