@@ -427,50 +427,18 @@ def gemm_kernel(
         UPCAST_OPERANDS,
         MAX_IMPRECISE_ACC,
     )
+    finish = True  # this program runs the epilogue (a constant unless split-K reduces inline)
     if SPLIT_K:
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(splitk_partials(ws_ptr, slice_id, batch, offs_m, offs_n, M, N, stride_split), acc, mask=mask)
+        finish = False  # (the reduce kernel does)
         if REDUCE_INLINE:
-            if last_slice_to_arrive(count_ptr, pid):
+            finish = last_slice_to_arrive(count_ptr, pid)
+            if finish:
                 acc = sum_slices(
-                    ws_ptr,
-                    tl.num_programs(1),
-                    batch,
-                    offs_m,
-                    offs_n,
-                    M,
-                    N,
-                    stride_split,
-                    BLOCK_M,
-                    BLOCK_N,
-                    ACC_FP64,
-                )
-                acc = scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING)
-                epilogue(
-                    acc,
-                    c_ptr + batch * stride_cb,
-                    d_ptr + batch * stride_db,
-                    r_ptr + batch * stride_rb,
-                    z_ptr + batch * stride_cb,
-                    offs_m,
-                    offs_n,
-                    M,
-                    N,
-                    stride_cm,
-                    stride_cn,
-                    stride_dm,
-                    stride_dn,
-                    stride_rm,
-                    stride_rn,
-                    alpha,
-                    beta,
-                    HAS_ALPHA,
-                    HAS_ADDEND,
-                    ACTIVATION,
-                    HAS_RESIDUAL,
-                    STORE_PREACT,
-                )
-    else:
+                    ws_ptr, tl.num_programs(1), batch, offs_m, offs_n, M, N, stride_split, BLOCK_M, BLOCK_N, ACC_FP64
+                )  # fmt: skip
+    if finish:
         acc = scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING)
         epilogue(
             acc,

@@ -82,39 +82,18 @@ def gemv_kernel(
     # The 1 x BLOCK_N tile the GEMM helpers expect (row 0 of a 1-row C).
     tile = tl.sum(acc, axis=0)[None, :]
     offs_m = tl.arange(0, 1)
+    finish = True  # this program runs the epilogue (a constant unless split-K reduces inline)
     if SPLIT_K:
         mask = offs_n[None, :] < N
         tl.store(splitk_partials(ws_ptr, slice_id, 0, offs_m, offs_n, 1, N, stride_split), tile, mask=mask)
+        finish = False  # (the reduce kernel does)
         if REDUCE_INLINE:
-            if last_slice_to_arrive(count_ptr, pid):
+            finish = last_slice_to_arrive(count_ptr, pid)
+            if finish:
                 tile = sum_slices(
                     ws_ptr, tl.num_programs(1), 0, offs_m, offs_n, 1, N, stride_split, 1, BLOCK_N, ACC_FP64
                 )
-                epilogue(
-                    tile,
-                    c_ptr,
-                    d_ptr,
-                    r_ptr,
-                    z_ptr,
-                    offs_m,
-                    offs_n,
-                    1,
-                    N,
-                    0,
-                    stride_cn,
-                    0,
-                    stride_dn,
-                    0,
-                    stride_rn,
-                    alpha,
-                    beta,
-                    HAS_ALPHA,
-                    HAS_ADDEND,
-                    ACTIVATION,
-                    HAS_RESIDUAL,
-                    STORE_PREACT,
-                )
-    else:
+    if finish:
         epilogue(
             tile,
             c_ptr,
