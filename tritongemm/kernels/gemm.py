@@ -172,31 +172,33 @@ def scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING: tl.constexpr)
 
 
 @triton.jit
+def epilogue_values(
+    c_ptr, d_ptr, r_ptr, z_ptr, M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta
+):  # fmt: skip
+    """``epilogue``'s runtime values as one tuple (Z, the pre-activation, shares C's strides)."""
+    return (c_ptr, d_ptr, r_ptr, z_ptr, M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn,
+            alpha, beta)  # fmt: skip
+
+
+@triton.jit
 def epilogue(
     acc,
-    c_ptr,
-    d_ptr,
-    r_ptr,
-    z_ptr,
     offs_m,
     offs_n,
-    M,
-    N,
-    stride_cm,
-    stride_cn,
-    stride_dm,
-    stride_dn,
-    stride_rm,
-    stride_rn,
-    alpha,
-    beta,
+    out,
     HAS_ALPHA: tl.constexpr,
     HAS_ADDEND: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     STORE_PREACT: tl.constexpr,
 ):
-    """``finish_tile``, cast to C's dtype, store the valid part of the tile (Z shares C's strides)."""
+    """``finish_tile``, cast to C's dtype, store the valid part of the tile (Z shares C's strides).
+
+    ``out`` holds the epilogue's runtime values, built once by each kernel (``epilogue_values``)."""
+    # fmt: off
+    (c_ptr, d_ptr, r_ptr, z_ptr, M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn,
+     alpha, beta) = out
+    # fmt: on
     acc = finish_tile(
         acc,
         offs_m,
@@ -440,30 +442,11 @@ def gemm_kernel(
                 )  # fmt: skip
     if finish:
         acc = scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING)
-        epilogue(
-            acc,
-            c_ptr + batch * stride_cb,
-            d_ptr + batch * stride_db,
-            r_ptr + batch * stride_rb,
-            z_ptr + batch * stride_cb,
-            offs_m,
-            offs_n,
-            M,
-            N,
-            stride_cm,
-            stride_cn,
-            stride_dm,
-            stride_dn,
-            stride_rm,
-            stride_rn,
-            alpha,
-            beta,
-            HAS_ALPHA,
-            HAS_ADDEND,
-            ACTIVATION,
-            HAS_RESIDUAL,
-            STORE_PREACT,
-        )
+        out = epilogue_values(
+            c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb, z_ptr + batch * stride_cb,
+            M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
+        )  # fmt: skip
+        epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
 
 
 @triton.jit
@@ -516,27 +499,8 @@ def splitk_reduce_kernel(
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = sum_slices(ws_ptr, SPLITS, batch, offs_m, offs_n, M, N, stride_split, BLOCK_M, BLOCK_N, ACC_FP64)
     acc = scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING)
-    epilogue(
-        acc,
-        c_ptr + batch * stride_cb,
-        d_ptr + batch * stride_db,
-        r_ptr + batch * stride_rb,
-        z_ptr + batch * stride_cb,
-        offs_m,
-        offs_n,
-        M,
-        N,
-        stride_cm,
-        stride_cn,
-        stride_dm,
-        stride_dn,
-        stride_rm,
-        stride_rn,
-        alpha,
-        beta,
-        HAS_ALPHA,
-        HAS_ADDEND,
-        ACTIVATION,
-        HAS_RESIDUAL,
-        STORE_PREACT,
-    )
+    out = epilogue_values(
+        c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb, z_ptr + batch * stride_cb,
+        M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
+    )  # fmt: skip
+    epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)

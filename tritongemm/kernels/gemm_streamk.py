@@ -33,7 +33,7 @@ Triton's interpreter, which runs programs in order, it never spins.
 import triton
 import triton.language as tl
 
-from .gemm import epilogue, grouped_tile_coords, mainloop
+from .gemm import epilogue, epilogue_values, grouped_tile_coords, mainloop
 
 
 @triton.jit
@@ -167,6 +167,8 @@ def streamk_kernel(
     UPCAST_OPERANDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    out = epilogue_values(c_ptr, d_ptr, r_ptr, z_ptr, M, N, stride_cm, stride_cn,
+                          stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta)  # fmt: skip
     num_programs = tl.num_programs(0)
     k_tiles = tl.cdiv(K, BLOCK_K)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -194,30 +196,7 @@ def streamk_kernel(
             DOT_PRECISION,
             UPCAST_OPERANDS,
         )
-        epilogue(
-            acc,
-            c_ptr,
-            d_ptr,
-            r_ptr,
-            z_ptr,
-            offs_m,
-            offs_n,
-            M,
-            N,
-            stride_cm,
-            stride_cn,
-            stride_dm,
-            stride_dn,
-            stride_rm,
-            stride_rn,
-            alpha,
-            beta,
-            HAS_ALPHA,
-            HAS_ADDEND,
-            ACTIVATION,
-            HAS_RESIDUAL,
-            STORE_PREACT,
-        )
+        epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
 
     # Streamed part: this program's share [first, last) of the remaining
     # iterations, walked backwards one tile segment at a time.
@@ -262,28 +241,5 @@ def streamk_kernel(
             BLOCK_N,
         )
         if finished:
-            epilogue(
-                acc,
-                c_ptr,
-                d_ptr,
-                r_ptr,
-                z_ptr,
-                offs_m,
-                offs_n,
-                M,
-                N,
-                stride_cm,
-                stride_cn,
-                stride_dm,
-                stride_dn,
-                stride_rm,
-                stride_rn,
-                alpha,
-                beta,
-                HAS_ALPHA,
-                HAS_ADDEND,
-                ACTIVATION,
-                HAS_RESIDUAL,
-                STORE_PREACT,
-            )
+            epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
         last = seg_start

@@ -14,7 +14,7 @@ or inline by the last slice to arrive, see ``gemm_kernel``) apply unchanged.
 import triton
 import triton.language as tl
 
-from .gemm import epilogue, last_slice_to_arrive, splitk_partials, splitk_slice, sum_slices
+from .gemm import epilogue, epilogue_values, last_slice_to_arrive, splitk_partials, splitk_slice, sum_slices
 
 
 @triton.jit
@@ -94,27 +94,7 @@ def gemv_kernel(
                     ws_ptr, tl.num_programs(1), 0, offs_m, offs_n, 1, N, stride_split, 1, BLOCK_N, ACC_FP64
                 )
     if finish:
-        epilogue(
-            tile,
-            c_ptr,
-            d_ptr,
-            r_ptr,
-            z_ptr,
-            offs_m,
-            offs_n,
-            1,
-            N,
-            0,
-            stride_cn,
-            0,
-            stride_dn,
-            0,
-            stride_rn,
-            alpha,
-            beta,
-            HAS_ALPHA,
-            HAS_ADDEND,
-            ACTIVATION,
-            HAS_RESIDUAL,
-            STORE_PREACT,
+        out = epilogue_values(
+            c_ptr, d_ptr, r_ptr, z_ptr, 1, N, 0, stride_cn, 0, stride_dn, 0, stride_rn, alpha, beta
         )
+        epilogue(tile, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
