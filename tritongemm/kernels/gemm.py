@@ -113,19 +113,7 @@ def finish_tile(
     acc,
     offs_m,
     offs_n,
-    M,
-    N,
-    alpha,
-    beta,
-    d_ptr,
-    stride_dm,
-    stride_dn,
-    r_ptr,
-    stride_rm,
-    stride_rn,
-    z_ptr,
-    stride_zm,
-    stride_zn,
+    out,
     HAS_ALPHA: tl.constexpr,
     HAS_ADDEND: tl.constexpr,
     ACTIVATION: tl.constexpr,
@@ -137,8 +125,13 @@ def finish_tile(
         z = alpha * acc + beta * D      (D: addmm's input, or linear's bias, broadcast by strides)
         y = activation(z) + R           (R: a residual of the output's shape)
 
-    ``z`` is also stored when backward needs it (STORE_PREACT).
+    ``z`` is also stored when backward needs it (STORE_PREACT), with C's strides.  ``out``: the
+    runtime values (``epilogue_values``; C's pointer is not read here).
     """
+    # fmt: off
+    (_, d_ptr, r_ptr, z_ptr, M, N, stride_zm, stride_zn, stride_dm, stride_dn, stride_rm, stride_rn,
+     alpha, beta) = out
+    # fmt: on
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if HAS_ALPHA:
         acc = acc * alpha
@@ -195,33 +188,8 @@ def epilogue(
     """``finish_tile``, cast to C's dtype, store the valid part of the tile (Z shares C's strides).
 
     ``out`` holds the epilogue's runtime values, built once by each kernel (``epilogue_values``)."""
-    # fmt: off
-    (c_ptr, d_ptr, r_ptr, z_ptr, M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn,
-     alpha, beta) = out
-    # fmt: on
-    acc = finish_tile(
-        acc,
-        offs_m,
-        offs_n,
-        M,
-        N,
-        alpha,
-        beta,
-        d_ptr,
-        stride_dm,
-        stride_dn,
-        r_ptr,
-        stride_rm,
-        stride_rn,
-        z_ptr,
-        stride_cm,
-        stride_cn,
-        HAS_ALPHA,
-        HAS_ADDEND,
-        ACTIVATION,
-        HAS_RESIDUAL,
-        STORE_PREACT,
-    )
+    c_ptr, M, N, stride_cm, stride_cn = out[0], out[4], out[5], out[6], out[7]
+    acc = finish_tile(acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)

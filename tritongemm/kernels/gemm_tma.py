@@ -16,7 +16,7 @@ persistent grid) shares the last waves' K-steps out evenly instead.
 import triton
 import triton.language as tl
 
-from .gemm import finish_tile, grouped_tile_coords
+from .gemm import epilogue_values, finish_tile, grouped_tile_coords
 from .gemm_streamk import streamk_segment, streamk_settle
 
 
@@ -130,6 +130,9 @@ def gemm_tma_kernel(
     in the kernel through the workspace and arrival counters.
     """
     start = tl.program_id(0)
+    # C goes out through its descriptor: the epilogue's values carry Z's strides in C's place.
+    out = epilogue_values(z_ptr, d_ptr, r_ptr, z_ptr, M, N, stride_zm, stride_zn,
+                          stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta)  # fmt: skip
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     num_tiles = tiles_m * tiles_n
@@ -157,27 +160,7 @@ def gemm_tma_kernel(
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)
         acc = finish_tile(
-            acc,
-            offs_m,
-            offs_n,
-            M,
-            N,
-            alpha,
-            beta,
-            d_ptr,
-            stride_dm,
-            stride_dn,
-            r_ptr,
-            stride_rm,
-            stride_rn,
-            z_ptr,
-            stride_zm,
-            stride_zn,
-            HAS_ALPHA,
-            HAS_ADDEND,
-            ACTIVATION,
-            HAS_RESIDUAL,
-            STORE_PREACT,
+            acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT
         )
         store_tile(c_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
     if STREAM_K:
@@ -223,27 +206,7 @@ def gemm_tma_kernel(
                 offs_m = off_m + tl.arange(0, BLOCK_M)
                 offs_n = off_n + tl.arange(0, BLOCK_N)
                 acc = finish_tile(
-                    acc,
-                    offs_m,
-                    offs_n,
-                    M,
-                    N,
-                    alpha,
-                    beta,
-                    d_ptr,
-                    stride_dm,
-                    stride_dn,
-                    r_ptr,
-                    stride_rm,
-                    stride_rn,
-                    z_ptr,
-                    stride_zm,
-                    stride_zn,
-                    HAS_ALPHA,
-                    HAS_ADDEND,
-                    ACTIVATION,
-                    HAS_RESIDUAL,
-                    STORE_PREACT,
+                    acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT
                 )
                 store_tile(c_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
             last = seg_start
