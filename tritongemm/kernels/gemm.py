@@ -37,10 +37,7 @@ def mainloop(
     M,
     N,
     K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
+    strides,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -55,7 +52,9 @@ def mainloop(
     ``MAX_IMPRECISE_ACC`` (fp8 on sm_90 only): how many K the tensor cores sum in their reduced-precision
     accumulator before the sum is added into the fp32 one; None is Triton's default there (never:
     torch's ``use_fast_accum=True``), BLOCK_K adds once per K-step (cuBLAS's and CUTLASS's precise mode).
+    ``strides``: (stride_am, stride_ak, stride_bk, stride_bn).
     """
+    stride_am, stride_ak, stride_bk, stride_bn = strides
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
@@ -376,6 +375,7 @@ def gemm_kernel(
     b_ptr += batch * stride_bb
     if SPLIT_K:
         slice_id, a_ptr, b_ptr, K = splitk_slice(a_ptr, b_ptr, K, k_per_split, stride_ak, stride_bk)
+    strides = (stride_am, stride_ak, stride_bk, stride_bn)
     acc = mainloop(
         a_ptr,
         b_ptr,
@@ -384,10 +384,7 @@ def gemm_kernel(
         M,
         N,
         K,
-        stride_am,
-        stride_ak,
-        stride_bk,
-        stride_bn,
+        strides,
         BLOCK_M,
         BLOCK_N,
         BLOCK_K,

@@ -167,6 +167,7 @@ def streamk_kernel(
     UPCAST_OPERANDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    strides = (stride_am, stride_ak, stride_bk, stride_bn)
     out = epilogue_values(c_ptr, d_ptr, r_ptr, z_ptr, M, N, stride_cm, stride_cn,
                           stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta)  # fmt: skip
     num_programs = tl.num_programs(0)
@@ -184,10 +185,7 @@ def streamk_kernel(
             M,
             N,
             K,
-            stride_am,
-            stride_ak,
-            stride_bk,
-            stride_bn,
+            strides,
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
@@ -214,10 +212,7 @@ def streamk_kernel(
             M,
             N,
             tl.minimum(K - k_start, (last - seg_start) * BLOCK_K),
-            stride_am,
-            stride_ak,
-            stride_bk,
-            stride_bn,
+            strides,
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
