@@ -219,3 +219,46 @@ def test_inference_reuses_the_fp8_weight_until_the_weight_changes():
     # With gradients recorded, the weight is quantized on every call (it changes every step).
     layer(x).sum().backward()
     assert layer.weight.grad is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_gpu_fp8_layer_replays_in_a_cuda_graph(recipe):
+    """Nothing in an fp8 layer's forward or backward synchronizes with the host, so a training step
+    captures in a CUDA graph and its replays match eager steps on new inputs."""
+    torch.manual_seed(3)
+    layer = tnn.convert(
+        torch.nn.Linear(256, 512, device="cuda", dtype=torch.bfloat16), precision="fp8", recipe=recipe
+    )
+    static_x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        layer.weight.grad = None
+        static_x.grad = None
+        y = layer(static_x)
+        y.float().square().mean().backward()
+        return y
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm-up: compile and remember every launch before capture
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = step()
+    static_dw = layer.weight.grad  # the gradient buffer the graph writes (eager steps below make others)
+    for _ in range(2):
+        x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            static_x.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        graph_y, graph_dw = static_y.clone(), static_dw.clone()
+        eager_x = x.clone().requires_grad_()
+        layer.weight.grad = None
+        eager_y = layer(eager_x)
+        eager_y.float().square().mean().backward()
+        assert torch.equal(graph_y, eager_y)
+        assert torch.equal(graph_dw, layer.weight.grad)
