@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import tritongemm
 from tritongemm.configs import TileConfig
 from tritongemm.device import INTERPRETER_DEVICE, device_info, interpreter_enabled
 from tritongemm.heuristics import heuristic_config
@@ -362,7 +363,7 @@ def test_cli_reads_a_shapes_file_without_header_or_optional_columns(tmp_path):
         ("m,n\n1,2\n", "missing ['k']"),
         ("m,n,k,flavour\n1,2,3,x\n", "unknown ['flavour']"),
         ("m,n,k\n1,2,x\n", ":2:"),
-        ("1,2,3,1,fp8\n", "unknown dtype"),
+        ("1,2,3,1,int8\n", "unknown dtype"),
     ],
 )
 def test_cli_shapes_file_errors_name_the_line(tmp_path, content, message):
@@ -797,3 +798,58 @@ def test_python_m_tritongemm_tune_without_gpu_or_interpreter(tmp_path):
     (line,) = proc.stderr.splitlines()
     assert line.startswith("python -m tritongemm tune: error:") and "no CUDA GPU to tune on" in line
     assert not (tmp_path / "c.json").exists()
+
+
+# ----------------------------------------------------------------------------------
+# fp8
+# ----------------------------------------------------------------------------------
+FP8_SMALL = TileConfig(block_m=16, block_n=32, block_k=64, group_m=8, num_warps=4, num_stages=2)
+FP8_LARGE = TileConfig(block_m=32, block_n=32, block_k=64, group_m=8, num_warps=4, num_stages=2)
+
+
+@pytest.mark.parametrize("layout", ["NT", "NN"])
+def test_tune_fp8_problem_and_scaled_mm_uses_the_tuned_config(layout):
+    """An fp8 problem is tuned as scaled_mm runs it (rowwise scales, bf16 out, checked against the
+    dequantized product), and scaled_mm's plan then comes from the cache."""
+    problem = GemmProblem(m=32, n=48, k=128, dtype="fp8", layout=layout)
+    (result,) = tune_quietly([problem], candidates=[FP8_SMALL, FP8_LARGE])
+    assert all(c.error is None for c in result.candidates), result.candidates
+    assert result.best in (FP8_SMALL, FP8_LARGE)
+    assert cache.lookup(problem, DEVICE) == result.best
+    a = torch.empty(32, 128, dtype=torch.float8_e4m3fn)
+    w = torch.empty(48, 128, dtype=torch.float8_e4m3fn)
+    b = w.t() if layout == "NT" else w.t().contiguous()
+    plan = tritongemm.explain(a, b, out_dtype=torch.bfloat16)
+    assert plan.config == result.best and "tuning cache" in plan.source
+
+
+def test_tune_rejects_a_wrong_fp8_candidate(monkeypatch):
+    """The check compares with the dequantized product: a launch that drops the scales fails it."""
+    real = measure.pointer_launcher
+
+    def unscaled(config):
+        run = real(config)
+        return lambda ops: run(
+            measure.Operands(ops.a, ops.b, ops.out, tuple(torch.ones_like(s) for s in ops.scales))
+        )
+
+    monkeypatch.setitem(measure.KERNEL_LAUNCHERS, "pointer", unscaled)
+    problem = GemmProblem(m=32, n=48, k=128, dtype="fp8", layout="NT")
+    (result,) = tune_quietly([problem], candidates=[FP8_SMALL], save=False)
+    assert result.best is None and "wrong result" in result.candidates[0].error
+
+
+def test_fp8_candidates_on_h100_take_128_byte_k_steps_on_the_warp_specialized_kernel():
+    from tritongemm.device import KNOWN_DEVICES
+    from tritongemm.tuning.space import candidate_configs
+
+    configs = list(
+        candidate_configs(GemmProblem(4096, 4096, 4096, dtype="fp8", layout="NT"), KNOWN_DEVICES["h100"])
+    )
+    ws = [c for c in configs if c.warp_specialize]
+    assert ws and all(c.block_k == 128 for c in ws)
+    assert all(c.block_k in (64, 128, 256) for c in configs)
+
+
+def test_cli_takes_fp8_dtypes():
+    assert arguments.parse_dtype("fp8") == "float8_e4m3fn" and arguments.parse_dtype("e5m2") == "float8_e5m2"

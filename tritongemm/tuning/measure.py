@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import launch
-from ..call import GemmCall, Request
+from ..call import Epilogue, GemmCall, Request
 from ..configs import TileConfig
 from ..problem import GemmProblem
 from ..semantics import dot_precision
@@ -37,7 +37,13 @@ TORCH_DTYPES = {
     "bfloat16": torch.bfloat16,
     "float32": torch.float32,
     "float64": torch.float64,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
 }
+#: What an fp8 problem is tuned for: ``scaled_mm`` with rowwise scales and a bf16 output (the scales'
+#: recipe and the output dtype change the epilogue only, not which tile is fastest).
+FP8_OUT_DTYPE = torch.bfloat16
+FP8_EPILOGUE = Epilogue(scaling="rowwise")
 
 
 # ----------------------------------------------------------------------------------
@@ -50,6 +56,8 @@ class Operands:
     a: torch.Tensor
     b: torch.Tensor
     out: torch.Tensor
+    #: fp8 operands' rowwise scales (``scale_a`` (M,), ``scale_b`` (N,), contiguous), else none.
+    scales: tuple = ()
 
 
 def make_operands(
@@ -65,6 +73,12 @@ def make_operands(
     gen = torch.Generator(device=torch_device)
     gen.manual_seed(seed)
     lead = (problem.batch,) if problem.batch > 1 else ()
+    if dtype.itemsize == 1:
+        if problem.batch > 1:
+            raise ValueError(
+                f"fp8 problems are one matrix (scaled_mm takes no batch), got batch {problem.batch}"
+            )
+        return [_fp8_operands(problem, dtype, torch_device, gen) for _ in range(copies)]
     return [
         Operands(
             a=make_matrix(problem.m, problem.k, problem.layout[0], dtype, torch_device, lead, gen),
@@ -73,6 +87,29 @@ def make_operands(
         )
         for _ in range(copies)
     ]
+
+
+def _fp8_operands(problem: GemmProblem, dtype, torch_device, gen) -> Operands:
+    """fp8 operands in the problem's layout (cast from bf16 ones, which keeps their strides) and
+    rowwise scales; one matrix (``scaled_mm`` takes no batch)."""
+    a = make_matrix(problem.m, problem.k, problem.layout[0], torch.bfloat16, torch_device, (), gen).to(dtype)
+    b = make_matrix(problem.k, problem.n, problem.layout[1], torch.bfloat16, torch_device, (), gen).to(dtype)
+    scales = tuple(
+        torch.rand(n, generator=gen, device=torch_device, dtype=torch.float32) + 0.5
+        for n in (problem.m, problem.n)
+    )
+    out = torch.empty(problem.m, problem.n, dtype=FP8_OUT_DTYPE, device=torch_device)
+    return Operands(a=a, b=b, out=out, scales=scales)
+
+
+def reference(ops: Operands) -> torch.Tensor:
+    """torch's result for one copy, in the output's dtype (fp8: the dequantized product in fp32)."""
+    if ops.scales:
+        sa, sb = ops.scales
+        return ((ops.a.float() @ ops.b.float()) * sa[:, None] * sb[None, :]).to(ops.out.dtype)
+    ref = torch.empty_like(ops.out)
+    torch.matmul(ops.a, ops.b, out=ref)
+    return ref
 
 
 def copies_for(problem: GemmProblem, on_cuda: bool) -> int:
@@ -102,11 +139,19 @@ class Rotation:
 def launch_torch(ops: Operands) -> None:
     # out= on purpose: inside tritongemm.patch() an out= call is left to torch,
     # so the baseline is always torch's own kernel (cuBLAS), never ours.
+    if ops.scales:
+        sa, sb = ops.scales
+        torch._scaled_mm(ops.a, ops.b, sa[:, None], sb[None, :], out_dtype=ops.out.dtype, out=ops.out)
+        return
     torch.matmul(ops.a, ops.b, out=ops.out)
 
 
 def pointer_launcher(config: TileConfig) -> Callable[[Operands], None]:
     def run(ops: Operands) -> None:
+        if ops.scales:  # fp8: what scaled_mm launches
+            call = GemmCall(FP8_EPILOGUE, Request(config=config), FP8_OUT_DTYPE, "ieee")
+            launch.gemm(call, ops.a, ops.b, ops.out, None, None, None, ops.scales)
+            return
         call = GemmCall(request=Request(config=config), precision=dot_precision(ops.a.dtype))
         launch.gemm(call, ops.a, ops.b, ops.out)
 
@@ -142,7 +187,8 @@ def check_result(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> str | None
     err = ((out.to(wide) - expected).abs().max() / scale).item()
     # Against torch's result in the same dtype, relative to max|C|: the library bound, and
     # TF32's for float32 (torch may use it; the check runs wherever tuning does).
-    tol = LIBRARY_TF32_TOLERANCE if dtype == "float32" else LIBRARY_TOLERANCES[TORCH_DTYPES[dtype]]
+    out_dtype = FP8_OUT_DTYPE if dtype.startswith("float8") else TORCH_DTYPES[dtype]
+    tol = LIBRARY_TF32_TOLERANCE if dtype == "float32" else LIBRARY_TOLERANCES[out_dtype]
     if not err <= tol:  # also catches NaN: unwritten (poisoned) elements
         return f"wrong result: max |C - torch| = {err:.3g} x max|C| (tolerance {tol:g})"
     return None

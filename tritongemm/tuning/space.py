@@ -61,12 +61,12 @@ def candidate_configs(
     6. Stream-K variants of the large tiles (added after the trim; on the
        TMA kernel too on sm_90+) when those tiles keep the SMs less than 90%
        busy over their waves.
-    7. On sm_90 (2-byte types, one matrix): the warp-specialized Gluon
+    7. On sm_90 (1- and 2-byte types, one matrix): the warp-specialized Gluon
        kernel's measured tiles (added after the trim): one consumer
        warpgroup on 128x128 or 64x128 at 6 stages, two cooperating on
        128x256 (3 stages, or 4 with the output staged in halves), and
        ping-pong consumers on 128x128, 64x128 and 64x256
-       (``benchmarks/results/h100/sweeps/pingpong_sweep.txt``).
+       (``benchmarks/results/h100/sweeps/pingpong_sweep.txt``), with a K step of 128 bytes.
     Then the ``max_configs`` best by a rough score (SM fill x operand reuse)
     are kept, and the heuristic's own choice is always among them.
     """
@@ -76,7 +76,7 @@ def candidate_configs(
     cap_k = max(_next_pow2(problem.k), 16)
     block_ms = [b for b in (16, 32, 64, 128, 256) if b <= cap_m][-3:]
     block_ns = [b for b in (16, 32, 64, 128, 256) if b <= cap_n][-3:]
-    block_ks = {2: [32, 64, 128], 4: [16, 32, 64], 8: [16, 32]}[problem.elem_size]
+    block_ks = {1: [64, 128, 256], 2: [32, 64, 128], 4: [16, 32, 64], 8: [16, 32]}[problem.elem_size]
     if problem.m <= 64 and problem.elem_size <= 4:
         block_ks.append(512 // problem.elem_size)  # skinny: long K runs of B rows keep more bytes in flight
     block_ks = [b for b in block_ks if b <= cap_k]
@@ -138,17 +138,23 @@ def candidate_configs(
                         ranked.append(cfg)
                     except ConfigError:
                         pass
-    gluon = hopper_tma and device.capability == (9, 0) and not device.interpreter  # Gluon never interprets
+    # (fp8 too: the warp-specialized kernel is its sm_90 kernel; the plain TMA kernel takes 2 bytes only)
+    gluon = (
+        problem.elem_size <= 2 and device.capability == (9, 0) and not device.interpreter
+    )  # never interprets
     if gluon and problem.batch == 1 and problem.k > 0:  # rule 7
         ws = dict(tma=True, persistent=True, warp_specialize=True)
         for bm, bn, warps, stages, pingpong, subtile in WARP_SPECIALIZED_TILES:
             if bm <= cap_m and bn <= cap_n:  # rule 1
+                k_step = 128 // problem.elem_size  # 128 bytes of K, as wgmma reads it
                 cfg = TileConfig(
-                    bm, bn, 64, 8, warps, stages, pingpong=pingpong, epilogue_subtile=subtile, **ws
+                    bm, bn, k_step, 8, warps, stages, pingpong=pingpong, epilogue_subtile=subtile, **ws
                 )
+                out_size = 2  # (fp8 problems are tuned for a bf16 output: tuning.measure.FP8_OUT_DTYPE)
                 if (
                     cfg not in ranked
-                    and warp_specialized_shared_bytes(cfg, problem.elem_size) <= device.smem_per_block
+                    and warp_specialized_shared_bytes(cfg, problem.elem_size, out_size)
+                    <= device.smem_per_block
                 ):
                     ranked.append(cfg)
     seed = heuristic_config(problem, device)

@@ -46,6 +46,7 @@ from .measure import (
     launch_torch,
     make_operands,
     median_ms,
+    reference,
 )
 from .progress import ProgressBar
 from .space import candidate_configs
@@ -223,9 +224,8 @@ def tune_problem(
     on_cuda = torch_device.type == "cuda"
     copies = make_operands(problem, torch_device, copies_for(problem, on_cuda), seed)
     seen_as = _as_dispatch_sees(problem, copies[0])
-    ref = torch.empty_like(copies[0].out)
-    torch.matmul(copies[0].a, copies[0].b, out=ref)
-    torch_ms = median_ms(Rotation(copies, launch_torch), on_cuda, bench_ms) if timed else None
+    ref = reference(copies[0])
+    torch_ms = _torch_ms(copies, on_cuda, bench_ms) if timed else None
 
     results: list[CandidateResult] = []
     timed_out = False
@@ -251,6 +251,17 @@ def tune_problem(
         seconds=time.perf_counter() - start,
         timed=timed,
     )
+
+
+def _torch_ms(copies: list[Operands], on_cuda: bool, bench_ms: int) -> float | None:
+    """torch's time on the problem, or None where torch does not take it (``torch._scaled_mm`` wants
+    A row-major and B column-major on CUDA)."""
+    try:
+        return median_ms(Rotation(copies, launch_torch), on_cuda, bench_ms)
+    except RuntimeError:
+        if not copies[0].scales:
+            raise
+        return None
 
 
 def _budget_spent(elapsed: float, budget: float, results: list[CandidateResult]) -> bool:
