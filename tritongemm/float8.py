@@ -51,8 +51,13 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, recipe: str) -> tuple[torch.Te
         return quantize_kernels(x, dtype, recipe)
     limit = FP8_MAX[dtype]
     amax = (x.abs().amax(dim=1, keepdim=True) if recipe == "rowwise" else x.abs().amax()).float()
-    scale = torch.where(amax > 0, amax / limit, torch.ones_like(amax))
+    scale = _scale(amax, limit)
     return (x.float() / scale).clamp_(-limit, limit).to(dtype).contiguous(), scale
+
+
+def _scale(amax: torch.Tensor, limit: float) -> torch.Tensor:
+    """The dequantizing scale mapping ``amax`` to ``limit``; 1 where ``amax`` is 0 (an all-zero row)."""
+    return torch.where(amax > 0, amax / limit, torch.ones_like(amax))
 
 
 def quantize_kernels(x: torch.Tensor, dtype: torch.dtype, recipe: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,7 +69,7 @@ def quantize_kernels(x: torch.Tensor, dtype: torch.dtype, recipe: str) -> tuple[
     amax = torch.zeros((rows, 1) if rowwise else (), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(rows, QUANTIZE_ROWS),)
     amax_kernel[grid](x, amax, rows, cols, x.stride(0), x.stride(1), rowwise, QUANTIZE_ROWS, QUANTIZE_COLS)
-    scale = torch.where(amax > 0, amax / limit, torch.ones_like(amax))
+    scale = _scale(amax, limit)
     x8 = torch.empty((rows, cols), dtype=dtype, device=x.device)
     grid = (triton.cdiv(rows, CAST_TILE), triton.cdiv(cols, CAST_TILE))
     cast_kernel[grid](

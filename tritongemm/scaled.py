@@ -138,13 +138,13 @@ def scaled_mm(
     _check_types(mat1=a, mat2=b, scale_a=scale_a, scale_b=scale_b, bias=bias, residual=residual, out=out)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype)
-    scaling_of(a, b, scale_a, scale_b)
     activation = check_activation("scaled_mm", activation)
     if out_dtype not in STORED_DTYPES and out_dtype not in FP8_DTYPES:
         raise ValueError(
             f"scaled_mm(): out_dtype must be bf16, fp16, fp32 or a float8 dtype, got {out_dtype}"
         )
     if torch.compiler.is_compiling():
+        scaling_of(a, b, scale_a, scale_b)  # (at trace time; an eager call checks in run_scaled_mm)
         y = _scaled_mm_op(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
         return y if out is None else out.copy_(y)
     return run_scaled_mm(

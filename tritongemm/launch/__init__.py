@@ -161,14 +161,12 @@ def gemm(
     ``residual`` and ``preact`` are (*batch, M, N), all of one batch shape
     (broadcast operands arrive as stride-0 expanded views).  Any strides;
     nothing is copied.  The tensors must match the call's epilogue (an
-    ``addend`` exactly when ``call.epilogue.addend``, and so on).  ``scales``
-    (contiguous fp32 ``scale_a``, ``scale_b``) when the epilogue dequantizes fp8
-    products (``call.epilogue.scaling``; one matrix).
+    ``addend`` exactly when ``call.epilogue.addend``, and so on); ``scales``
+    (contiguous fp32 ``scale_a``, ``scale_b``) exactly when the epilogue dequantizes
+    fp8 products (``call.epilogue.scaling``; one matrix).
     """
     if out.numel() == 0:
         return out
-    if (call.epilogue.scaling != "none") != bool(scales):
-        raise ValueError(f"gemm: {len(scales)} scale tensors for scaling {call.epilogue.scaling!r}")
     launcher = launcher_for(call, a, b, out, addend, residual, preact)
     ep = call.epilogue
     d, r, z = stand_ins(out, addend, residual, preact)
