@@ -53,14 +53,14 @@ def _reexec_with_interpreter(argv: list[str]) -> None:
 def _shape(text: str) -> tuple[int, int, int]:
     """``--shape MxNxK``, parsed as ``tritongemm tune`` parses it (imported only when given: see
     ``_interpreter_ready``)."""
-    from tritongemm.tuning.arguments import parse_shape
+    from tritongemm.cli.arguments import parse_shape
 
     return parse_shape(text)
 
 
 def _positive_int(text: str) -> int:
     """``--rounds N`` (N >= 1), imported only when given, as ``_shape``."""
-    from tritongemm.tuning.arguments import positive_int
+    from tritongemm.cli.arguments import positive_int
 
     return positive_int(text)
 

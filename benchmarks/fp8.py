@@ -270,7 +270,7 @@ def kernel_columns(s: InputSet, recipe: Recipe) -> dict:
     change), the row goes without it.
     """
     from tritongemm import launch
-    from tritongemm.call import Epilogue, GemmCall, make_request
+    from tritongemm.planning.call import Epilogue, GemmCall, make_request
 
     try:
         call = GemmCall(

@@ -293,7 +293,7 @@ def plot_host(csv: str | Path, out_dir: str | Path) -> list[Path]:
 def run_cli(args) -> int:
     """``python -m benchmarks run --suite host``; the exit status."""
     import tritongemm
-    from tritongemm import native
+    from tritongemm.launch import native
 
     if not torch.cuda.is_available() or tritongemm.interpreter_enabled():
         raise RuntimeError("the host suite times compiled kernels on a CUDA GPU")

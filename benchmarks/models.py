@@ -1373,7 +1373,7 @@ def run_models_suite(
 
 def run_cli(args) -> int:
     """``python -m benchmarks run --suite models`` (the parsed ``run`` arguments); the exit status."""
-    from tritongemm import native
+    from tritongemm.launch import native
 
     print(f"autograd node of repeated calls with grad: {native.node_in_use()}", file=sys.stderr)
     summary, table = run_models_suite(

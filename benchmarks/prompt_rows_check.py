@@ -28,9 +28,9 @@ import time
 import torch
 
 import tritongemm
-from tritongemm import heuristics
 from tritongemm.device import device_info
-from tritongemm.problem import GemmProblem
+from tritongemm.planning import heuristics
+from tritongemm.planning.problem import GemmProblem
 
 from .sweep_skinny import PROMPT_NK
 

@@ -183,7 +183,8 @@ def check(ops: Operands) -> float:
 
 def cache_sizes() -> dict[str, int]:
     """Sizes of every per-call structure the library keeps, with their bounds."""
-    from tritongemm import fastpath, launch
+    from tritongemm import launch
+    from tritongemm.autograd import fastpath
     from tritongemm.launch import common
 
     plans = sum(len(c) for c in launch._CACHES.values())
@@ -206,7 +207,8 @@ def cache_sizes() -> dict[str, int]:
 
 
 def cache_bounds() -> dict[str, int]:
-    from tritongemm import fastpath, launch
+    from tritongemm import launch
+    from tritongemm.autograd import fastpath
     from tritongemm.launch import common, direct
 
     return {

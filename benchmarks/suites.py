@@ -36,8 +36,8 @@ import torch
 
 import tritongemm
 from tritongemm import PIPELINES, TileConfig
-from tritongemm.configs import DECOMPOSITIONS
 from tritongemm.launch import problem_of, set_padding
+from tritongemm.planning.configs import DECOMPOSITIONS
 
 from . import harness
 from .harness import Case, Impl

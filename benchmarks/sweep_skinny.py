@@ -437,9 +437,9 @@ def main() -> int:
                 return tritongemm.matmul(a, b, config=c)
 
             name = "heuristic" if cfg is None else cfg.short()
-            default_waves = tritongemm.schedules.STREAM_K_EXTRA_WAVES
+            default_waves = tritongemm.planning.schedules.STREAM_K_EXTRA_WAVES
             if extra_waves is not None:
-                tritongemm.schedules.STREAM_K_EXTRA_WAVES = extra_waves
+                tritongemm.planning.schedules.STREAM_K_EXTRA_WAVES = extra_waves
                 tritongemm.clear_plan_cache()
                 name += f" sk+{extra_waves}w"
             try:
@@ -453,7 +453,7 @@ def main() -> int:
                 continue
             finally:
                 if extra_waves is not None:
-                    tritongemm.schedules.STREAM_K_EXTRA_WAVES = default_waves
+                    tritongemm.planning.schedules.STREAM_K_EXTRA_WAVES = default_waves
                     tritongemm.clear_plan_cache()
             c = heur if cfg is None else cfg
             rows.append(

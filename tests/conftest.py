@@ -7,7 +7,7 @@ Before tritongemm (or anything ``@triton.jit``) is imported:
   as NaN, so an element the kernel never writes fails the comparison;
 * an empty tuning cache and no autotuning, so ``config=None`` means the
   heuristic whatever the machine has cached;
-* the C++ autograd node (``tritongemm.native``) built before any test runs
+* the C++ autograd node (``tritongemm.launch.native``) built before any test runs
   (once; xdist workers wait on its lock and load it), so every test with
   grad runs it; ``grad_node`` runs a test with it and with the Python
   ``Function`` that stands in where it cannot be built.
@@ -50,8 +50,11 @@ os.environ["TRITONGEMM_AUTOTUNE"] = "0"
 import pytest  # noqa: E402
 
 import tritongemm  # noqa: E402
-from tritongemm import fastpath, launch, native, scaled  # noqa: E402
-from tritongemm.autograd import set_poison_outputs  # noqa: E402
+from tritongemm import launch  # noqa: E402
+from tritongemm.autograd import fastpath  # noqa: E402
+from tritongemm.autograd.function import set_poison_outputs  # noqa: E402
+from tritongemm.frontend import scaled  # noqa: E402
+from tritongemm.launch import native  # noqa: E402
 from tritongemm.testing import default_device  # noqa: E402
 
 # tritongemm may have been imported before this file ran (a plugin, a

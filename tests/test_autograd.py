@@ -158,7 +158,7 @@ def test_gradient_of_a_transposed_operand_keeps_its_layout(which, device):
     # forward records the layouts: backward may not have the operand saved.)
     from types import SimpleNamespace
 
-    from tritongemm.autograd import backward_gemms
+    from tritongemm.autograd.function import backward_gemms
 
     a = random_tensor((24, 40), torch.float32, device)
     b = random_tensor((17, 40), torch.float32, device).mT  # (40, 17), column-major
@@ -168,7 +168,7 @@ def test_gradient_of_a_transposed_operand_keeps_its_layout(which, device):
             random_tensor((40, 17), torch.float32, device),
         )
     grad_out = random_tensor((24, 17), torch.float32, device)
-    from tritongemm.call import GemmCall
+    from tritongemm.planning.call import GemmCall
 
     ctx = SimpleNamespace(
         call=GemmCall(),
@@ -185,7 +185,7 @@ def test_gradient_of_a_transposed_operand_keeps_its_layout(which, device):
 
 
 def test_forward_records_transposed_operands(device):
-    from tritongemm.autograd import is_transposed_view
+    from tritongemm.autograd.function import is_transposed_view
 
     w = random_tensor((17, 40), torch.float32, device)
     assert is_transposed_view(w.mT) and not is_transposed_view(w)

@@ -10,8 +10,8 @@ import pytest
 
 import tritongemm
 from tritongemm import PIPELINES, ConfigError, GemmProblem, TileConfig, candidate_configs
-from tritongemm.configs import ACCUMULATOR_REGISTER_BUDGET, MAX_STAGES, resolve_pipeline
 from tritongemm.device import INTERPRETER_DEVICE, DeviceInfo
+from tritongemm.planning.configs import ACCUMULATOR_REGISTER_BUDGET, MAX_STAGES, resolve_pipeline
 
 #: A device with a small shared memory, to see the budget arithmetic at work.
 SMALL_GPU = DeviceInfo(name="small-gpu", capability=(8, 0), sm_count=8, smem_per_block=48 * 1024)
@@ -216,7 +216,7 @@ def test_candidate_configs_offer_the_warp_specialized_tiles_on_sm90_only():
     """Rule 7: on an H100 (2-byte types, one matrix) the Gluon kernel's measured tiles, ping-pong
     included, are candidates that fit its shared memory; not on an A100, for fp32, or for a batch."""
     from tritongemm.device import KNOWN_DEVICES
-    from tritongemm.eligibility import warp_specialized_shared_bytes
+    from tritongemm.planning.eligibility import warp_specialized_shared_bytes
     from tritongemm.tuning.space import WARP_SPECIALIZED_TILES
 
     h100, a100 = KNOWN_DEVICES["h100"], KNOWN_DEVICES["a100"]

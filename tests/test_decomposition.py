@@ -14,7 +14,8 @@ import torch
 from conftest import grid_cases
 
 import tritongemm
-from tritongemm import TileConfig, explain, launch, schedules
+from tritongemm import TileConfig, explain, launch
+from tritongemm.planning import schedules
 from tritongemm.testing import (
     DTYPE_IDS,
     DTYPES,
@@ -265,7 +266,7 @@ def test_split_k_and_tma_are_exclusive():
 
 def test_heuristic_splits_skinny_long_k():
     from tritongemm.device import DeviceInfo
-    from tritongemm.problem import GemmProblem
+    from tritongemm.planning.problem import GemmProblem
 
     h100 = DeviceInfo("H100", (9, 0), 132, 232448)
     assert tritongemm.heuristic_config(GemmProblem(8, 4096, 4096), h100).split_k > 1
@@ -276,7 +277,7 @@ def test_heuristic_splits_skinny_long_k():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_heuristic_streams_one_wave_plus_a_sliver(dtype):
     from tritongemm.device import DeviceInfo
-    from tritongemm.problem import GemmProblem
+    from tritongemm.planning.problem import GemmProblem
 
     h100 = DeviceInfo("H100", (9, 0), 132, 232448)
     a100 = DeviceInfo("A100", (8, 0), 108, 166912)
@@ -304,7 +305,7 @@ def test_heuristic_keeps_sliced_k_below_one_wave():
     # Llama-3-70B QKV at M = 128: 80 tiles of 128x128 on 132 SMs; measured, the
     # sliced TMA tiles beat Stream-K there (benchmarks/results/h100/decode.csv).
     from tritongemm.device import DeviceInfo
-    from tritongemm.problem import GemmProblem
+    from tritongemm.planning.problem import GemmProblem
 
     h100 = DeviceInfo("H100", (9, 0), 132, 232448)
     assert not tritongemm.heuristic_config(GemmProblem(128, 10240, 8192), h100).stream_k
@@ -356,7 +357,7 @@ def test_decompositions_under_cuda_graph_replay(decomposition):
 
 def test_heuristic_streams_a_nearly_empty_last_wave_on_the_tma_kernel():
     from tritongemm.device import DeviceInfo
-    from tritongemm.problem import GemmProblem
+    from tritongemm.planning.problem import GemmProblem
 
     h100 = DeviceInfo("H100", (9, 0), 132, 232448)
     a100 = DeviceInfo("A100", (8, 0), 108, 166912)
@@ -377,8 +378,14 @@ def test_heuristic_runs_small_short_k_problems_unsplit_in_narrow_tiles(device_na
     """Where split-K would fill the SMs of a small problem with a short K, more narrow tiles win
     (sweeps/small_gemm_sweep.json); a long K still splits, and so do fp32 and the long-K rule."""
     from tritongemm import KNOWN_DEVICES
-    from tritongemm.heuristics import SMALL_MAX_K, SMALL_TILE, SMALL_WIDE_TILE, heuristic_choice, tiles_of
-    from tritongemm.problem import GemmProblem
+    from tritongemm.planning.heuristics import (
+        SMALL_MAX_K,
+        SMALL_TILE,
+        SMALL_WIDE_TILE,
+        heuristic_choice,
+        tiles_of,
+    )
+    from tritongemm.planning.problem import GemmProblem
 
     device = KNOWN_DEVICES[device_name]
     for m, n, k in [
@@ -410,8 +417,8 @@ def test_heuristic_runs_prompt_rows_in_32_wide_tiles():
     few tiles, a K step of 256 where the narrow tiles fill the SMs, and the skinny 64x64 tile where 64-wide
     ones already fill half of them; from 65 rows only where the skinny rule would have run."""
     from tritongemm import KNOWN_DEVICES
-    from tritongemm.heuristics import PROMPT_ROWS, heuristic_choice
-    from tritongemm.problem import GemmProblem
+    from tritongemm.planning.heuristics import PROMPT_ROWS, heuristic_choice
+    from tritongemm.planning.problem import GemmProblem
 
     h100 = KNOWN_DEVICES["h100"]
 

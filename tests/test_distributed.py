@@ -609,7 +609,7 @@ def test_rule_offers_partial_sums_only_to_a_linear_epilogue(activation):
 
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    from tritongemm.distributed import _placements
+    from tritongemm.autograd.distributed import _placements
 
     spec = SimpleNamespace(ndim=3)  # (batch, M, K) @ (batch, K, N): the rule reads only the rank
     rules = _placements(spec, spec, spec, spec, activation)

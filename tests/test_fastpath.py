@@ -1,4 +1,4 @@
-"""The repeated-call fast path (``tritongemm.fastpath``) and the direct launch (``launch.direct.DirectLaunch``).
+"""The repeated-call fast path (``tritongemm.autograd.fastpath``) and the direct launch (``launch.direct.DirectLaunch``).
 
 A repeated call must give what its first call gave, never reuse an entry for
 arguments that differ in anything the first call's checks read, and leave
@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from conftest import grad_fn_name
 
 import tritongemm
-from tritongemm import api, fastpath, launch, semantics
+from tritongemm import launch, semantics
+from tritongemm.autograd import fastpath
+from tritongemm.frontend import api
 from tritongemm.testing import (
     TF32_TOLERANCE,
     assert_close,

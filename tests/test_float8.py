@@ -1,4 +1,4 @@
-"""fp8 training layers (``tritongemm.float8``, ``nn.convert(precision="fp8")``): the casts, the three
+"""fp8 training layers (``tritongemm.frontend.float8``, ``nn.convert(precision="fp8")``): the casts, the three
 GEMMs against float64 products of the same fp8 operands, conversion, autocast, compile."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import tritongemm
-from tritongemm import nn as tnn
-from tritongemm.float8 import E4M3, E5M2, FP8_MAX, float8_linear, quantize
+from tritongemm.frontend import nn as tnn
+from tritongemm.frontend.float8 import E4M3, E5M2, FP8_MAX, float8_linear, quantize
 from tritongemm.testing import relative_error
 
 RECIPES = ("rowwise", "tensorwise")
@@ -183,7 +183,7 @@ def _on_the_grid(rows, cols, dtype, recipe, device, seed=5):
 @pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_quantize_kernels_match_torchs_quantization(recipe, dtype, view):
-    from tritongemm.float8 import quantize_kernels
+    from tritongemm.frontend.float8 import quantize_kernels
 
     device = device_for_kernels()
     rows, cols = 70, 300  # ragged against the kernels' 16-row, 256-column and 64 x 64 blocks

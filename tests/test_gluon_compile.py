@@ -372,9 +372,9 @@ def test_launcher_binds_every_kernel_argument_and_describes_each_operand_as_stor
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from tritongemm.call import GemmCall
-    from tritongemm.configs import TileConfig
     from tritongemm.launch.gluon import GluonLauncher, max_registers
+    from tritongemm.planning.call import GemmCall
+    from tritongemm.planning.configs import TileConfig
 
     x = torch.randn(300, 192, dtype=torch.bfloat16)
     w = torch.randn(136, 192, dtype=torch.bfloat16)  # x @ w.T: B is a transposed view

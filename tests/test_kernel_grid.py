@@ -22,8 +22,9 @@ from conftest import grid_cases
 
 import tritongemm
 from tritongemm import TileConfig
-from tritongemm.heuristics import heuristic_config
 from tritongemm.launch import problem_of
+from tritongemm.planning.heuristics import heuristic_config
+from tritongemm.planning.unaligned import elementwise_tile
 from tritongemm.testing import (
     DTYPE_IDS,
     DTYPES,
@@ -32,7 +33,6 @@ from tritongemm.testing import (
     make_operands,
     shape_id,
 )
-from tritongemm.unaligned import elementwise_tile
 
 #: Small tiles: ragged edges on shapes of a few dozen.  Different group_m values
 #: exercise the grouped tile order (3 leaves a short last group for 5 tile rows).

@@ -1,4 +1,4 @@
-"""The C++ autograd node of fast-path entries (``tritongemm.native``, ``csrc/entry_node.cpp``).
+"""The C++ autograd node of fast-path entries (``tritongemm.launch.native``, ``csrc/entry_node.cpp``).
 
 Its gradients are checked against float64 in test_fastpath (every backward
 test there runs with it and with the Python ``Function``); here: what torch's
@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from conftest import grad_fn_name, require_native
 
 import tritongemm
-from tritongemm import fastpath, native
+from tritongemm.autograd import fastpath
+from tritongemm.launch import native
 from tritongemm.testing import assert_close, random_tensor, tolerance
 
 NODE = "TritongemmEntryBackward"

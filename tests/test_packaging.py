@@ -187,14 +187,14 @@ def test_wheel_contents(tmp_path):
         metadata = zf.read(f"{dist_info}/METADATA").decode()
         entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
     assert "tritongemm/py.typed" in names and "tritongemm/_version.py" in names
-    assert "tritongemm/csrc/entry_node.cpp" in names, "the C++ node is built from the installed source"
+    assert "tritongemm/launch/csrc/entry_node.cpp" in names, "the C++ node is built from the installed source"
     assert any(n.endswith("dist-info/licenses/LICENSE") for n in names)
     assert {n.split("/")[0] for n in names} == {"tritongemm", dist_info}  # no benchmarks/, tests/
     assert f"Version: {_version.__version__}\n" in metadata and "License-Expression: MIT" in metadata
     for requirement in ("numpy", "filelock", "platformdirs", "tqdm"):
         assert f"Requires-Dist: {requirement}" in metadata
     assert 'Requires-Dist: timm; extra == "models"' in metadata
-    assert "tritongemm = tritongemm.tuning.cli:main" in entry_points
+    assert "tritongemm = tritongemm.cli.main:main" in entry_points
 
 
 def test_every_environment_variable_is_documented():

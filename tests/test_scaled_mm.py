@@ -24,14 +24,15 @@ import pytest
 import torch
 
 import tritongemm
-import tritongemm.scaled
-from tritongemm import TileConfig, launch, scaled
-from tritongemm.autograd import _debug_poison
-from tritongemm.call import NO_REQUEST
+import tritongemm.frontend.scaled
+from tritongemm import TileConfig, launch
+from tritongemm.autograd.function import _debug_poison
 from tritongemm.device import DeviceInfo
-from tritongemm.eligibility import Operand
+from tritongemm.frontend import scaled
 from tritongemm.launch import problem_of
-from tritongemm.plan import plan
+from tritongemm.planning.call import NO_REQUEST
+from tritongemm.planning.eligibility import Operand
+from tritongemm.planning.plan import plan
 from tritongemm.semantics import ACTIVATIONS  # (torch's own functions, as the reference)
 from tritongemm.testing import assert_close, random_tensor, relative_error, shape_id
 
@@ -623,7 +624,7 @@ def test_rowwise_special_scales(device, out_dtype):
 @pytest.mark.parametrize("scaling", SCALINGS)
 def test_cpu_without_interpreter_falls_back_to_torch(monkeypatch, scaling, out_dtype):
     launched = []
-    monkeypatch.setattr(tritongemm.scaled, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(tritongemm.frontend.scaled, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(launch, "gemm", lambda *args, **kw: launched.append(args))
     m, n, k = 33, 48, 64
     a, b = operands(m, n, k, (E4M3, E5M2), "cpu")

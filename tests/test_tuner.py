@@ -24,12 +24,14 @@ import pytest
 import torch
 
 import tritongemm
-from tritongemm.configs import TileConfig
+from tritongemm.cli import arguments
+from tritongemm.cli import main as cli
 from tritongemm.device import INTERPRETER_DEVICE, device_info, interpreter_enabled
-from tritongemm.heuristics import heuristic_config
 from tritongemm.launch import problem_of
-from tritongemm.problem import GemmProblem
-from tritongemm.tuning import arguments, autotune, cache, cli, measure, presets, report, tuner
+from tritongemm.planning.configs import TileConfig
+from tritongemm.planning.heuristics import heuristic_config
+from tritongemm.planning.problem import GemmProblem
+from tritongemm.tuning import autotune, cache, measure, presets, report, tuner
 from tritongemm.tuning.progress import ProgressBar
 
 pytestmark = pytest.mark.skipif(

@@ -24,10 +24,11 @@ import pytest
 import torch
 
 import tritongemm
-from tritongemm import explain, heuristics, launch
-from tritongemm.configs import TileConfig
+from tritongemm import explain, launch
 from tritongemm.device import INTERPRETER_DEVICE, device_info
-from tritongemm.problem import GemmProblem
+from tritongemm.planning import heuristics
+from tritongemm.planning.configs import TileConfig
+from tritongemm.planning.problem import GemmProblem
 from tritongemm.testing import assert_close, default_device
 from tritongemm.tuning import cache, candidate_configs, storage
 
@@ -410,8 +411,8 @@ WRITER = textwrap.dedent(
     if sys.argv[4] == "no-fcntl":  # as on a system without flock: filelock falls back to a lock file
         sys.modules["fcntl"] = None
     from pathlib import Path
-    from tritongemm.configs import TileConfig
-    from tritongemm.problem import GemmProblem
+    from tritongemm.planning.configs import TileConfig
+    from tritongemm.planning.problem import GemmProblem
     from tritongemm.device import INTERPRETER_DEVICE
     from tritongemm.tuning import cache
 

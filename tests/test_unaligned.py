@@ -18,16 +18,17 @@ import torch
 from conftest import grid_cases
 
 import tritongemm
-from tritongemm import KNOWN_DEVICES, TileConfig, explain, fastpath, launch
-from tritongemm.call import Epilogue, GemmCall, Request
-from tritongemm.eligibility import Operand, stride_hint, vector_bytes
+from tritongemm import KNOWN_DEVICES, TileConfig, explain, launch
+from tritongemm.autograd import fastpath
 from tritongemm.launch.aligned import MatrixCopy, PadCopy, PaddedLauncher, SharedCopy, rows_fast
 from tritongemm.launch.common import Launch
 from tritongemm.launch.pointer import stride_hints
-from tritongemm.plan import TMA_STORE_KERNELS, layout_letters, plan
-from tritongemm.problem import GemmProblem
+from tritongemm.planning.call import Epilogue, GemmCall, Request
+from tritongemm.planning.eligibility import Operand, stride_hint, vector_bytes
+from tritongemm.planning.plan import TMA_STORE_KERNELS, layout_letters, plan
+from tritongemm.planning.problem import GemmProblem
+from tritongemm.planning.unaligned import padding_estimate
 from tritongemm.testing import assert_close, make_matrix, make_operands, nan_tensor, random_tensor
-from tritongemm.unaligned import padding_estimate
 
 H100 = KNOWN_DEVICES["h100"]
 TMA = TileConfig(16, 16, 16, 2, 4, 2, tma=True, persistent=True)
@@ -539,7 +540,7 @@ def test_padded_launcher_given_another_tensor_over_the_same_memory(device, paddi
 
 def test_fast_path_keeps_padded_calls(device, padding, monkeypatch):
     """A repeated padded ``linear`` takes its fast-path entry (the launcher reads only pointers)."""
-    from tritongemm import fastpath
+    from tritongemm.autograd import fastpath
 
     padding("always")
     fastpath.ENTRIES.clear()

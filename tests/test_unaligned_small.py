@@ -12,13 +12,13 @@ import torch
 
 import tritongemm
 from tritongemm import KNOWN_DEVICES, TileConfig
-from tritongemm.call import NO_REQUEST, Request
-from tritongemm.eligibility import Operand
-from tritongemm.heuristics import tiles_of
-from tritongemm.plan import layout_letters, plan
-from tritongemm.problem import GemmProblem
+from tritongemm.planning.call import NO_REQUEST, Request
+from tritongemm.planning.eligibility import Operand
+from tritongemm.planning.heuristics import tiles_of
+from tritongemm.planning.plan import layout_letters, plan
+from tritongemm.planning.problem import GemmProblem
+from tritongemm.planning.unaligned import ELEMENTWISE_MAX_WAVES, elementwise_tile
 from tritongemm.testing import assert_close, random_tensor
-from tritongemm.unaligned import ELEMENTWISE_MAX_WAVES, elementwise_tile
 
 H100 = KNOWN_DEVICES["h100"]
 

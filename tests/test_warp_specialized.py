@@ -13,10 +13,15 @@ import torch.nn.functional as F
 
 import tritongemm
 from tritongemm import GemmProblem, TileConfig, explain
-from tritongemm.call import NO_REQUEST, Request
 from tritongemm.device import KNOWN_DEVICES, DeviceInfo
-from tritongemm.eligibility import Operand, warp_specialized_shared_bytes, warp_specialized_unsupported_reason
-from tritongemm.heuristics import (
+from tritongemm.kernels.gemm_gluon import CLUSTER_AVAILABLE, GLUON_AVAILABLE
+from tritongemm.planning.call import NO_REQUEST, Request
+from tritongemm.planning.eligibility import (
+    Operand,
+    warp_specialized_shared_bytes,
+    warp_specialized_unsupported_reason,
+)
+from tritongemm.planning.heuristics import (
     NARROW_ROW_TILES,
     SHORT_ROW_GROUP_M,
     SHORT_ROW_TILES,
@@ -32,8 +37,7 @@ from tritongemm.heuristics import (
     warp_specialized_tile,
     wide_tile_config,
 )
-from tritongemm.kernels.gemm_gluon import CLUSTER_AVAILABLE, GLUON_AVAILABLE
-from tritongemm.plan import plan
+from tritongemm.planning.plan import plan
 from tritongemm.testing import assert_close, assert_matches_reference, make_operands, random_tensor
 
 H100 = KNOWN_DEVICES["h100"]
@@ -589,8 +593,8 @@ def test_cluster_config_rules_budget_and_fallback():
 def test_cluster_launch_counts_clusters_and_describes_each_ctas_part():
     from types import SimpleNamespace
 
-    from tritongemm.call import GemmCall
     from tritongemm.launch.gluon import GluonLauncher
+    from tritongemm.planning.call import GemmCall
 
     x = torch.randn(300, 192, dtype=torch.bfloat16)
     w = torch.randn(136, 192, dtype=torch.bfloat16)

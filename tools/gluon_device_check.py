@@ -27,9 +27,9 @@ import torch
 import triton
 import triton.testing
 
-from tritongemm.call import GemmCall
-from tritongemm.configs import TileConfig
 from tritongemm.kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON
+from tritongemm.planning.call import GemmCall
+from tritongemm.planning.configs import TileConfig
 from tritongemm.testing import format_table, make_matrix, relative_error, rotation_copies
 
 SHAPES = [
@@ -93,8 +93,8 @@ def bench(step, pairs) -> float:
 
 def check_problem(dt_name, layout, m, n, k, env) -> tuple[list[dict], dict]:
     """Check every config on one problem, then time the good ones against cuBLAS: (rows, best row)."""
-    from tritongemm.eligibility import warp_specialized_shared_bytes as shared_bytes
     from tritongemm.launch.gluon import GluonLauncher
+    from tritongemm.planning.eligibility import warp_specialized_shared_bytes as shared_bytes
 
     dtype = DTYPES[dt_name]
     rows = []

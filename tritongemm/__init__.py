@@ -11,47 +11,45 @@ Public API (torch signatures and semantics, all differentiable)::
     tritongemm.TileConfig          # the tiling hierarchy as a value
     tritongemm.PIPELINES           # single_stage / double_buffer / multi_stage
 
-Where things live (imports flow down this list, never up)::
+Where things live, top down (each folder imports only from folders below it)::
 
-    kernels/        Triton code only
-    device.py       device facts (and named GPUs' budgets)
-    pipelines.py    the three mainloop schemes (single_stage, double_buffer, multi_stage)
-    problem.py      GemmProblem: sizes, dtype, layouts
-    configs.py      TileConfig: the tiling hierarchy as values
-    semantics.py    torch's rules: dtypes, TF32, autocast, activations
-    call.py         GemmCall: the one value that describes a call
-    heuristics/     pure (problem, device) -> config rules
-    selection.py    explicit > registered sources (tuning cache) > heuristic
-    eligibility.py  which kernel can take which operand layouts
-    plan.py         Plan: config + kernel + why
-    launch/         the launch cache and one launcher per kernel
-    autograd.py     the autograd op (eager Function + custom op for compile)
-    batched.py      the one batched GEMM every public function reaches
-    api.py          the public functions; scaled.py (fp8), explain.py, nn.py, float8.py, patch.py on top
-    tuning/         autotuner and cache; registers itself as a config source
+    frontend/   the doors: api.py (matmul, mm, ..., linear), nn.py (Linear, convert),
+                patch.py, scaled.py (fp8 scaled_mm), float8.py (fp8 training), explain.py
+    request/    a call made valid: torch's argument checks, same-batch views, torch or here
+    autograd/   the differentiable op: eager Function, torch.library ops for compile,
+                DTensor's sharding rule, the repeated-call fast path
+    launch/     the launch cache and one launcher per kernel (native.py: the C++ helpers)
+    planning/   what runs: configs (the tiling hierarchy), heuristics/, selection, eligibility,
+                plan (config + kernel + why), problem and call values
+    kernels/    Triton and Gluon code only
+    tuning/     the autotuner and its persistent cache (a config source for planning)
+    cli/        ``tritongemm tune|explain|cache``
+    semantics.py, device.py   torch's rules (dtypes, TF32, autocast, activations); device facts
 """
 
 import os as _os
+import sys as _sys
 
-from . import (
-    _compat,  # noqa: F401  (first: an unsupported Triton/torch fails here, named, not later)
-    nn,
-    ops,  # noqa: F401  (registers torch.ops.tritongemm.gemm, which traced calls and DTensor use)
-)
+from . import _compat  # noqa: F401  (first: an unsupported Triton/torch fails here, named, not later)
 from ._version import __version__ as __version__
-from .api import addmm, baddbmm, bmm, linear, matmul, mm
-from .autograd import set_poison_outputs as _set_poison_outputs
-from .configs import PIPELINES, ConfigError, TileConfig
+from .autograd import ops  # noqa: F401  (registers torch.ops.tritongemm.gemm, which traced calls and DTensor use)
+from .autograd.function import set_poison_outputs as _set_poison_outputs
 from .device import KNOWN_DEVICES, DeviceInfo, device_info, interpreter_enabled
-from .explain import explain
-from .heuristics import heuristic_config
+from .frontend import nn
+from .frontend.api import addmm, baddbmm, bmm, linear, matmul, mm
+from .frontend.explain import explain
+from .frontend.patch import PatchStats, patch
+from .frontend.scaled import scaled_mm
 from .launch import clear_plan_cache
-from .patch import PatchStats, patch
-from .problem import GemmProblem
-from .scaled import scaled_mm
-from .selection import select_config
+from .planning.configs import PIPELINES, ConfigError, TileConfig
+from .planning.heuristics import heuristic_config
+from .planning.problem import GemmProblem
+from .planning.selection import select_config
 from .semantics import UnsupportedInputError
 from .tuning import candidate_configs, set_autotune_on_first_call, tune
+
+# ``tritongemm.nn`` is the public name of the module users swap layers from (``import tritongemm.nn``).
+_sys.modules[__name__ + ".nn"] = nn
 
 if _os.environ.get("TRITONGEMM_POISON_OUTPUTS", "0") == "1":
     _set_poison_outputs(True)

@@ -1,8 +1,8 @@
-"""``python -m tritongemm tune|explain|cache``: see ``tritongemm.tuning.cli``."""
+"""``python -m tritongemm tune|explain|cache``: see ``tritongemm.cli.main``."""
 
 import sys
 
-from .tuning.cli import main
+from .cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,6 @@
 """Triton kernels, and only kernels: ``@triton.jit`` code and its jit helpers.
 
-Nothing here imports the host API: ``tritongemm.plan`` chooses a config and
+Nothing here imports the host API: ``tritongemm.planning.plan`` chooses a config and
 kernel, and ``tritongemm.launch`` launches it (one launcher per kernel).  The
 warp-specialized Gluon kernel (``gemm_gluon``) is imported by its launcher
 alone, since Gluon is not available on every Triton.

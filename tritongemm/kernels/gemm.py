@@ -2,7 +2,7 @@
 
 One kernel serves the three mainloop schemes: ``num_stages`` (a launch option,
 not a kernel argument) tells Triton's software pipeliner how many K-tiles to
-keep in flight.  See ``tritongemm.pipelines``.
+keep in flight.  See ``tritongemm.planning.pipelines``.
 """
 
 import triton

@@ -23,7 +23,7 @@ The consumers keep one wgmma in flight (``warpgroup_mma_wait(1)``): while the
 tensor cores work on K-step i, slot i-1 is released and refilled.  With a
 single slot there is nothing to overlap, so they wait for the wgmma to retire
 before releasing it.  In CUTLASS's terms (``MmaSingleStage`` /
-``MmaPipelined`` / ``MmaMultistage``, see ``tritongemm.pipelines``):
+``MmaPipelined`` / ``MmaMultistage``, see ``tritongemm.planning.pipelines``):
 
 * ``NUM_STAGES=1``: single_stage, load, wait, multiply, release, strictly in turn;
 * ``NUM_STAGES=2``: double_buffer, the load of K-step i+1 runs under the wgmma of i;

@@ -20,12 +20,12 @@ import warnings
 
 import torch
 
-from ..call import GemmCall
 from ..device import device_info, interpreter_enabled
-from ..eligibility import Operand
 from ..kernels import gemm_kernel, gemv_kernel, splitk_reduce_kernel
-from ..plan import PADDING_POLICIES, Plan, layout_letters, plan
-from ..problem import GemmProblem
+from ..planning.call import GemmCall
+from ..planning.eligibility import Operand
+from ..planning.plan import PADDING_POLICIES, Plan, layout_letters, plan
+from ..planning.problem import GemmProblem
 from ..semantics import dtype_name
 from . import common
 from .aligned import PaddedLauncher, SharedCopy

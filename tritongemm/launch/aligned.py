@@ -33,8 +33,8 @@ from typing import NamedTuple
 import torch
 import triton
 
-from ..eligibility import Operand, round_up
 from ..kernels import pad_copy_kernel
+from ..planning.eligibility import Operand, round_up
 from .common import INT32_MAX, KernelArgs, Launch, collapse_batch, needs_index_64
 
 #: Where each workspace of a shared allocation starts (TMA needs 16-byte aligned bases; a whole

@@ -7,8 +7,8 @@ import itertools
 import torch
 import triton
 
-from ..eligibility import stride_hint
 from ..kernels import gemm_kernel, splitk_reduce_kernel
+from ..planning.eligibility import stride_hint
 from .common import (
     INT32_MAX,
     KernelArgs,

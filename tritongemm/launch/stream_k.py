@@ -6,7 +6,7 @@ import torch
 import triton
 
 from ..kernels import streamk_kernel
-from ..schedules import StreamKSchedule, split_tail_schedule, stream_k_schedule
+from ..planning.schedules import StreamKSchedule, split_tail_schedule, stream_k_schedule
 from .common import KernelArgs, Launch, arrival_counters, workspace_dtype
 from .pointer import RUNTIME, epilogue_constexprs, mainloop_constexprs
 

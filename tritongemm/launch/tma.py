@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import triton
 
-from ..eligibility import tensor_descriptor_class
 from ..kernels import gemm_tma_kernel
+from ..planning.eligibility import tensor_descriptor_class
 from .common import KernelArgs, Launch
 from .pointer import epilogue_constexprs, mainloop_constexprs
 from .stream_k import StreamKBuffers

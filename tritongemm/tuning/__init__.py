@@ -12,7 +12,7 @@ Where things live: ``cache.py`` (keys, the JSON file, locking, lookup),
 ``progress.py`` (the progress bar).
 """
 
-from ..selection import register_config_source
+from ..planning.selection import register_config_source
 from .autotune import autotune_on_first_call, set_autotune_on_first_call, tuned_config
 from .cache import TuningCacheWarning, bucket, cache_key, cache_path, load, lookup, record, reload
 from .presets import PRESETS, preset_problems

@@ -17,9 +17,9 @@ import warnings
 
 import torch
 
-from ..configs import TileConfig
 from ..device import DeviceInfo
-from ..problem import GemmProblem
+from ..planning.configs import TileConfig
+from ..planning.problem import GemmProblem
 from . import tuner
 from .cache import cache_key, lookup
 

@@ -50,9 +50,9 @@ from pathlib import Path
 import platformdirs
 import triton
 
-from ..configs import MAX_SPLIT_K, MAX_STAGES, MIN_STAGES, ConfigError, TileConfig
 from ..device import DeviceInfo
-from ..problem import GemmProblem
+from ..planning.configs import MAX_SPLIT_K, MAX_STAGES, MIN_STAGES, ConfigError, TileConfig
+from ..planning.problem import GemmProblem
 from .storage import (
     CACHE_VERSION,
     SCHEMA,

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from .. import launch
-from ..call import Epilogue, GemmCall, Request
-from ..configs import TileConfig
-from ..problem import GemmProblem
+from ..planning.call import Epilogue, GemmCall, Request
+from ..planning.configs import TileConfig
+from ..planning.problem import GemmProblem
 from ..semantics import dot_precision
 from ..testing import (
     LIBRARY_TF32_TOLERANCE,

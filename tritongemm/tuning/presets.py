@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..problem import GemmProblem
+from ..planning.problem import GemmProblem
 
 #: Token counts M tuned when none are given: decode (1, 16), small and large prefill.
 DEFAULT_TOKENS = (1, 16, 128, 1024, 4096, 8192)

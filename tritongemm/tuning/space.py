@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from ..configs import ConfigError, TileConfig
 from ..device import DeviceInfo
-from ..eligibility import warp_specialized_shared_bytes
-from ..heuristics import choose_split_k_inline, heuristic_config
-from ..problem import GemmProblem, wave_efficiency
+from ..planning.configs import ConfigError, TileConfig
+from ..planning.eligibility import warp_specialized_shared_bytes
+from ..planning.heuristics import choose_split_k_inline, heuristic_config
+from ..planning.problem import GemmProblem, wave_efficiency
 
 
 def _next_pow2(x: int) -> int:

@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 
 from .. import launch
-from ..configs import ConfigError, TileConfig
 from ..device import DeviceInfo, device_info, interpreter_enabled
-from ..heuristics import heuristic_config
-from ..problem import GemmProblem
+from ..planning.configs import ConfigError, TileConfig
+from ..planning.heuristics import heuristic_config
+from ..planning.problem import GemmProblem
 from . import cache
 from .measure import (
     DEFAULT_BENCH_MS,

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..device import KNOWN_DEVICES
-from ..problem import GemmProblem, canonical_dtype
-from . import presets
+from ..planning.problem import GemmProblem, canonical_dtype
+from ..tuning import presets
 
 LAYOUTS = ("NN", "NT", "TN", "TT")
 DTYPE_HELP = "fp16, bf16, fp32, fp64, fp8 (e4m3) or e5m2 (also float16, half, bfloat16, float, double, ...)"

@@ -6,8 +6,8 @@ import math
 from dataclasses import replace
 from typing import NamedTuple
 
+from ...device import DeviceInfo
 from ..configs import MAX_SPLIT_K, TileConfig
-from ..device import DeviceInfo
 from ..problem import GemmProblem, wave_efficiency
 from ..schedules import cdiv
 

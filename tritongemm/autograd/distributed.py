@@ -38,7 +38,7 @@ import threading
 
 import torch
 
-from .semantics import ACTIVATIONS, UnsupportedInputError
+from ..semantics import ACTIVATIONS, UnsupportedInputError
 
 _PENDING = object()
 _registration: list = [_PENDING]  # None once registered, or why it could not be

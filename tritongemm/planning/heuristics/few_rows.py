@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ...device import DeviceInfo
 from ..configs import TileConfig
-from ..device import DeviceInfo
 from ..problem import GemmProblem
 from .tiles import (
     SMALL_MAX_K,

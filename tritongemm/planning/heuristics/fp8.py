@@ -22,8 +22,8 @@ and without fast accumulation, 19 shapes from 16x4096x4096 to 8192x14336x4096:
 
 from __future__ import annotations
 
+from ...device import DeviceInfo
 from ..configs import TileConfig
-from ..device import DeviceInfo
 from ..problem import GemmProblem
 from .tiles import tiles_of
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from . import launch
-from .autograd import alloc_out
-from .call import Epilogue, GemmCall, make_request
-from .device import interpreter_enabled
-from .eligibility import FP8_DTYPES
-from .semantics import ACTIVATIONS, check_activation
+from .. import launch
+from ..autograd.function import alloc_out
+from ..device import interpreter_enabled
+from ..planning.call import Epilogue, GemmCall, make_request
+from ..planning.eligibility import FP8_DTYPES
+from ..semantics import ACTIVATIONS, check_activation
 
 #: Output dtypes the kernels store (an fp8 output is cast from fp32).
 STORED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from .device import DeviceInfo
+from ..device import DeviceInfo
 from .pipelines import (  # noqa: F401  (re-exported: the tiling hierarchy's values in one place)
     MAX_STAGES,
     MIN_STAGES,

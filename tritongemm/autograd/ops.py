@@ -17,10 +17,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
-from . import launch
-from .autograd import alloc_out, backward_gemms, save_context
-from .call import GemmCall, from_op_args
-from .semantics import dot_precision
+from .. import launch
+from ..planning.call import GemmCall, from_op_args
+from ..semantics import dot_precision
+from .function import alloc_out, backward_gemms, save_context
 
 
 def _resolve_precision(call: GemmCall, a: torch.Tensor) -> GemmCall:

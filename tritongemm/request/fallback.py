@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from .semantics import SUPPORTED_DTYPES, autocast_dtype, device_unsupported_reason, unsupported_reason
+from ..semantics import SUPPORTED_DTYPES, autocast_dtype, device_unsupported_reason, unsupported_reason
 
 _is_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
 _has_storage = getattr(torch._C, "_has_storage", None)

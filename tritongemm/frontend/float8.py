@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .kernels import amax_kernel, cast_kernel
+from ..kernels import amax_kernel, cast_kernel
 from .scaled import scaled_mm
 
 E4M3 = torch.float8_e4m3fn

@@ -46,10 +46,11 @@ import os
 
 import torch
 
-from . import launch, native
-from .autograd import alloc_out, backward_gemms, is_transposed_view
-from .call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall, Request
-from .semantics import SUPPORTED_DTYPES, autocast_cast, autocast_dtype, dot_precision
+from .. import launch
+from ..launch import native
+from ..planning.call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall, Request
+from ..semantics import SUPPORTED_DTYPES, autocast_cast, autocast_dtype, dot_precision
+from .function import alloc_out, backward_gemms, is_transposed_view
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _STRIDED = torch.strided

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from .device import DeviceInfo
+from ..device import DeviceInfo
 
 
 def is_aligned16(t: torch.Tensor) -> bool:
@@ -196,7 +196,7 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 def _fp8_warp_specialized_reason(a: Operand, b: Operand, out_dtype: torch.dtype) -> str | None:
     """Why the warp-specialized kernel cannot take fp8 operands laid out so (None when it can)."""
-    from .kernels.gluon_common import PRECISE_FP8_AVAILABLE
+    from ..kernels.gluon_common import PRECISE_FP8_AVAILABLE
 
     if not PRECISE_FP8_AVAILABLE:
         return "this Triton's Gluon wgmma cannot sum fp8 products precisely (no max_num_imprecise_acc)"
@@ -211,7 +211,7 @@ def warp_specialized_unsupported_reason(
     cfg, a: Operand, b: Operand, c: Operand, dtype: torch.dtype, out_dtype, device: DeviceInfo, batched: bool
 ) -> str | None:
     """Why the Gluon warp-specialized kernel cannot run this config on these operands (None when it can)."""
-    from .kernels.gluon_common import CLUSTER_UNAVAILABLE_REASON, GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON
+    from ..kernels.gluon_common import CLUSTER_UNAVAILABLE_REASON, GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON
 
     if device.interpreter:
         return "Gluon kernels do not run on Triton's interpreter"

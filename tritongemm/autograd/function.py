@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import torch
 
-from . import distributed, launch
-from .call import Epilogue, GemmCall, Request, op_args
-from .semantics import activation_backward
+from .. import launch
+from ..planning.call import Epilogue, GemmCall, Request, op_args
+from ..semantics import activation_backward
+from . import distributed
 
 _functorch_active = torch._C._are_functorch_transforms_active
 

@@ -10,7 +10,7 @@ import warnings
 
 import torch
 
-from .semantics import SUPPORTED_DTYPES, UnsupportedInputError, device_unsupported_reason
+from ..semantics import SUPPORTED_DTYPES, UnsupportedInputError, device_unsupported_reason
 
 
 # ----------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..device import DeviceInfo
 from .configs import TileConfig
-from .device import DeviceInfo
 from .heuristics import Tile, pow2_at_least, split_k_config, tiles_of
 from .problem import GemmProblem
 

@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 import torch
 
+from ..device import DeviceInfo
 from .call import Request
 from .configs import TileConfig
-from .device import DeviceInfo
 from .eligibility import (
     FP8_DTYPES,
     Operand,

@@ -22,11 +22,11 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import native
-from ..configs import TileConfig
 from ..device import KNOWN_DEVICES, DeviceInfo, device_info, named_device
-from ..problem import GemmProblem
-from . import cache, measure, presets, report, tuner
+from ..launch import native
+from ..planning.configs import TileConfig
+from ..planning.problem import GemmProblem
+from ..tuning import cache, measure, presets, report, tuner
 from .arguments import (
     DEFAULT_LAYOUT,
     DTYPE_HELP,
@@ -308,7 +308,7 @@ def write_csv(results: Sequence[tuner.TuneResult], path: str | Path, device: Dev
 
 def run_explain(args: argparse.Namespace) -> int:
     """The same ``explain`` as the Python API (it validates like a real call and says why, fallbacks included)."""
-    from ..explain import explain_problem
+    from ..frontend.explain import explain_problem
 
     shape = args.shape or args.bare_shape
     if shape is None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from ...device import DeviceInfo
 from ..configs import TileConfig
-from ..device import DeviceInfo
 from ..problem import GemmProblem, wave_efficiency
 from ..schedules import cdiv, split_tail_schedule
 from .tiles import Tile, tiles_of

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from . import checks, fastpath
-from .batched import Config, Pipeline, batched_gemm, gemm_call, run
-from .call import PLAIN_EPILOGUE
-from .semantics import as_torch_sees, check_activation
+from ..autograd import fastpath
+from ..planning.call import PLAIN_EPILOGUE
+from ..request import checks
+from ..request.batched import Config, Pipeline, batched_gemm, gemm_call, run
+from ..semantics import as_torch_sees, check_activation
 
 
 # ----------------------------------------------------------------------------------

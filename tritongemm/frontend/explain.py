@@ -13,15 +13,15 @@ import math
 
 import torch
 
-from . import checks
-from .call import make_request
-from .device import DeviceInfo, device_info, named_device
-from .eligibility import FP8_DTYPES, Operand
-from .launch import padding_policy
-from .plan import Plan, layout_letters, plan
-from .problem import GemmProblem
+from ..device import DeviceInfo, device_info, named_device
+from ..launch import padding_policy
+from ..planning.call import make_request
+from ..planning.eligibility import FP8_DTYPES, Operand
+from ..planning.plan import Plan, layout_letters, plan
+from ..planning.problem import GemmProblem
+from ..request import checks
+from ..semantics import autocast_cast, autocast_dtype, check_activation, dtype_name
 from .scaled import check_matrices, stored_dtype
-from .semantics import autocast_cast, autocast_dtype, check_activation, dtype_name
 
 
 def _operand(t: torch.Tensor) -> Operand:

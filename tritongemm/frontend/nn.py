@@ -17,12 +17,13 @@ from collections import Counter
 
 import torch
 
-from . import api, fastpath
-from .autograd import is_tracing
-from .distributed import dtensor_reason, is_dtensor
-from .fallback import torch_reason, warn_device_fallback
+from ..autograd import fastpath
+from ..autograd.distributed import dtensor_reason, is_dtensor
+from ..autograd.function import is_tracing
+from ..request.fallback import torch_reason, warn_device_fallback
+from ..semantics import ACTIVATIONS, autocast_dtype
+from . import api
 from .float8 import RECIPES, WeightCache, float8_linear, float8_unsupported_reason
-from .semantics import ACTIVATIONS, autocast_dtype
 
 _counts_lock = threading.Lock()  # `counter[k] += 1` is a read-modify-write; fallbacks may come from threads
 
@@ -185,7 +186,7 @@ def convert(model: torch.nn.Module, precision: str | None = None, recipe: str = 
     if it was one).
 
     ``precision="fp8"`` makes ``Float8Linear`` layers instead (fp8 GEMMs in forward and backward,
-    dynamic ``recipe`` scales: "rowwise" or "tensorwise"; see ``tritongemm.float8``), for every
+    dynamic ``recipe`` scales: "rowwise" or "tensorwise"; see ``tritongemm.frontend.float8``), for every
     layer whose in and out features are multiples of 16; the others become ``Linear``.
 
     >>> model = tritongemm.nn.convert(model)

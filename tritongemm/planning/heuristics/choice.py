@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
+from ...device import DeviceInfo
 from ..configs import TileConfig, split_width
-from ..device import DeviceInfo
 from ..problem import GemmProblem, wave_efficiency
 from .few_rows import choose_gemv_tile, choose_skinny_tile, is_gemv, is_skinny, prompt_config
 from .fp8 import fp8_choice

@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import api, fastpath
-from .distributed import dtensor_reason
-from .fallback import torch_reason, warn_device_fallback
+from ..autograd import fastpath
+from ..autograd.distributed import dtensor_reason
+from ..request.fallback import torch_reason, warn_device_fallback
+from . import api
 
 
 @dataclass

@@ -13,9 +13,9 @@ import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..device import DeviceInfo
 from .call import NO_REQUEST, Request
 from .configs import DECOMPOSITIONS, MAX_SPLIT_K, ConfigError, TileConfig
-from .device import DeviceInfo
 from .heuristics import (
     choose_skinny_tile,
     choose_split_k,

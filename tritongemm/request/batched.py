@@ -13,18 +13,18 @@ import math
 
 import torch
 
+from ..autograd.function import gemm_op, needs_autograd, run_gemm
+from ..planning.call import PLAIN_EPILOGUE, Epilogue, GemmCall, make_request
+from ..planning.configs import TileConfig
+from ..semantics import dot_precision
 from . import checks
-from .autograd import gemm_op, needs_autograd, run_gemm
-from .call import PLAIN_EPILOGUE, Epilogue, GemmCall, make_request
-from .configs import TileConfig
-from .semantics import dot_precision
 
 Config = TileConfig | dict | None
 Pipeline = str | int | None
 
 
 def gemm_call(a: torch.Tensor, epilogue: Epilogue, out_dtype, config, pipeline, decomposition) -> GemmCall:
-    """The one value that describes this call from here down (see ``tritongemm.call``).
+    """The one value that describes this call from here down (see ``tritongemm.planning.call``).
 
     Under torch.compile torch's TF32 switch cannot be read while tracing: the
     custom op reads it when it runs ("auto").

@@ -1,0 +1,3 @@
+"""The differentiable GEMM: the eager ``autograd.Function`` and its backward (``function``), the
+``torch.library`` ops ``torch.compile`` and ``torch.export`` trace (``ops``), DTensor's sharding
+rule (``distributed``), and the repeated-call fast path (``fastpath``)."""

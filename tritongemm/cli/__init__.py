@@ -1,0 +1,1 @@
+"""``tritongemm tune|explain|cache`` (also ``python -m tritongemm``)."""
