@@ -11,6 +11,7 @@ descriptors (the TMA and Gluon kernels) stay one opaque op,
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -114,3 +115,104 @@ def test_descriptor_kernels_stay_one_opaque_op():
         out, code = _compiled_code(torch.compile(model, fullgraph=True), x)
     assert "tritongemm.gemm_extern" in code
     assert relative_error(out, ref) <= tolerance(torch.bfloat16, "cuda", against="library")
+
+
+# ----------------------------------------------------------------------------------
+# What Inductor believes a traced kernel writes
+# ----------------------------------------------------------------------------------
+# Inductor clones every tensor it believes a user kernel writes and puts the clone back
+# afterwards.  The absent epilogue tensors are ``out`` itself (``launch.stand_ins``), so a
+# read-only pointer believed written puts an unwritten clone over the result.  The belief comes
+# from an analysis of the kernel's Triton IR, which loses track of pointers a helper returns:
+# these tests run it on the arguments the traced launchers pass.
+_ANALYSIS = r"""
+import sys, torch, triton
+from triton.backends.compiler import GPUTarget
+
+class _Target:  # a CUDA target for the IR: this machine need not have a GPU
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+triton.runtime.driver.set_active(_Target())
+import tritongemm.kernels as kernels
+from torch._higher_order_ops import triton_kernel_wrap as wrap
+
+launches = torch.load(sys.argv[1], weights_only=False)
+for name, kwargs in launches:
+    kernel = getattr(kernels, name)
+    if hasattr(wrap, "identify_accessed_tensors"):  # torch >= 2.12
+        writes = [d.name for d in wrap.identify_accessed_tensors(kernel, kwargs, {}).read_writes.writes]
+    else:
+        writes = wrap.identify_mutated_tensors(kernel, kwargs, {})
+    print(name, ",".join(sorted(writes)))
+"""
+
+#: (case, GemmCall options, split-K): the traced plans' kernels and epilogues.
+_TRACED_CASES = {
+    "plain": ({}, 1),
+    "epilogue": (
+        {"activation": "gelu", "beta": 1.0, "addend": True, "residual": True, "store_preact": True},
+        1,
+    ),
+    "split_k": ({"beta": 1.0, "addend": True}, 2),
+    "gemv": ({"activation": "relu"}, 1),
+}
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("case", list(_TRACED_CASES))
+def test_traced_kernels_write_only_their_outputs(case, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from tritongemm.launch import common
+    from tritongemm.planning.call import Epilogue, GemmCall, Request
+    from tritongemm.planning.configs import TileConfig
+
+    options, split_k = _TRACED_CASES[case]
+    ep = Epilogue(**options)
+    m = 1 if case == "gemv" else 64
+    a = torch.randn(m, 96)
+    b = torch.randn(80, 96).mT if case == "gemv" else torch.randn(96, 80)  # GEMV: a weight's w.mT
+    out = torch.empty(m, 80)
+    d = torch.randn(m, 80) if ep.addend else None
+    r = torch.randn(m, 80) if ep.residual else None
+    z = torch.empty(m, 80) if ep.store_preact else None
+    config = TileConfig(32, 32, 32, split_k=split_k) if split_k > 1 else None
+    if case == "gemv":  # (the interpreter's heuristic plans small pointer tiles)
+        config = TileConfig(16, 16, 32, gemv=True)
+    call = GemmCall(ep, Request(config=config))
+    launcher = launch.launcher_for(call, a, b, out, d, r, z)
+    assert launcher.plan.kernel == ("gemv" if case == "gemv" else "pointer")
+
+    launches = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.name = kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
+
+        def __getitem__(self, grid):
+            return lambda **kwargs: launches.append((self.name, kwargs))
+
+    monkeypatch.setattr(torch.library, "wrap_triton", Recorder, raising=False)
+    with common.tracing():
+        launcher(a, b, out, *launch.stand_ins(out, d, r, z), ep.alpha, ep.beta)
+    assert launches
+    saved = tmp_path / "launches.pt"
+    torch.save([(n, {k: v for k, v in kw.items() if k not in ("num_warps", "num_stages")}) for n, kw in launches],
+               saved)  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", _ANALYSIS, str(saved)], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    read_only = {"a_ptr", "b_ptr", "d_ptr", "r_ptr", "sa_ptr", "sb_ptr"} | (
+        set() if ep.store_preact else {"z_ptr"}
+    )
+    for line in run.stdout.strip().splitlines():
+        name, _, writes = line.partition(" ")
+        written = set(filter(None, writes.split(",")))
+        assert written and not written & read_only, f"{name} is believed to write {sorted(written)}"

@@ -125,7 +125,7 @@ def finish_tile(
         y = activation(z) + R           (R: a residual of the output's shape)
 
     ``z`` is also stored when backward needs it (STORE_PREACT), with C's strides.  ``out``: the
-    runtime values (``epilogue_values``; C's pointer is not read here).
+    runtime values, built once by each kernel as one tuple (C's pointer is not read here).
     """
     # fmt: off
     (_, d_ptr, r_ptr, z_ptr, M, N, stride_zm, stride_zn, stride_dm, stride_dn, stride_rm, stride_rn,
@@ -164,15 +164,6 @@ def scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING: tl.constexpr)
 
 
 @triton.jit
-def epilogue_values(
-    c_ptr, d_ptr, r_ptr, z_ptr, M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta
-):  # fmt: skip
-    """``epilogue``'s runtime values as one tuple (Z, the pre-activation, shares C's strides)."""
-    return (c_ptr, d_ptr, r_ptr, z_ptr, M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn,
-            alpha, beta)  # fmt: skip
-
-
-@triton.jit
 def epilogue(
     acc,
     offs_m,
@@ -186,7 +177,10 @@ def epilogue(
 ):
     """``finish_tile``, cast to C's dtype, store the valid part of the tile (Z shares C's strides).
 
-    ``out`` holds the epilogue's runtime values, built once by each kernel (``epilogue_values``)."""
+    ``out`` holds the epilogue's runtime values, built once by each kernel as a tuple literal:
+    (C, D, R, Z pointers, M, N, C's strides, D's strides, R's strides, alpha, beta), Z sharing
+    C's strides.  A literal, not a helper's return value: Inductor's analysis of a user kernel
+    (``torch.compile``) then still sees that only C and Z are written."""
     c_ptr, M, N, stride_cm, stride_cn = out[0], out[4], out[5], out[6], out[7]
     acc = finish_tile(acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -245,13 +239,14 @@ def sum_slices(
 
 
 @triton.jit
-def splitk_slice(a_ptr, b_ptr, K, k_per_split, stride_ak, stride_bk):
-    """This program's slice of K (axis 1 of the grid): its index, the operands
-    advanced to its start, and its length."""
+def splitk_slice(K, k_per_split):
+    """This program's slice of K (axis 1 of the grid): its index, where it starts, its length.
+
+    Offsets, not advanced pointers: Inductor's analysis of a traced kernel takes a pointer that
+    a helper returns for one the kernel may write, and would copy the operands around it."""
     slice_id = tl.program_id(1).to(tl.int64)
     k_start = slice_id * k_per_split
-    k_len = tl.minimum(K - k_start, k_per_split).to(tl.int32)
-    return slice_id, a_ptr + k_start * stride_ak, b_ptr + k_start * stride_bk, k_len
+    return slice_id, k_start, tl.minimum(K - k_start, k_per_split).to(tl.int32)
 
 
 @triton.jit
@@ -374,7 +369,9 @@ def gemm_kernel(
     a_ptr += batch * stride_ab
     b_ptr += batch * stride_bb
     if SPLIT_K:
-        slice_id, a_ptr, b_ptr, K = splitk_slice(a_ptr, b_ptr, K, k_per_split, stride_ak, stride_bk)
+        slice_id, k_start, K = splitk_slice(K, k_per_split)
+        a_ptr += k_start * stride_ak
+        b_ptr += k_start * stride_bk
     strides = (stride_am, stride_ak, stride_bk, stride_bn)
     acc = mainloop(
         a_ptr,
@@ -407,7 +404,7 @@ def gemm_kernel(
                 )  # fmt: skip
     if finish:
         acc = scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING)
-        out = epilogue_values(
+        out = (
             c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb, z_ptr + batch * stride_cb,
             M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
         )  # fmt: skip
@@ -464,7 +461,7 @@ def splitk_reduce_kernel(
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = sum_slices(ws_ptr, SPLITS, batch, offs_m, offs_n, M, N, stride_split, BLOCK_M, BLOCK_N, ACC_FP64)
     acc = scale_tile(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, SCALING)
-    out = epilogue_values(
+    out = (
         c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb, z_ptr + batch * stride_cb,
         M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
     )  # fmt: skip

@@ -33,7 +33,7 @@ Triton's interpreter, which runs programs in order, it never spins.
 import triton
 import triton.language as tl
 
-from .gemm import epilogue, epilogue_values, grouped_tile_coords, mainloop
+from .gemm import epilogue, grouped_tile_coords, mainloop
 
 
 @triton.jit
@@ -168,8 +168,8 @@ def streamk_kernel(
 ):
     pid = tl.program_id(0)
     strides = (stride_am, stride_ak, stride_bk, stride_bn)
-    out = epilogue_values(c_ptr, d_ptr, r_ptr, z_ptr, M, N, stride_cm, stride_cn,
-                          stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta)  # fmt: skip
+    out = (c_ptr, d_ptr, r_ptr, z_ptr, M, N, stride_cm, stride_cn,
+           stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta)  # fmt: skip
     num_programs = tl.num_programs(0)
     k_tiles = tl.cdiv(K, BLOCK_K)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)

@@ -14,7 +14,7 @@ or inline by the last slice to arrive, see ``gemm_kernel``) apply unchanged.
 import triton
 import triton.language as tl
 
-from .gemm import epilogue, epilogue_values, last_slice_to_arrive, splitk_partials, splitk_slice, sum_slices
+from .gemm import epilogue, last_slice_to_arrive, splitk_partials, splitk_slice, sum_slices
 
 
 @triton.jit
@@ -60,7 +60,9 @@ def gemv_kernel(
     offs_n = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     if SPLIT_K:
-        slice_id, a_ptr, b_ptr, K = splitk_slice(a_ptr, b_ptr, K, k_per_split, stride_ak, stride_bk)
+        slice_id, k_start, K = splitk_slice(K, k_per_split)
+        a_ptr += k_start * stride_ak
+        b_ptr += k_start * stride_bk
     a_ptrs = a_ptr + offs_k * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
     mask_n = offs_n[None, :] < N
@@ -94,7 +96,5 @@ def gemv_kernel(
                     ws_ptr, tl.num_programs(1), 0, offs_m, offs_n, 1, N, stride_split, 1, BLOCK_N, ACC_FP64
                 )
     if finish:
-        out = epilogue_values(
-            c_ptr, d_ptr, r_ptr, z_ptr, 1, N, 0, stride_cn, 0, stride_dn, 0, stride_rn, alpha, beta
-        )
+        out = (c_ptr, d_ptr, r_ptr, z_ptr, 1, N, 0, stride_cn, 0, stride_dn, 0, stride_rn, alpha, beta)
         epilogue(tile, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
