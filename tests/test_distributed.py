@@ -631,7 +631,7 @@ def test_import_does_not_need_torch_distributed():
     """``import tritongemm`` leaves torch.distributed.tensor alone; the DTensor checks cost a look-up."""
     code = (
         "import sys, tritongemm, torch\n"
-        "from tritongemm import distributed\n"
+        "from tritongemm.autograd import distributed\n"
         "assert 'torch.distributed.tensor' not in sys.modules, 'imported by tritongemm'\n"
         "assert not distributed.is_dtensor(torch.ones(1)) and distributed.dtensor_reason(torch.ones(1)) is None\n"
     )

@@ -345,7 +345,7 @@ def test_two_processes_building_at_once_compile_once(tmp_path):
     log = tmp_path / "compiles"
     cxx = _fake_compiler(tmp_path, f'echo x >> "{log}"; sleep 1; cp "{built}" "$OUT"')
     env = {"TRITONGEMM_NATIVE_DIR": str(tmp_path / "cache"), "CXX": str(cxx)}
-    code = "from tritongemm import native; print(native.build())"
+    code = "from tritongemm.launch import native; print(native.build())"
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code], env={**os.environ, **env}, stdout=subprocess.PIPE, text=True
@@ -369,7 +369,7 @@ def test_a_failed_build_warns_once_falls_back_and_is_not_retried(tmp_path, devic
     }
     code = f"""
         import warnings, torch, tritongemm
-        from tritongemm import native
+        from tritongemm.launch import native
         warnings.simplefilter("always")
         x = torch.randn(4, 8, device="{device.type}"); w = torch.randn(6, 8, device="{device.type}", requires_grad=True)
         with warnings.catch_warnings(record=True) as caught:
@@ -407,7 +407,7 @@ def test_first_calls_use_the_function_until_the_background_build_loads(tmp_path,
     }
     code = f"""
         import torch, tritongemm
-        from tritongemm import native
+        from tritongemm.launch import native
         x = torch.randn(4, 8, device="{device.type}"); w = torch.randn(6, 8, device="{device.type}", requires_grad=True)
         names = [type(tritongemm.linear(x, w).grad_fn).__name__ for _ in range(3)]
         assert native.wait(120)
@@ -434,7 +434,7 @@ def test_switched_off_it_is_never_built(tmp_path, device):
     }
     code = f"""
         import torch, tritongemm
-        from tritongemm import native
+        from tritongemm.launch import native
         x = torch.randn(4, 8, device="{device.type}"); w = torch.randn(6, 8, device="{device.type}", requires_grad=True)
         names = [type(tritongemm.linear(x, w).grad_fn).__name__ for _ in range(3)]
         print(names[-1], native.wait(5), native._thread)

@@ -818,8 +818,9 @@ def test_tune_fp8_problem_and_scaled_mm_uses_the_tuned_config(layout):
     assert all(c.error is None for c in result.candidates), result.candidates
     assert result.best in (FP8_SMALL, FP8_LARGE)
     assert cache.lookup(problem, DEVICE) == result.best
-    a = torch.empty(32, 128, dtype=torch.float8_e4m3fn)
-    w = torch.empty(48, 128, dtype=torch.float8_e4m3fn)
+    where = "cpu" if interpreter_enabled() else "cuda"  # the device the problem was tuned for
+    a = torch.empty(32, 128, dtype=torch.float8_e4m3fn, device=where)
+    w = torch.empty(48, 128, dtype=torch.float8_e4m3fn, device=where)
     b = w.t() if layout == "NT" else w.t().contiguous()
     plan = tritongemm.explain(a, b, out_dtype=torch.bfloat16)
     assert plan.config == result.best and "tuning cache" in plan.source

@@ -60,7 +60,7 @@ def dtensor_reason(*tensors) -> str | None:
     """Why a call with DTensor operands must go to torch instead (None when tritongemm serves it).
 
     Plain-tensor calls get None.  The dtype and device are those of the local
-    shards, which ``fallback.torch_reason`` already reads through the DTensor.
+    shards, which ``fallback.torch_reason`` reads through the DTensor before it asks here.
     """
     mod = sys.modules.get("torch.distributed.tensor")
     if mod is None:

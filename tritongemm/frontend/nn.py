@@ -18,7 +18,7 @@ from collections import Counter
 import torch
 
 from ..autograd import fastpath
-from ..autograd.distributed import dtensor_reason, is_dtensor
+from ..autograd.distributed import is_dtensor
 from ..autograd.function import is_tracing
 from ..request.fallback import torch_reason, warn_device_fallback
 from ..semantics import ACTIVATIONS, autocast_dtype
@@ -69,7 +69,7 @@ class Linear(torch.nn.Linear):
                 return y
         if not is_tracing(input) or is_dtensor(input):
             tensors = (input, self.weight) if self.bias is None else (input, self.weight, self.bias)
-            reason = torch_reason(*tensors) or dtensor_reason(*tensors)
+            reason = torch_reason(*tensors)
             if reason is not None:
                 return self._torch_forward(input, reason)
         return api.linear(input, self.weight, self.bias, activation=self.activation)
@@ -139,7 +139,7 @@ class Float8Linear(Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         tensors = (input, self.weight) if self.bias is None else (input, self.weight, self.bias)
         if not is_tracing(input) or is_dtensor(input):
-            reason = torch_reason(*tensors) or dtensor_reason(*tensors)
+            reason = torch_reason(*tensors)
             if reason is not None:
                 return self._torch_forward(input, reason)
         if float8_unsupported_reason(input, self.weight) is not None:

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..autograd import fastpath
-from ..autograd.distributed import dtensor_reason
 from ..request.fallback import torch_reason, warn_device_fallback
 from . import api
 
@@ -109,7 +108,7 @@ def _route(op: str, args: tuple, kwargs: dict, n_tensors: int) -> str | None:
     tensors = [t for t in tensors if t is not None]
     if any(not isinstance(t, torch.Tensor) for t in tensors):
         return "non-tensor operand"
-    return torch_reason(*tensors) or dtensor_reason(*tensors)
+    return torch_reason(*tensors)
 
 
 #: Our functions that have fast-path entries (``fastpath.lookup`` by op name).

@@ -1,4 +1,4 @@
-"""When ``nn.Linear`` and ``patch()`` hand a call to torch instead, and saying so.
+"""When ``nn.Linear`` and ``patch()`` hand a call to torch instead (``torch_reason``), and saying so.
 
 ``semantics.unsupported_reason`` answers for what the kernels cannot run
 (dtype, layout, device).  Code that stands in for torch's own calls needs a
@@ -23,6 +23,7 @@ import warnings
 
 import torch
 
+from ..autograd.distributed import dtensor_reason
 from ..semantics import SUPPORTED_DTYPES, autocast_dtype, device_unsupported_reason, unsupported_reason
 
 _is_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
@@ -76,14 +77,20 @@ def _plainly_runnable(tensors) -> bool:
 
 
 def torch_reason(*tensors: torch.Tensor) -> str | None:
-    """Why this call must go to torch, or None when tritongemm can serve it."""
+    """Why this call must go to torch, or None when tritongemm can serve it: the one place the
+    doors that stand in for torch (``nn.Linear``, ``patch()``) ask.
+
+    In order: what the kernels cannot run (dtype, layout, device; ``semantics``), what DTensor
+    operands need (``distributed.dtensor_reason``), what no kernel may read (no storage, a lazy
+    negation)."""
     if _plainly_runnable(tensors):
         return None
     reason = unsupported_reason(*tensors)
     if reason is not None and not _autocast_makes_runnable(tensors):
         return reason
-    if torch.compiler.is_compiling():  # fake tensors: they have no data, and trace as the custom op
-        return None
+    reason = dtensor_reason(*tensors)
+    if reason is not None or torch.compiler.is_compiling():
+        return reason  # compiling: fake tensors have no data, and trace as the custom op
     for t in tensors:
         if _no_storage(t):
             return "functorch-transformed tensor (torch.func.vmap/grad/jvp): no storage for a Triton kernel"
