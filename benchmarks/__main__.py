@@ -113,6 +113,13 @@ def _parser() -> argparse.ArgumentParser:
         help="models suite: time back-to-back steps between two synchronizations (loop, default) "
         "or each step alone with do_bench (calls)",
     )
+    r.add_argument(
+        "--compile-modes",
+        default=None,
+        help="models suite: its compiled view instead (stock, torch.compile of stock and of the converted "
+        "model, compile times) in these comma-separated modes: default, reduce-overhead, "
+        "max-autotune-no-cudagraphs; writes models_compile.csv",
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     pl = sub.add_parser("plot", help="regenerate figures from results CSVs (no GPU needed)")

@@ -440,6 +440,15 @@ def _count_linears(model: nn.Module, cls: type) -> int:
     return sum(type(m) is cls for m in model.modules())
 
 
+#: ``torch.compile`` modes the suite can run (``--compile-modes``); the first is the default's.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+
+
+def compiled_name(variant: str, mode: str) -> str:
+    """``compile`` / ``compile+convert`` in the default mode, ``compile:<mode>`` ... in the others."""
+    return variant if mode == "default" else f"{variant}:{mode}"
+
+
 def build_variants(
     stock: nn.Module,
     workload: str,
@@ -447,20 +456,22 @@ def build_variants(
     compile: bool,
     sabotaged: bool = False,
     compiled: Sequence[str] = COMPILED_WORKLOADS,
+    compile_modes: Sequence[str] = ("default",),
+    eager: bool = True,
 ) -> list[Variant]:
     """stock, convert, patch (not for the captured decode: there the variants are torch.compile of stock
     and of the converted model), the sabotaged check when asked, and torch.compile of stock and of the
-    converted model for the ``compiled`` workloads."""
+    converted model, in each of ``compile_modes``, for the ``compiled`` workloads.  ``eager=False``
+    keeps stock and the compiled variants only."""
     import tritongemm
 
     converted = tritongemm.nn.convert(shared_copy(stock))
     n_conv = _count_linears(converted, tritongemm.nn.Linear)
     conv_note = f"converted {n_conv} nn.Linear"
-    variants = [
-        Variant("stock", "stock", stock, None),
-        Variant("convert", "tritongemm", converted, "stock", note=conv_note),
-    ]
-    if workload != "decode_graph":
+    variants = [Variant("stock", "stock", stock, None)]
+    if eager:
+        variants.append(Variant("convert", "tritongemm", converted, "stock", note=conv_note))
+    if eager and workload != "decode_graph":
         variants.append(Variant("patch", "tritongemm", shared_copy(stock), "stock", patched=True))
     if sabotaged and workload != "decode_graph":
         bad = shared_copy(stock)
@@ -468,16 +479,21 @@ def build_variants(
             Variant("sabotaged", "test", bad, "stock", note=f"sabotaged {sabotage(bad)} nn.Linear")
         )
     if compile and workload in compiled:
-        variants.append(Variant("compile", "torch.compile", torch.compile(shared_copy(stock)), "stock"))
-        variants.append(
-            Variant(
-                "compile+convert",
-                "torch.compile+tritongemm",
-                torch.compile(tritongemm.nn.convert(shared_copy(stock))),
-                "compile",
-                note=conv_note,
+        for mode in compile_modes:
+            options = {} if mode == "default" else {"mode": mode}
+            base = compiled_name("compile", mode)
+            variants.append(
+                Variant(base, "torch.compile", torch.compile(shared_copy(stock), **options), "stock")
             )
-        )
+            variants.append(
+                Variant(
+                    compiled_name("compile+convert", mode),
+                    "torch.compile+tritongemm",
+                    torch.compile(tritongemm.nn.convert(shared_copy(stock)), **options),
+                    base,
+                    note=conv_note,
+                )
+            )
     return variants
 
 
@@ -762,9 +778,13 @@ def run_workload(
     rep_ms: float = 100,
     rounds: int = harness.ROUNDS,
     timing: str = "loop",
+    compile_modes: Sequence[str] = ("default",),
+    eager: bool = True,
     log: Callable[[str], None] = lambda s: None,
 ) -> list[dict]:
-    """Gate every variant of (model, workload) against the fp32 reference, time those that pass."""
+    """Gate every variant of (model, workload) against the fp32 reference, time those that pass.
+
+    A compiled variant's first call, in its gate, compiles it: its seconds are the row's ``compile_s``."""
     if timing not in TIMINGS:
         raise ValueError(f"timing: one of {', '.join(TIMINGS)} (got {timing!r})")
     amp, _ = _workload_dtype(workload, dtype)
@@ -784,7 +804,15 @@ def run_workload(
             else spec.batch * (1 if spec.image else spec.seq)
         ),
     }
-    variants = build_variants(stock, workload, compile=compile, sabotaged=sabotaged, compiled=spec.compiled)
+    variants = build_variants(
+        stock,
+        workload,
+        compile=compile,
+        sabotaged=sabotaged,
+        compiled=spec.compiled,
+        compile_modes=compile_modes,
+        eager=eager,
+    )
     optimizer = None
     if workload.startswith("train"):
         optimizer = torch.optim.AdamW(stock.parameters(), lr=LEARNING_RATE)
@@ -811,7 +839,11 @@ def run_workload(
             if v.name == "stock":
                 result, stats = harness.GateResult(True, stock_err, math.nan, "the baseline"), None
             else:
+                t0 = time.perf_counter()
                 result, stats = gate(v)
+                _sync(device)
+                if v.name.startswith("compile"):
+                    row["compile_s"] = time.perf_counter() - t0
             _sync(device)
         except Exception as exc:
             log(f"{spec.name} {workload} {v.name}: error {harness._short_error(exc)}")
@@ -949,6 +981,7 @@ def finish_rows(rows: list[dict]) -> None:
 
 
 def _describe(variant: str, workload: str) -> str:
+    variant, _, mode = variant.partition(":")
     what = {
         "stock": "the model as its library builds it",
         "convert": "tritongemm.nn.convert(model)",
@@ -957,6 +990,8 @@ def _describe(variant: str, workload: str) -> str:
         "compile": "torch.compile(model)",
         "compile+convert": "torch.compile(tritongemm.nn.convert(model))",
     }[variant]
+    if mode:
+        what = what[:-1] + f", mode={mode!r})"
     if workload == "decode_graph":
         what += "; static KV cache, decode step under torch.compile(mode='reduce-overhead')"
     return what
@@ -1026,6 +1061,8 @@ def run_models(
     rep_ms: float = 100,
     rounds: int = harness.ROUNDS,
     timing: str = "loop",
+    compile_modes: Sequence[str] = ("default",),
+    eager: bool = True,
     log: Callable[[str], None] = lambda s: None,
 ) -> ModelsResult:
     """Run the (model, workload) pairs model by model; returns the model rows and the GEMM breakdown rows."""
@@ -1101,6 +1138,8 @@ def run_models(
                         rep_ms=rep_ms,
                         rounds=rounds,
                         timing=timing,
+                        compile_modes=compile_modes,
+                        eager=eager,
                         log=log,
                     )
             except Exception as exc:  # the reference or stock itself failed (e.g. out of memory)
@@ -1223,7 +1262,14 @@ def fig_models(df):
         return None
     models = list(dict.fromkeys(d["model"]))
     variants = list(dict.fromkeys(d["impl"]))
-    colors = {"convert": "#1f77b4", "patch": "#2ca02c", "compile": "#8c8c8c", "compile+convert": "#d62728"}
+    colors = {
+        "convert": "#1f77b4",
+        "patch": "#2ca02c",
+        "compile": "#8c8c8c",
+        "compile+convert": "#d62728",
+        "compile+convert:reduce-overhead": "#ff7f0e",
+        "compile+convert:max-autotune-no-cudagraphs": "#9467bd",
+    }
     fig = Figure(figsize=(max(7.0, 2.2 * len(models) * 2), 4.8), layout="constrained")
     ax = fig.subplots()
     labels, x = [], 0.0
@@ -1270,31 +1316,36 @@ def fig_models(df):
 
 
 def plot_models(csvs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
-    """``models_speedup.png`` (all models of all ``csvs`` in one figure) and ``models_gemms.png``, as the data allows."""
+    """``models_speedup.png`` (the models of every ``models*.csv`` but the compiled view, in one
+    figure), ``models_compile.png`` (``models_compile.csv``) and ``models_gemms.png``, as the data allows."""
     import pandas as pd
 
     out = []
-    frames = [harness.read_results(csv) for csv in csvs]
-    frames = [df for df in frames if "suite" in df.columns]
-    models = [df[df["suite"] == SUITE] for df in frames]
-    models = [df for df in models if len(df)]
-    if models:
-        fig = fig_models(pd.concat(models, ignore_index=True))
+    frames = [(Path(csv), harness.read_results(csv)) for csv in csvs]
+    frames = [(csv, df) for csv, df in frames if "suite" in df.columns]
+    for figure, compiled_view in (("models_speedup.png", False), ("models_compile.png", True)):
+        models = [
+            df[df["suite"] == SUITE] for csv, df in frames if (csv.stem == "models_compile") == compiled_view
+        ]
+        models = [df for df in models if len(df)]
+        fig = fig_models(pd.concat(models, ignore_index=True)) if models else None
         if fig is not None:
-            path = Path(out_dir) / "models_speedup.png"
+            path = Path(out_dir) / figure
             path.parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, dpi=120)
             out.append(path)
-    for csv, df in zip(csvs, frames):
+    for csv, df in frames:
         if (df["suite"] == gemm_breakdown.SUITE).any():
             out += gemm_breakdown.plot_breakdown(csv, out_dir)
     return out
 
 
-def write(result: ModelsResult, out_dir: str | Path, env: dict, extra: dict | None = None) -> list[Path]:
-    """``models.csv`` and ``models_gemms.csv`` (each with an env sidecar) in ``out_dir``."""
+def write(
+    result: ModelsResult, out_dir: str | Path, env: dict, extra: dict | None = None, name: str = "models"
+) -> list[Path]:
+    """``<name>.csv`` and ``models_gemms.csv`` (each with an env sidecar) in ``out_dir``."""
     out_dir = Path(out_dir)
-    paths = [harness.write_results(result.rows, out_dir / "models.csv", env, extra)]
+    paths = [harness.write_results(result.rows, out_dir / f"{name}.csv", env, extra)]
     if result.gemm_rows:
         paths.append(harness.write_results(result.gemm_rows, out_dir / "models_gemms.csv", env, extra))
     return paths
@@ -1312,11 +1363,14 @@ def run_models_suite(
     rounds: int = harness.ROUNDS,
     timing: str = "loop",
     plots: bool = True,
+    compile_modes: Sequence[str] | None = None,
 ) -> tuple[harness.RunSummary, str]:
     """The GPU suite: every default model's workloads.
 
     Returns the run summary (``figures`` lists every file written after the
-    main CSV: the GEMM CSV and the figures) and the text tables.
+    main CSV: the GEMM CSV and the figures) and the text tables.  With ``compile_modes``
+    (``--compile-modes``) it is the compiled view instead: stock, then ``torch.compile`` of stock
+    and of the converted model in each mode, with compile times, into ``models_compile.csv``.
     """
     import tritongemm
 
@@ -1329,6 +1383,13 @@ def run_models_suite(
     env = harness.environment(device)
     out_dir = Path(out) if out is not None else harness.default_results_dir(env)
     pairs = select_cases(case_filter)
+    if compile_modes is not None:
+        unknown = [m for m in compile_modes if m not in COMPILE_MODES]
+        if unknown or not compile_modes:
+            raise ValueError(
+                f"--compile-modes: some of {', '.join(COMPILE_MODES)} (got {list(compile_modes)})"
+            )
+        pairs = [(s, w) for s, w in pairs if w in s.compiled]
     start = time.perf_counter()
 
     def log(msg: str) -> None:
@@ -1345,6 +1406,9 @@ def run_models_suite(
         rep_ms=rep_ms,
         rounds=rounds,
         timing=timing,
+        compile_modes=compile_modes or ("default",),
+        eager=compile_modes is None,
+        breakdown=compile_modes is None,
         log=log,
     )
     extra = {
@@ -1355,7 +1419,9 @@ def run_models_suite(
         "models": {s.name: {"size": s.size, "compiled_workloads": s.compiled} for s, _ in pairs},
         "wall_s": round(time.perf_counter() - start, 1),
     }
-    csvs = write(result, out_dir, env, extra)
+    if compile_modes is not None:
+        extra["compile_modes"] = list(compile_modes)
+    csvs = write(result, out_dir, env, extra, name="models" if compile_modes is None else "models_compile")
     summary = harness.RunSummary(csv=csvs[0], figures=csvs[1:])
     summary.failed = [
         f"{r['case']} {r.get('impl')}: {r['status']} {r.get('message', '')}"
@@ -1387,6 +1453,7 @@ def run_cli(args) -> int:
         rounds=args.rounds or harness.ROUNDS,
         timing=getattr(args, "timing", "loop"),
         plots=not args.no_plots,
+        compile_modes=args.compile_modes.split(",") if getattr(args, "compile_modes", None) else None,
     )
     print("\n== models ==")
     print(table)

@@ -184,13 +184,12 @@ def check(ops: Operands) -> float:
 def cache_sizes() -> dict[str, int]:
     """Sizes of every per-call structure the library keeps, with their bounds."""
     from tritongemm import launch
-    from tritongemm.autograd import fastpath
     from tritongemm.launch import common
 
-    plans = sum(len(c) for c in launch._CACHES.values())
+    plans = sum(len(p.launchers) for p in launch._PLANS.values())
     encodings = 0
-    for cache in launch._CACHES.values():
-        for launcher in cache.values():
+    for p in launch._PLANS.values():
+        for launcher in p.launchers.values():
             for lc in _launches(launcher):
                 direct = getattr(lc, "direct", None)
                 if direct is not None:  # the generated launcher's per-argument encoding caches
@@ -200,7 +199,7 @@ def cache_sizes() -> dict[str, int]:
                     encodings = max(encodings, *sizes, 0)
     return {
         "launch_plans": plans,
-        "fastpath_entries": len(fastpath.ENTRIES),
+        "fastpath_entries": sum(len(p.entries) for p in launch._PLANS.values()),
         "encodings_per_argument": encodings,
         "counter_buffers": len(common.COUNTERS),
     }
@@ -208,12 +207,11 @@ def cache_sizes() -> dict[str, int]:
 
 def cache_bounds() -> dict[str, int]:
     from tritongemm import launch
-    from tritongemm.autograd import fastpath
     from tritongemm.launch import common, direct
 
     return {
-        "launch_plans": launch.MAX_CACHED * len(launch._CACHES),
-        "fastpath_entries": fastpath.MAX_ENTRIES,
+        "launch_plans": launch.Plans.MAX_LAUNCHERS * len(launch._PLANS),
+        "fastpath_entries": launch.Plans.MAX_ENTRIES * len(launch._PLANS),
         "encodings_per_argument": direct.DirectLaunch.MAX_ENCODINGS,
         "counter_buffers": common.MAX_COUNTER_BUFFERS,
     }

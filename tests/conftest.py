@@ -214,16 +214,9 @@ def plans(monkeypatch):
         return real_grad_call(grad_launch, operands)
 
     monkeypatch.setattr(fastpath._GradLaunch, "__call__", grad_spy)
-    # fp8's repeated calls (``scaled._FAST``) are not remembered while recording: each reaches ``launch.gemm``.
-    monkeypatch.setattr(scaled, "_FAST", _Forgetful())
+    # fp8's repeated calls are not remembered while recording: each reaches ``launch.gemm``.
+    monkeypatch.setattr(scaled, "_remember", lambda *args: None)
     return records
-
-
-class _Forgetful(dict):
-    """A cache that keeps nothing."""
-
-    def __setitem__(self, key, value) -> None:
-        pass
 
 
 def require_native() -> None:

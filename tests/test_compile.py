@@ -74,7 +74,8 @@ def test_functionalized_op_runs_its_body(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
-def test_inductor_launches_pointer_kernels_itself(mode):
+def test_inductor_launches_pointer_kernels_itself(mode, monkeypatch):
+    monkeypatch.setattr(launch, "COMPILED_GEMMS", "always")  # (aligned: "auto" hands them to aten)
     torch._dynamo.reset()
     model = _mlp(512, 1024, "cuda", torch.bfloat16)
     x = random_tensor((64, 512), torch.bfloat16, "cuda")
@@ -89,7 +90,9 @@ def test_inductor_launches_pointer_kernels_itself(mode):
 
 
 @pytest.mark.gpu
-def test_compiled_training_step_matches_eager():
+@pytest.mark.parametrize("route", ["auto", "always"])
+def test_compiled_training_step_matches_eager(route, monkeypatch):
+    monkeypatch.setattr(launch, "COMPILED_GEMMS", route)
     torch._dynamo.reset()
     model = _mlp(256, 768, "cuda", torch.bfloat16)
     twin = copy.deepcopy(model)
@@ -105,7 +108,8 @@ def test_compiled_training_step_matches_eager():
 
 
 @pytest.mark.gpu
-def test_descriptor_kernels_stay_one_opaque_op():
+def test_descriptor_kernels_stay_one_opaque_op(monkeypatch):
+    monkeypatch.setattr(launch, "COMPILED_GEMMS", "always")
     torch._dynamo.reset()
     model = _mlp(4096, 4096, "cuda", torch.bfloat16)
     x = random_tensor((4096, 4096), torch.bfloat16, "cuda")
@@ -114,6 +118,54 @@ def test_descriptor_kernels_stay_one_opaque_op():
         ref = model(x)
         out, code = _compiled_code(torch.compile(model, fullgraph=True), x)
     assert "tritongemm.gemm_extern" in code
+    assert relative_error(out, ref) <= tolerance(torch.bfloat16, "cuda", against="library")
+
+
+# ----------------------------------------------------------------------------------
+# Which GEMMs of a compiled graph run tritongemm's kernels
+# ----------------------------------------------------------------------------------
+def test_compiled_reason_keeps_kernels_only_where_they_have_an_edge():
+    """Aligned operands: the aten op (Inductor fuses around it; cuBLAS is at parity).  Unaligned
+    leading dimensions, an fp32 output of bf16 operands, a requested config: the kernel."""
+    from tritongemm.planning.call import Request
+    from tritongemm.planning.plan import compiled_reason
+
+    x = torch.empty(512, 1024, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(4096, 1024, dtype=torch.bfloat16, device="meta")
+    plan = tritongemm.explain(x, w.mT, device="h100")
+    assert compiled_reason(plan, Request(), torch.bfloat16, torch.bfloat16) is None
+    assert "output dtype" in compiled_reason(plan, Request(), torch.bfloat16, torch.float32)
+    assert "asked for" in compiled_reason(
+        plan, Request(pipeline="multi_stage"), torch.bfloat16, torch.bfloat16
+    )
+    odd = torch.empty(512, 1001, dtype=torch.bfloat16, device="meta")[:, :1000]  # a row stride of 1001
+    w_odd = torch.empty(4096, 1000, dtype=torch.bfloat16, device="meta")
+    unaligned = tritongemm.explain(odd, w_odd.mT, device="h100")
+    assert unaligned.alignment is not None
+    assert "unaligned" in compiled_reason(unaligned, Request(), torch.bfloat16, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])
+def test_aligned_gemms_compile_to_aten_ops_and_unaligned_ones_to_kernels(mode):
+    """A converted model compiles as the stock one where tritongemm has no edge: no op of ours
+    left in Inductor's code.  With unaligned activations the kernels stay."""
+    torch._dynamo.reset()
+    model = _mlp(512, 1024, "cuda", torch.bfloat16)
+    x = random_tensor((64, 512), torch.bfloat16, "cuda")
+    with torch.no_grad():
+        ref = model(x)
+        out, code = _compiled_code(torch.compile(model, mode=mode, fullgraph=True), x)
+    assert "tritongemm" not in code and "gemm_kernel" not in code, code[-3000:]
+    assert relative_error(out, ref) <= tolerance(torch.bfloat16, "cuda", against="library")
+
+    torch._dynamo.reset()
+    wide = random_tensor((64, 513), torch.bfloat16, "cuda")[:, :512]  # rows 513 elements apart
+    assert tritongemm.explain(wide, model[0].weight.mT).alignment is not None
+    with torch.no_grad():
+        ref = model(wide)
+        out, code = _compiled_code(torch.compile(model, mode=mode, fullgraph=True), wide)
+    assert "gemm_kernel" in code or "tritongemm.gemm_extern" in code, code[-3000:]
     assert relative_error(out, ref) <= tolerance(torch.bfloat16, "cuda", against="library")
 
 

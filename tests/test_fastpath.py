@@ -30,9 +30,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 @pytest.fixture(autouse=True)
 def _fresh_entries():
-    fastpath.ENTRIES.clear()
+    launch.clear_plan_cache()
     yield
-    fastpath.ENTRIES.clear()
+    launch.clear_plan_cache()
 
 
 class _WholeWayCounter:
@@ -71,8 +71,8 @@ def test_repeated_linear_uses_its_entry_and_matches(dtype, x_shape, with_bias, d
         assert y.shape == (*x_shape[:-1], 40)
         assert_close(y, _ref_linear(x, w, b), dtype=dtype)
     assert counter.calls == 1, "the second and third calls should have used the entry"
-    assert len(fastpath.ENTRIES) == 1
-    assert isinstance(next(iter(fastpath.ENTRIES.values())), fastpath.Entry)
+    assert len(launch.PLANS.entries) == 1
+    assert isinstance(next(iter(launch.PLANS.entries.values())), fastpath.Entry)
 
 
 def test_entry_result_is_bitwise_the_whole_ways(device):
@@ -81,7 +81,7 @@ def test_entry_result_is_bitwise_the_whole_ways(device):
     b = random_tensor((24,), torch.float16, device)
     whole = api._linear(x, w, b, None, None, None, None, None, None)
     tritongemm.linear(x, w, b)  # makes the entry
-    assert len(fastpath.ENTRIES) == 1
+    assert len(launch.PLANS.entries) == 1
     fast = tritongemm.linear(x, w, b)
     assert torch.equal(fast, whole)
 
@@ -112,12 +112,12 @@ def test_entries_are_per_signature(grad_node, device):
         for x in cases:
             for bias in (None, b):
                 assert_close(tritongemm.linear(x, w, bias), _ref_linear(x, w, bias))
-    assert len(fastpath.ENTRIES) == 2 * len(cases)
+    assert len(launch.PLANS.entries) == 2 * len(cases)
     x16 = random_tensor((5, 24), torch.float16, device)
     w16 = w.half()
     for _ in range(2):
         assert_close(tritongemm.linear(x16, w16), _ref_linear(x16, w16), dtype=torch.float16)
-    assert len(fastpath.ENTRIES) == 2 * len(cases) + 1
+    assert len(launch.PLANS.entries) == 2 * len(cases) + 1
 
 
 def test_errors_are_raised_after_an_entry_exists(device):
@@ -160,7 +160,7 @@ def test_grad_mode_and_requires_grad_switch_within_one_entry(grad_node, device):
     assert_close(g, torch.ones(3, 12, dtype=torch.float64, device=device).T @ x.double())
     with torch.no_grad():
         assert tritongemm.linear(x, w).grad_fn is None
-    assert len(fastpath.ENTRIES) == 1
+    assert len(launch.PLANS.entries) == 1
 
 
 @pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -191,7 +191,7 @@ def test_autocast_calls_use_entries_of_the_cast_operands(amp_dtype, grad_node, d
     # autocast off again: the fp32 entry, not the autocast one
     y32 = tritongemm.linear(x.detach(), w.detach())
     assert y32.dtype == torch.float32 and counter.calls == 1
-    assert len(fastpath.ENTRIES) == 2
+    assert len(launch.PLANS.entries) == 2
     # A call that can have no entry (rows that do not fold) is served the whole way, cast there.
     xp = random_tensor((2, 16, 3), torch.float32, device).permute(0, 2, 1)  # (2, 3, 16), rows do not fold
     for _ in range(2):
@@ -199,7 +199,7 @@ def test_autocast_calls_use_entries_of_the_cast_operands(amp_dtype, grad_node, d
             y = tritongemm.linear(xp, w.detach())
         assert y.dtype == amp_dtype
         assert_close(y, _ref_linear(xp.to(amp_dtype), w.detach().to(amp_dtype)), dtype=amp_dtype)
-    assert sum(e is None for e in fastpath.ENTRIES.values()) == 1
+    assert sum(e is None for e in launch.PLANS.entries.values()) == 1
 
 
 def test_tf32_switch_keys_fp32_entries_but_not_autocast_ones(device, restore_tf32, monkeypatch):
@@ -220,8 +220,8 @@ def test_tf32_switch_keys_fp32_entries_but_not_autocast_ones(device, restore_tf3
         matmul.allow_tf32 = allow
         for _ in range(2):
             assert_close(tritongemm.linear(x, w), _ref_linear(x, w), tol=TF32_TOLERANCE)
-    assert len(fastpath.ENTRIES) == 2 and torch.float32 in reads  # one entry per setting
-    fastpath.ENTRIES.clear()
+    assert len(launch.PLANS.entries) == 2 and torch.float32 in reads  # one entry per setting
+    launch.clear_plan_cache()
     reads.clear()
     for allow in (False, True):
         matmul.allow_tf32 = allow
@@ -230,7 +230,7 @@ def test_tf32_switch_keys_fp32_entries_but_not_autocast_ones(device, restore_tf3
                 y = tritongemm.linear(x, w)
             assert y.dtype == torch.bfloat16
             assert_close(y, _ref_linear(x.to(torch.bfloat16), w.to(torch.bfloat16)), dtype=torch.bfloat16)
-    assert len(fastpath.ENTRIES) == 1 and torch.float32 not in reads
+    assert len(launch.PLANS.entries) == 1 and torch.float32 not in reads
 
 
 def _cpu_autocast_takes(dtype) -> bool:
@@ -261,20 +261,24 @@ def test_unfoldable_input_and_broadcast_bias_take_the_whole_way(device):
     for _ in range(2):
         assert_close(tritongemm.linear(x, w), _ref_linear(x, w))
         assert_close(tritongemm.linear(x, w, b2), _ref_linear(x, w, b2))
-    assert all(entry is None for entry in fastpath.ENTRIES.values())
+    assert all(entry is None for entry in launch.PLANS.entries.values())
 
 
-def test_clearing_the_plan_cache_or_the_padding_policy_drops_entries(device):
+def test_entries_go_with_the_plan_cache_and_belong_to_a_padding_policy(device):
     x = random_tensor((4, 8), torch.float32, device)
     w = random_tensor((6, 8), torch.float32, device)
     tritongemm.linear(x, w)
-    assert fastpath.ENTRIES
+    assert launch.PLANS.entries
     launch.clear_plan_cache()
-    assert not fastpath.ENTRIES
+    assert not launch.PLANS.entries and not launch.PLANS.launchers
     tritongemm.linear(x, w)
-    with launch.padding("never"):
-        assert not fastpath.ENTRIES
-    assert not fastpath.ENTRIES
+    kept = dict(launch.PLANS.entries)
+    assert kept
+    with launch.padding("never" if launch.padding_policy() != "never" else "always"):
+        assert not launch.PLANS.entries  # another policy's launchers: its own entries
+        tritongemm.linear(x, w)
+        assert launch.PLANS.entries
+    assert launch.PLANS.entries == kept  # back again: nothing re-planned
 
 
 def test_nn_linear_and_patch_use_entries(device):
@@ -292,7 +296,7 @@ def test_nn_linear_and_patch_use_entries(device):
     assert stats.served["linear"] == 3 and stats.served["matmul"] == 3
     assert stats.total_fallbacks == 0
     # Both layers' weights have one signature (entries hold layouts, not tensors): one linear entry.
-    assert sum(isinstance(e, fastpath.Entry) for e in fastpath.ENTRIES.values()) == 2
+    assert sum(isinstance(e, fastpath.Entry) for e in launch.PLANS.entries.values()) == 2
 
 
 def test_threads_share_entries(device):
@@ -334,7 +338,7 @@ def test_direct_launch_matches_triton_runner(m, n, k, device):
     w = random_tensor((n, k), dtype, device)
     b = random_tensor((n,), dtype, device)
     y = tritongemm.linear(x, w, b)
-    entry = fastpath.ENTRIES[next(iter(fastpath.ENTRIES))]
+    entry = launch.PLANS.entries[next(iter(launch.PLANS.entries))]
     launches = [v for v in vars(entry.launcher).values() if isinstance(v, launch.common.Launch)]
     assert launches
     if _direct_expected():
@@ -539,7 +543,7 @@ def test_entry_backward_of_linear(grad_node, dtype, upstream, needs, device, mon
         g = _upstream(upstream, (9, 24), dtype, device)
         _grads_against_float64(tritongemm.linear, F.linear, (x, w, b), g)
     assert counter.calls == 1
-    (entry,) = fastpath.ENTRIES.values()
+    (entry,) = launch.PLANS.entries.values()
     launches = list(entry.grad_launches.values())
     assert launches and all(isinstance(v, tuple) for v in launches), "backward should have used launchers"
 
@@ -599,7 +603,7 @@ def test_entry_backward_with_create_graph_takes_the_whole_way(grad_node, device)
         (ggwr,) = torch.autograd.grad(gxr.sum(), wr)
         assert_close(gx, gxr)
         assert_close(ggw, ggwr)
-    assert len(fastpath.ENTRIES) == 1
+    assert len(launch.PLANS.entries) == 1
 
 
 def test_entry_backward_launches_are_planned_once(grad_node, device, monkeypatch):

@@ -517,3 +517,19 @@ def test_real_model_families_pass_the_gate(family, workloads, device):
         if family == "gpt2"
         else all("converted" in n for n in converted)
     )
+
+
+def test_compiled_view_builds_each_mode_against_its_own_baseline():
+    """``--compile-modes``: stock, then per mode torch.compile of stock and of the converted model,
+    the converted one timed against stock compiled in the same mode."""
+    stock = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+    variants = models.build_variants(
+        stock, "infer", compile=True, compile_modes=models.COMPILE_MODES, eager=False
+    )
+    names = [v.name for v in variants]
+    assert names[0] == "stock" and "convert" not in names and "patch" not in names
+    for mode in models.COMPILE_MODES:
+        base = models.compiled_name("compile", mode)
+        (conv,) = [v for v in variants if v.name == models.compiled_name("compile+convert", mode)]
+        assert base in names and conv.baseline == base
+        assert "mode=" in models._describe(conv.name, "infer") or mode == "default"

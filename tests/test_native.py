@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from conftest import grad_fn_name, require_native
 
 import tritongemm
+from tritongemm import launch
 from tritongemm.autograd import fastpath
 from tritongemm.launch import native
 from tritongemm.testing import assert_close, random_tensor, tolerance
@@ -31,9 +32,9 @@ NODE = "TritongemmEntryBackward"
 @pytest.fixture(autouse=True)
 def _node_built():
     require_native()
-    fastpath.ENTRIES.clear()
+    launch.clear_plan_cache()
     yield
-    fastpath.ENTRIES.clear()
+    launch.clear_plan_cache()
 
 
 def _from_entry(fn, *args):

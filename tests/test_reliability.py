@@ -549,15 +549,14 @@ def test_runner_launch_mode_gives_the_same_answers():
 def test_caches_stay_within_their_bounds(monkeypatch, device):
     """More distinct calls than a cache holds: it is cleared and refilled, never past its bound."""
     from tritongemm import launch
-    from tritongemm.autograd import fastpath
 
-    monkeypatch.setattr(fastpath, "MAX_ENTRIES", 3)
-    monkeypatch.setattr(launch, "MAX_CACHED", 3)
+    monkeypatch.setattr(launch.Plans, "MAX_ENTRIES", 3)
+    monkeypatch.setattr(launch.Plans, "MAX_LAUNCHERS", 3)
     w = torch.randn(8, 16, device=device)
     for m in range(1, 12):
         x = torch.randn(m, 16, device=device)
         for _ in range(2):  # the second call builds the fast-path entry
             out = tritongemm.linear(x, w)
         assert relative_error(out, x.double() @ w.double().mT) <= tolerance(x.dtype, device)
-        assert len(fastpath.ENTRIES) <= 3
-        assert len(launch._CACHE) <= 3
+        assert len(launch.PLANS.entries) <= 3
+        assert len(launch.PLANS.launchers) <= 3

@@ -28,7 +28,6 @@ import tritongemm.frontend.scaled
 from tritongemm import TileConfig, launch
 from tritongemm.autograd.function import _debug_poison
 from tritongemm.device import DeviceInfo
-from tritongemm.frontend import scaled
 from tritongemm.launch import problem_of
 from tritongemm.planning.call import NO_REQUEST
 from tritongemm.planning.eligibility import Operand
@@ -348,7 +347,7 @@ def test_poisoning_reaches_scaled_mm_outputs(device, monkeypatch):
     """With the kernel skipped, the output is all NaN: the outputs the other tests check for NaN
     really start poisoned, so an element no kernel writes would fail them."""
     monkeypatch.setattr(launch, "gemm", lambda call, a, b, out, *rest: out)
-    monkeypatch.setattr(scaled, "_FAST", {})  # (a call remembered by an earlier test would launch)
+    launch.clear_plan_cache()  # (a call remembered by an earlier test would launch)
     a, b = operands(33, 48, 64, (E4M3, E4M3), device)
     scale_a, scale_b = make_scales("tensorwise", 33, 48, device)
     for out_dtype in (torch.bfloat16, torch.float32, E4M3):
@@ -910,7 +909,7 @@ def test_gpu_precise_accumulation_at_least_as_accurate_as_fast(device, scaling):
 @pytest.mark.gpu
 @pytest.mark.parametrize("scaling", SCALINGS)
 def test_gpu_repeated_calls_read_each_calls_tensors(device, scaling):
-    """A call seen before skips its checks and plan (``scaled._FAST``): it must still read this call's
+    """A call seen before skips its checks and plan (its entry): it must still read this call's
     operands and scales, and an operand at an address the launcher was not built for (not 16-byte
     aligned) takes the full path."""
     m, n, k = 48, 256, 512

@@ -19,7 +19,6 @@ from conftest import grid_cases
 
 import tritongemm
 from tritongemm import KNOWN_DEVICES, TileConfig, explain, launch
-from tritongemm.autograd import fastpath
 from tritongemm.launch.aligned import MatrixCopy, PadCopy, PaddedLauncher, SharedCopy, rows_fast
 from tritongemm.launch.common import Launch
 from tritongemm.launch.pointer import stride_hints
@@ -338,7 +337,7 @@ def test_no_padded_copy_outlives_the_call(device, padding):
     a, b = make_operands(21, 13, 11, "NN", torch.float16, device)
     snapshot = (a.data_ptr(), a.stride(), b.data_ptr(), b.stride(), a.clone(), b.clone())
     tritongemm.matmul(a, b, config=TMA)
-    (launcher,) = launch._CACHE.values()
+    (launcher,) = launch.PLANS.launchers.values()
     assert isinstance(launcher, PaddedLauncher)
     assert not _tensors_in(launcher), _tensors_in(launcher)
     assert snapshot[:4] == (a.data_ptr(), a.stride(), b.data_ptr(), b.stride())
@@ -354,7 +353,7 @@ def test_aligned_calls_get_the_kernel_launcher(device, padding):
     launch.clear_plan_cache()
     a, b = make_operands(32, 16, 24, "NT", torch.float16, device)
     tritongemm.matmul(a, b)
-    assert not any(isinstance(x, PaddedLauncher) for x in launch._CACHE.values())
+    assert not any(isinstance(x, PaddedLauncher) for x in launch.PLANS.launchers.values())
 
 
 def _tensors_in(obj, depth=0, seen=None) -> list:
@@ -511,7 +510,7 @@ def test_padded_launcher_takes_bases_and_copies_in_one_launch(
     launches = _copy_launches(monkeypatch)
     out = tritongemm.matmul(a, b, config=config)
     assert_close(out, a.double() @ b.double())
-    (launcher,) = launch._CACHE.values()
+    (launcher,) = launch.PLANS.launchers.values()
     assert isinstance(launcher, PaddedLauncher) and launcher.takes_bases
     padded = launcher.plan.alignment.padded
     copied_in = sum(name in padded for name in "AB")
@@ -540,20 +539,19 @@ def test_padded_launcher_given_another_tensor_over_the_same_memory(device, paddi
 
 def test_fast_path_keeps_padded_calls(device, padding, monkeypatch):
     """A repeated padded ``linear`` takes its fast-path entry (the launcher reads only pointers)."""
-    from tritongemm.autograd import fastpath
 
     padding("always")
-    fastpath.ENTRIES.clear()
+    launch.clear_plan_cache()
     w = random_tensor((11, 13), torch.float16, device)
     bias = random_tensor((11,), torch.float16, device)
     launches = _copy_launches(monkeypatch)
     for _ in range(3):
         x = random_tensor((7, 13), torch.float16, device)
         assert_close(tritongemm.linear(x, w, bias), x.double() @ w.double().T + bias.double())
-    (entry,) = fastpath.ENTRIES.values()
+    (entry,) = launch.PLANS.entries.values()
     assert entry is not None and isinstance(entry.launcher, PaddedLauncher)
     assert launches == [2, 2, 2]
-    fastpath.ENTRIES.clear()
+    launch.clear_plan_cache()
 
 
 def test_backward_copies_an_unaligned_gradient_once_for_both_gemms(device, padding, monkeypatch):
@@ -562,7 +560,7 @@ def test_backward_copies_an_unaligned_gradient_once_for_both_gemms(device, paddi
     _needs_tma(device)
     padding("always")
     launch.clear_plan_cache()
-    fastpath.ENTRIES.clear()
+    launch.clear_plan_cache()
     dtype = torch.float16
     x = random_tensor((2, 19, 16), dtype, device).requires_grad_()  # K = 16: x's and w's rows aligned
     w = random_tensor((11, 16), dtype, device).requires_grad_()
@@ -592,7 +590,7 @@ def test_backward_copies_an_unaligned_gradient_once_for_both_gemms(device, paddi
     for _ in range(2):  # (the second call takes the entry)
         tritongemm.linear(x.detach(), w).backward(grad)
     assert shared == []
-    fastpath.ENTRIES.clear()
+    launch.clear_plan_cache()
 
 
 def test_padded_preactivation_copied_out_with_c(device, padding, monkeypatch):
@@ -625,7 +623,7 @@ def test_padded_batches_that_do_not_collapse_take_torch_copies(device, padding, 
     launches = _copy_launches(monkeypatch)
     out = tritongemm.matmul(a, b, config=POINTER)
     assert_close(out, a.double() @ b.double())
-    (launcher,) = launch._CACHE.values()
+    (launcher,) = launch.PLANS.launchers.values()
     assert isinstance(launcher, PaddedLauncher) and not launcher.takes_bases
     assert launcher.copy_in.by_torch and launches == [1]  # A by torch; B by the kernel
 
@@ -638,7 +636,7 @@ def test_padded_broadcast_batch_copied_once(device, padding):
     b = random_tensor((3, 19, 11), torch.bfloat16, device).mT
     out = tritongemm.matmul(a, b, config=POINTER)
     assert_close(out, a.double() @ b.double())
-    (launcher,) = launch._CACHE.values()
+    (launcher,) = launch.PLANS.launchers.values()
     assert launcher.takes_bases and launcher.a_ws.buffer_shape == (1, 21, 16)
     assert launcher.b_ws.buffer_shape == (3, 19, 16)  # column-major as B was
 

@@ -65,11 +65,6 @@ BIAS_EPILOGUE = Epilogue(beta=1.0, addend=True)
 #: TRITONGEMM_FASTPATH=0 sends every call the whole way (to rule the fast path out while debugging).
 ENABLED = os.environ.get("TRITONGEMM_FASTPATH", "1") != "0"
 
-#: signature -> Entry (or None: this signature has no entry; take the whole way).
-ENTRIES: dict = {}
-MAX_ENTRIES = 2048
-launch.register_dependent_cache(ENTRIES)  # cleared with the launch cache (tuning, padding policy)
-
 
 def lookup(kind: str, x, w, bias) -> tuple:
     """``(None, result)`` when an entry ran ``kind(x, w, bias)``; else ``(key, None)``, where a key
@@ -84,7 +79,7 @@ def lookup(kind: str, x, w, bias) -> tuple:
     key = signature(kind, x, w, bias, amp)
     if key is None:
         return None, None
-    entry = ENTRIES.get(key, _MISSING)
+    entry = launch.PLANS.entries.get(key, _MISSING)  # an Entry, or None: this signature has none
     if entry is _MISSING:
         return key, None
     if entry is None:
@@ -381,13 +376,11 @@ def _plan_grad_launches(entry: Entry, needs, g2, a, b, g):
 
 def build(kind: str, key, x, w, bias) -> None:
     """Remember an entry for ``key`` (after the whole way ran ``kind(x, w, bias)`` without error)."""
-    if len(ENTRIES) >= MAX_ENTRIES:
-        ENTRIES.clear()
     native.start()  # the C++ keys, casts and node (once per process; loads a built one at once)
     amp = _any_autocast() and autocast_dtype(x.device)
     if amp:  # plan on the casts, as the entry will run on them
         x, w, bias = autocast_cast(amp, x, w, bias)
-    ENTRIES[key] = _entry(kind, x, w, bias)
+    launch.PLANS.remember(key, _entry(kind, x, w, bias))
 
 
 def _entry(kind: str, x, w, bias) -> Entry | None:
@@ -426,4 +419,4 @@ def _entry(kind: str, x, w, bias) -> Entry | None:
     return Entry(launcher, call, x, a, b, (*x.shape[:-1], n), fold, transposed)
 
 
-__all__ = ["ENTRIES", "Entry", "EntryFunction", "build", "lookup", "signature"]
+__all__ = ["Entry", "EntryFunction", "build", "lookup", "signature"]

@@ -18,8 +18,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from .. import launch
+from ..device import interpreter_enabled
 from ..planning.call import GemmCall, from_op_args
-from ..semantics import dot_precision
+from ..planning.plan import compiled_reason
+from ..semantics import ACTIVATIONS, dot_precision
 from .function import alloc_out, backward_gemms, save_context
 
 
@@ -84,9 +86,42 @@ def _gemm(
     if type(a) in (torch.Tensor, torch.nn.Parameter):
         return _gemm_extern(*args)
     call, a, b, out, d, residual, preact, preact_out = _prepared(args)
-    if launch.traced_gemm(call, a, b, out, d, residual, preact):
+    chosen = launch.traced_plan(call, a, b, out)
+    if _hand_to_aten(chosen, call, a):
+        return _aten_gemm(call, a, b, addend, residual)
+    if chosen is not None and launch.traced_gemm(chosen, call, a, b, out, d, residual, preact):
         return out, preact_out
     return torch.ops.tritongemm.gemm_extern(*args)
+
+
+def _hand_to_aten(chosen, call: GemmCall, a: torch.Tensor) -> bool:
+    """Does this traced GEMM become aten ops (``launch.COMPILED_GEMMS``, ``plan.compiled_reason``)?
+
+    Only on a GPU with compiled kernels: the interpreter keeps tritongemm's kernels, which is
+    what it is for.  Sizes a plan cannot be made for (dynamic shapes) go to aten too."""
+    if launch.COMPILED_GEMMS != "auto" or a.device.type != "cuda" or interpreter_enabled():
+        return False
+    out_dtype = call.out_dtype or a.dtype
+    if chosen is None:
+        return out_dtype == a.dtype
+    return compiled_reason(chosen, call.request, a.dtype, out_dtype) is None
+
+
+def _aten_gemm(call: GemmCall, a, b, addend, residual) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op in aten ops, as the stock model has them: Inductor lowers and fuses these itself."""
+    ep = call.epilogue
+    if ep.addend and a.dim() == 2:
+        z = torch.addmm(addend, a, b, beta=ep.beta, alpha=ep.alpha)  # (F.linear with a bias: addmm)
+    else:
+        z = torch.mm(a, b) if a.dim() == 2 else torch.matmul(a, b)
+        if ep.alpha != 1.0:
+            z = z * ep.alpha
+        if ep.addend:
+            z = z + (addend if ep.beta == 1.0 else ep.beta * addend)
+    y = ACTIVATIONS[ep.activation](z)
+    if residual is not None:
+        y = y + residual
+    return y, (z if ep.store_preact else y.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output):

@@ -132,7 +132,9 @@ def scaled_mm(
         and bias is None
         and not torch.compiler.is_compiling()
     ):
-        fast = _FAST.get(_fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation))
+        fast = launch.PLANS.entries.get(
+            _fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation)
+        )
         if fast is not None and not ((a.data_ptr() | b.data_ptr()) & 15):
             return fast(a, b, scale_a, scale_b)
     _check_types(mat1=a, mat2=b, scale_a=scale_a, scale_b=scale_b, bias=bias, residual=residual, out=out)
@@ -191,9 +193,6 @@ def run_scaled_mm(
 # out=, bias, residual or config; CUDA; contiguous scales); the operands' 16-byte
 # alignment, which the launcher was built for, is checked per call.
 # ----------------------------------------------------------------------------------
-_FAST: dict = {}
-MAX_FAST = 1024
-launch.register_dependent_cache(_FAST)  # its launchers go with the launch cache (tuning, padding)
 
 
 def _fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation):
@@ -223,9 +222,7 @@ def _remember(call, a, b, scale_a, scale_b, target, out_dtype, use_fast_accum, a
         launcher(a, b, out, out, out, out, 1.0, 0.0, scale_a, scale_b)
         return out
 
-    if len(_FAST) >= MAX_FAST:
-        _FAST.clear()
-    _FAST[key] = run
+    launch.PLANS.remember(key, run)
 
 
 @torch.library.custom_op("tritongemm::scaled_mm", mutates_args=())

@@ -125,13 +125,11 @@ def set_padding(policy: str) -> str:
     Each policy keeps its own launch cache, so switching (a benchmark comparing
     them, a ``with padding(...)`` block) costs no re-planning.
     """
-    global _CACHE
+    global PLANS
     if policy not in PADDING_POLICIES:
         raise ValueError(f"padding policy must be one of {PADDING_POLICIES}, got {policy!r}")
     old, _PADDING[0] = _PADDING[0], policy
-    _CACHE = _CACHES[policy]
-    for cache in _DEPENDENT:
-        cache.clear()
+    PLANS = _PLANS[policy]
     return old
 
 
@@ -188,7 +186,20 @@ TRACEABLE_KERNELS = ("pointer", "gemv")
 TRACEABLE_JIT_KERNELS = (gemm_kernel, splitk_reduce_kernel, gemv_kernel)
 
 
+def traced_plan(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Plan | None:
+    """The plan an eager call with these traced tensors' layouts gets (``torch.compile``,
+    ``torch.export``), or None where a trace cannot hold one of tritongemm's kernels: symbolic
+    sizes (dynamic shapes), a device that is not a GPU with compiled kernels, or no
+    ``torch.library.wrap_triton``.  Nothing is cached: a trace runs once per compiled graph."""
+    if a.device.type != "cuda" or interpreter_enabled() or _wrap_triton is None:
+        return None
+    if not all(type(x) is int for t in (a, b, out) for x in (*t.shape, *t.stride(), t.storage_offset())):
+        return None  # a plan needs numbers
+    return plan_for(call, a, b, out)
+
+
 def traced_gemm(
+    chosen: Plan,
     call: GemmCall,
     a: torch.Tensor,
     b: torch.Tensor,
@@ -197,22 +208,19 @@ def traced_gemm(
     residual: torch.Tensor | None = None,
     preact: torch.Tensor | None = None,
 ) -> bool:
-    """``gemm`` on traced tensors (``torch.compile``, ``torch.export``): its kernel launches are
-    recorded into the graph (``torch.library.wrap_triton``), so the compiled graph launches them
-    itself, with no Python of ours per call.  Returns False, recording nothing, where the plan's
-    kernel cannot be recorded (``TRACEABLE_KERNELS``; an operand copy into aligned workspaces;
-    the interpreter): the caller then records the opaque op instead.
-
-    The plan is the one an eager call with these layouts gets; nothing is cached, since a trace
-    runs once per compiled graph.
+    """``gemm`` on traced tensors, planned (``traced_plan``): its kernel launches are recorded into
+    the graph (``torch.library.wrap_triton``), so the compiled graph launches them itself, with no
+    Python of ours per call.  Returns False, recording nothing, where the plan's kernel cannot be
+    recorded (``TRACEABLE_KERNELS``; an operand copy into aligned workspaces; epilogue tensors
+    with symbolic sizes): the caller then records the opaque op instead.
     """
-    if not TRACE_KERNELS or a.device.type != "cuda" or interpreter_enabled() or _wrap_triton is None:
+    if not TRACE_KERNELS or chosen.kernel not in TRACEABLE_KERNELS:
         return False
-    tensors = [t for t in (a, b, out, addend, residual, preact) if t is not None]
-    if not all(type(x) is int for t in tensors for x in (*t.shape, *t.stride(), t.storage_offset())):
-        return False  # symbolic sizes (dynamic shapes): a plan needs numbers
-    chosen = plan_for(call, a, b, out)
-    if chosen.kernel not in TRACEABLE_KERNELS or (chosen.alignment is not None and chosen.alignment.padded):
+    if chosen.alignment is not None and chosen.alignment.padded:
+        return False
+    if not all(
+        type(x) is int for t in (addend, residual, preact) if t is not None for x in (*t.shape, *t.stride())
+    ):
         return False
     if out.numel() == 0:
         return True
@@ -227,6 +235,10 @@ def traced_gemm(
 _wrap_triton = getattr(torch.library, "wrap_triton", None)  # torch >= 2.6
 #: TRITONGEMM_TRACE_KERNELS=0 keeps every GEMM one opaque op in compiled graphs.
 TRACE_KERNELS = os.environ.get("TRITONGEMM_TRACE_KERNELS", "1") != "0"
+#: Which GEMMs of a compiled graph run tritongemm's kernels (TRITONGEMM_COMPILED_GEMMS): "auto",
+#: those ``plan.compiled_reason`` gives a reason for (the others are aten ops, as in the stock
+#: model); "always", every one.
+COMPILED_GEMMS = os.environ.get("TRITONGEMM_COMPILED_GEMMS", "auto")
 
 
 def stand_ins(out, addend, residual, preact) -> tuple:
@@ -248,22 +260,14 @@ def launcher_for(call: GemmCall, a, b, out, addend=None, residual=None, preact=N
     tensor over the same memory, e.g. ``w`` in place of the planned ``w.mT``.
     """
     key = (call, layout_signature(a, b, out, addend, residual, preact))
-    launcher = _CACHE.get(key)
+    launchers = PLANS.launchers
+    launcher = launchers.get(key)
     if launcher is None:
         launcher = _build(call, a, b, out, addend, residual, preact)
-        if len(_CACHE) >= MAX_CACHED:
-            _CACHE.clear()
-        _CACHE[key] = launcher
+        if len(launchers) >= Plans.MAX_LAUNCHERS:
+            launchers.clear()
+        launchers[key] = launcher
     return launcher
-
-
-#: Caches of values derived from launchers (``fastpath.ENTRIES``), cleared with the launch cache.
-_DEPENDENT: list[dict] = []
-
-
-def register_dependent_cache(cache: dict) -> None:
-    """Clear ``cache`` whenever the launch cache is cleared or the padding policy changes."""
-    _DEPENDENT.append(cache)
 
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device  # no Python layers
@@ -292,21 +296,52 @@ def _build(call, a, b, out, addend, residual, preact):
     return launcher
 
 
-#: (call, layout signature) -> launcher, one dict per padding policy (``_CACHE`` is the current
-#: policy's).  Cleared by ``clear_plan_cache()`` (the tuner calls it after writing new configs)
-#: and when it grows past MAX_CACHED.
-_CACHES: dict[str, dict] = {policy: {} for policy in PADDING_POLICIES}
-_CACHE: dict = _CACHES[_PADDING[0]]
-MAX_CACHED = 4096
+class Plans:
+    """What is decided once per call signature under one padding policy, kept and cleared together.
+
+    ``launchers``: (``GemmCall``, layout signature) -> launcher, the whole way's last step
+    (``launcher_for``).  ``entries``: a door's own signature -> its repeated-call entry
+    (``autograd.fastpath``, ``frontend.scaled``), which holds one of those launchers and what the
+    door's checks and views decided, so that a call seen before skips them.  The keys differ
+    because an entry's is read from the door's arguments before any view exists, a launcher's
+    from the views the whole way made.  Both are cleared by ``clear_plan_cache()`` (the tuner
+    calls it after writing new configs), and each when it grows past its bound.
+    """
+
+    __slots__ = ("launchers", "entries")
+    MAX_LAUNCHERS = 4096
+    MAX_ENTRIES = 2048
+
+    def __init__(self) -> None:
+        self.launchers: dict = {}
+        self.entries: dict = {}
+
+    def remember(self, key, entry) -> None:
+        """Keep a door's entry (None: the signature has none, so its calls take the whole way)."""
+        if len(self.entries) >= self.MAX_ENTRIES:
+            self.entries.clear()
+        self.entries[key] = entry
+
+    def clear(self) -> None:
+        self.launchers.clear()
+        self.entries.clear()
+
+
+#: One ``Plans`` per padding policy (``PLANS``: the current policy's), so switching policies
+#: (a benchmark comparing them, a ``with padding(...)`` block) costs no re-planning.
+_PLANS: dict[str, Plans] = {policy: Plans() for policy in PADDING_POLICIES}
+PLANS: Plans = _PLANS[_PADDING[0]]
 
 
 def clear_plan_cache() -> None:
-    """Forget cached launch plans (after the tuning cache changed)."""
-    for cache in (*_CACHES.values(), *_DEPENDENT):
-        cache.clear()
+    """Forget every plan, launcher and repeated-call entry (after the tuning cache changed)."""
+    for plans in _PLANS.values():
+        plans.clear()
 
 
 __all__ = [
+    "PLANS",
+    "Plans",
     "SharedCopy",
     "clear_plan_cache",
     "gemm",
@@ -316,7 +351,7 @@ __all__ = [
     "padding_policy",
     "plan_for",
     "problem_of",
-    "register_dependent_cache",
     "set_padding",
     "traced_gemm",
+    "traced_plan",
 ]

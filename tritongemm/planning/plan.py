@@ -116,6 +116,26 @@ def plan(
     return Plan(cfg, source, kernel, fallback, problem, device, alignment)
 
 
+def compiled_reason(chosen: Plan, request: Request, dtype: torch.dtype, out_dtype: torch.dtype) -> str | None:
+    """Why a GEMM in a ``torch.compile`` graph runs tritongemm's kernel; None: it is handed to the
+    aten op, as in the stock model.
+
+    Inductor fuses the operations around an aten matmul and chooses cuBLAS or its own templates
+    for it (max-autotune); a user kernel it can only call.  On aligned operands tritongemm's
+    kernels match cuBLAS (``benchmarks/results/h100/llm.csv``), so there the aten op costs
+    nothing and gains the fusions.  Where cuBLAS is weak -- unaligned leading dimensions, at a
+    fraction of its speed -- or where the caller asked for something aten cannot do, the kernel
+    runs.
+    """
+    if request.config is not None or request.pipeline is not None or request.decomposition is not None:
+        return "a config, pipeline or decomposition was asked for"
+    if out_dtype != dtype:
+        return "the output dtype differs from the operands' (aten would round the product first)"
+    if chosen.alignment is not None:
+        return f"unaligned operands ({chosen.alignment.path}), where cuBLAS is slow"
+    return None
+
+
 def _elementwise_config(problem, device, request: Request, source: str, a: Operand, b: Operand):
     """The heuristic's own tile for operands loaded element by element, where the heuristic chose."""
     if request.pipeline is not None or request.decomposition is not None:
