@@ -48,12 +48,12 @@ import torch
 
 from .. import launch
 from ..launch import native
+from ..launch.keys import signature
 from ..planning.call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall, Request
 from ..semantics import SUPPORTED_DTYPES, autocast_cast, autocast_dtype, dot_precision
-from .function import alloc_out, backward_gemms, is_transposed_view
+from .function import alloc_out, backward_gemms, gradient_gemm, is_transposed_view
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
-_STRIDED = torch.strided
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
 _functorch_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
@@ -95,58 +95,6 @@ def lookup(kind: str, x, w, bias) -> tuple:
 
 
 _MISSING = object()
-
-
-def signature(kind: str, x, w, bias, amp=None) -> tuple | None:
-    """The key of ``kind(x, w, bias)``, or None where it cannot have one (not dense strided tensors).
-
-    Per tensor: shape, strides, dtype, device, 16-byte alignment, the negation
-    bit (the type is checked, not keyed: plain tensors and parameters run
-    alike).  Last, what decides the precision: ``amp``, the autocast dtype
-    (fp16/bf16: float32 operands are cast to it, so TF32 does not apply), or
-    else for float32 operands torch's TF32 setting (reading it costs ~2 us,
-    so it is read only where it counts).  Once ``native`` is loaded the
-    fields are packed in C++ (~0.4 us against ~1.8); until then, written out
-    flat: this runs on every call, and each Python call or nested tuple here
-    is a measurable share of a ~20 us budget.
-    """
-    if type(x) not in _PLAIN_TYPES or type(w) not in _PLAIN_TYPES:
-        return None
-    if bias is not None and type(bias) not in _PLAIN_TYPES:
-        return None
-    dtype = x.dtype
-    if amp:
-        precision = amp if amp is not torch.float32 else (amp, dot_precision(amp))
-    else:
-        precision = dot_precision(dtype) if dtype is torch.float32 else None
-    packed = native.SIGNATURE
-    if packed is not None:  # the same fields, packed into one bytes object in C++
-        return packed(kind, x, w, bias, precision)
-    # Sparse and nested tensors have no key: the whole way says what happens to them.
-    if x.layout is not _STRIDED or w.layout is not _STRIDED or x.is_nested or w.is_nested:
-        return None
-    if bias is None:
-        bias_sig = None
-    elif bias.layout is not _STRIDED or bias.is_nested:
-        return None
-    else:
-        bias_sig = (
-            bias.shape,
-            bias.stride(),
-            bias.dtype,
-            bias.device,
-            not bias.data_ptr() & 15,
-            bias.is_neg(),
-        )
-    # fmt: off
-    return (
-        kind,
-        x.shape, x.stride(), dtype, x.device, not x.data_ptr() & 15, x.is_neg(),
-        w.shape, w.stride(), w.dtype, w.device, not w.data_ptr() & 15, w.is_neg(),
-        bias_sig,
-        precision,
-    )
-    # fmt: on
 
 
 class Entry:
@@ -348,26 +296,28 @@ def _grad_launches(entry: Entry, needs, g, x, w):
     return (*aligned, shared)
 
 
+def _placed(places: dict, name: str) -> tuple:
+    at, view = places[name[0]]
+    return at, (view.mT if name.endswith("T") else view)
+
+
 def _plan_grad_launches(entry: Entry, needs, g2, a, b, g):
     """[grad-x launch, grad-w launch] (None where not needed) planned on ``g2`` (dZ as (M, N)), or None
     where a launcher reads more than its tensors' data pointers."""
-    (m, n), k = entry.mn, entry.k
-    # (slot, lhs place, lhs view, rhs place, rhs view, planned output, allocated shape, returned transposed)
-    specs = []
-    if needs[0]:
-        if entry.a_transposed:  # dA^T = B dZ^T, stored (K, M)
-            specs.append((0, W, b, G, g2.mT, (k, m), (k, m), True))
-        else:  # dA = dZ B^T, written straight into x's shape
-            specs.append((0, G, g2, W, b.mT, (m, k), entry.x_shape, False))
-    if needs[1]:
-        if entry.b_transposed:  # dB^T = dZ^T A, stored (N, K): w's own layout
-            specs.append((1, G, g2.mT, X, a, (n, k), (n, k), not entry.transposed))
-        else:  # dB = A^T dZ, stored (K, N)
-            specs.append((1, X, a.mT, G, g2, (k, n), (k, n), entry.transposed))
+    places = {"g": (G, g2), "a": (X, a), "b": (W, b)}  # where each operand sits in (g, x, w), viewed
     grads = [None, None]
-    for slot, lhs_at, lhs, rhs_at, rhs, planned, shape, transpose in specs:
+    for slot in (0, 1):
+        if not needs[slot]:
+            continue
+        lhs, rhs, flip = gradient_gemm(slot, (entry.a_transposed, entry.b_transposed)[slot])
+        (lhs_at, lhs_view), (rhs_at, rhs_view) = _placed(places, lhs), _placed(places, rhs)
+        planned = (lhs_view.shape[0], rhs_view.shape[1])
+        if slot == 0:  # dA^T stored (K, M), or dA written straight into x's shape
+            shape, transpose = (planned if flip else entry.x_shape), flip
+        else:  # dB, or dB^T in w's own layout (a linear's weight is B^T)
+            shape, transpose = planned, flip != entry.transposed
         out = torch.empty(planned, dtype=entry.dtype, device=entry.device)
-        launcher = launch.launcher_for(entry.grad_call, lhs, rhs, out)
+        launcher = launch.launcher_for(entry.grad_call, lhs_view, rhs_view, out)
         if not getattr(launcher, "takes_bases", False):
             return None
         grads[slot] = _GradLaunch(launcher, lhs_at, rhs_at, shape, g, transpose)

@@ -32,6 +32,7 @@ from .aligned import PaddedLauncher, SharedCopy
 from .common import COUNTERS, arrival_counters  # noqa: F401  (tests inspect the counters)
 from .gemv import GemvLauncher
 from .gluon import GluonLauncher
+from .keys import layout_signature
 from .pointer import PointerLauncher
 from .stream_k import StreamKLauncher
 from .tma import TmaLauncher
@@ -45,26 +46,6 @@ LAUNCHERS = {
     "tma_persistent": TmaLauncher,
     "gluon_ws": GluonLauncher,
 }
-
-
-def _layout(t) -> tuple | None:
-    return None if t is None else (t.shape, t.stride(), t.dtype, not t.data_ptr() & 15)
-
-
-def layout_signature(a, b, out, addend=None, residual=None, preact=None) -> tuple:
-    """What a compiled launch depends on in the tensors: shapes, strides, dtypes, 16-byte alignment, device.
-
-    Written out rather than looped: it runs on every call (a generator costs a microsecond more).
-    """
-    return (
-        _layout(a),
-        _layout(b),
-        _layout(out),
-        _layout(addend),
-        _layout(residual),
-        _layout(preact),
-        a.device,
-    )
 
 
 def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
