@@ -169,6 +169,46 @@ def test_aligned_gemms_compile_to_aten_ops_and_unaligned_ones_to_kernels(mode):
     assert relative_error(out, ref) <= tolerance(torch.bfloat16, "cuda", against="library")
 
 
+_AOTI_RUN = r"""
+import sys, torch
+package, io = sys.argv[1], torch.load(sys.argv[2])
+y = torch._inductor.aoti_load_package(package)(io["x"].cuda()).double().cpu()
+ref = io["ref"].double()
+print(((y - ref).norm() / ref.norm()).item())
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.heavy
+def test_aoti_package_of_a_converted_model_runs_without_tritongemm(tmp_path):
+    """``torch.export`` then AOTInductor: the package runs in a process that never imports tritongemm
+    (aligned GEMMs became aten ops, the unaligned head's kernel is compiled into the package)."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    stock = torch.nn.Sequential(
+        torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512), torch.nn.Linear(512, 1000)
+    )  # the head's 1000-wide rows are not 16-byte aligned: tritongemm's kernel
+    model = tritongemm.nn.convert(stock.to("cuda", torch.bfloat16))
+    x = random_tensor((64, 512), torch.bfloat16, "cuda")
+    with torch.no_grad():
+        ref = model(x)
+        exported = torch.export.export(model, (x,))
+        package = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "model.pt2"))
+    torch.save({"x": x.cpu(), "ref": ref.cpu()}, tmp_path / "io.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # (tritongemm is not importable there)
+    run = subprocess.run(
+        [sys.executable, "-c", _AOTI_RUN, str(package), str(tmp_path / "io.pt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert float(run.stdout.strip().splitlines()[-1]) <= tolerance(torch.bfloat16, "cuda", against="library")
+
+
 # ----------------------------------------------------------------------------------
 # What Inductor believes a traced kernel writes
 # ----------------------------------------------------------------------------------

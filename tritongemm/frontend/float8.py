@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..kernels import amax_kernel, cast_kernel
+from ..kernels import amax_kernel, cast_kernel, rowwise_cast_kernel
 from .scaled import scaled_mm
 
 E4M3 = torch.float8_e4m3fn
@@ -43,8 +43,8 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, recipe: str) -> tuple[torch.Te
 
     "rowwise": one scale per row, (rows, 1); "tensorwise": one, a 0-d tensor.  The scale maps the
     (row's) absolute maximum to the format's largest value; an all-zero row keeps scale 1.  ``x``
-    may be any 2-D view (a transpose included); the result is row-major.  On a GPU two kernels do
-    it (``quantize_kernels``); in a ``torch.compile`` graph, and on the CPU, torch's ops (which
+    may be any 2-D view (a transpose included); the result is row-major.  On a GPU Triton kernels
+    do it (``quantize_kernels``: one kernel rowwise, two tensorwise); in a ``torch.compile`` graph, and on the CPU, torch's ops (which
     Inductor fuses; Triton's interpreter rounds some fp32 -> fp8 conversions down a binade).
     """
     if x.device.type == "cuda" and not torch.compiler.is_compiling():
@@ -61,26 +61,36 @@ def _scale(amax: torch.Tensor, limit: float) -> torch.Tensor:
 
 
 def quantize_kernels(x: torch.Tensor, dtype: torch.dtype, recipe: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize`` by ``kernels.quantize``: one pass for the maxima, one for the cast (which reads
-    ``x`` through its strides and writes the result row-major)."""
+    """``quantize`` by ``kernels.quantize``: rowwise in one kernel (maxima, then the cast, per block of
+    rows), tensorwise in two (the maximum, then the cast).  ``x`` is read through its strides and
+    the result written row-major."""
     limit = FP8_MAX[dtype]
-    rowwise = recipe == "rowwise"
     rows, cols = x.shape
-    amax = torch.zeros((rows, 1) if rowwise else (), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(rows, QUANTIZE_ROWS),)
-    amax_kernel[grid](x, amax, rows, cols, x.stride(0), x.stride(1), rowwise, QUANTIZE_ROWS, QUANTIZE_COLS)
-    scale = _scale(amax, limit)
     x8 = torch.empty((rows, cols), dtype=dtype, device=x.device)
-    grid = (triton.cdiv(rows, CAST_TILE), triton.cdiv(cols, CAST_TILE))
-    cast_kernel[grid](
-        x, x8, scale, rows, cols, x.stride(0), x.stride(1), limit, rowwise, CAST_TILE, CAST_TILE
+    if recipe == "rowwise":
+        scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+        # Along a row of a transposed view the elements are far apart: more rows a program, so that
+        # each load still reads whole memory segments down the contiguous axis.
+        block_r, block_c = ROWWISE_BLOCKS[x.stride(0) == 1 and cols > 1]
+        rowwise_cast_kernel[(triton.cdiv(rows, block_r),)](
+            x, x8, scale, rows, cols, x.stride(0), x.stride(1), limit, block_r, block_c
+        )
+        return x8, scale
+    amax = torch.zeros((), dtype=torch.float32, device=x.device)
+    scale = torch.empty((), dtype=torch.float32, device=x.device)
+    amax_kernel[(triton.cdiv(rows, AMAX_ROWS),)](
+        x, amax, rows, cols, x.stride(0), x.stride(1), AMAX_ROWS, AMAX_COLS
     )
+    grid = (triton.cdiv(rows, CAST_TILE), triton.cdiv(cols, CAST_TILE))
+    cast_kernel[grid](x, x8, amax, scale, rows, cols, x.stride(0), x.stride(1), limit, CAST_TILE, CAST_TILE)
     return x8, scale
 
 
-#: Rows of the maxima kernel's programs and the columns they read at a time; the cast kernel's tile.
-QUANTIZE_ROWS = 16
-QUANTIZE_COLS = 256
+#: (rows, columns) a rowwise-cast program holds at a time: for a row-major ``x``, and for a transposed view.
+ROWWISE_BLOCKS = {False: (16, 256), True: (64, 64)}
+#: Rows of the maximum kernel's programs and the columns they read at a time; the tensorwise cast's tile.
+AMAX_ROWS = 16
+AMAX_COLS = 256
 CAST_TILE = 64
 
 
