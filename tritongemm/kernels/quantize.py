@@ -19,6 +19,18 @@ def _scale_of(amax, LIMIT: tl.constexpr):
 
 
 @triton.jit
+def _row_maxima(x_rows, row_ok, C, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """max_c |x[r, c]| of a block of rows (``x_rows``: their start pointers), BLOCK_C columns at a time."""
+    cols = tl.arange(0, BLOCK_C)
+    best = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for c0 in range(0, C, BLOCK_C):
+        mask = row_ok[:, None] & (cols[None, :] + c0 < C)
+        x = tl.load(x_rows + (cols[None, :] + c0) * stride_c, mask=mask, other=0.0)
+        best = tl.maximum(best, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+    return best
+
+
+@triton.jit
 def rowwise_cast_kernel(
     x_ptr,
     q_ptr,
@@ -37,12 +49,7 @@ def rowwise_cast_kernel(
     cols = tl.arange(0, BLOCK_C)
     row_ok = rows < R
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_r
-    best = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        mask = row_ok[:, None] & (cols[None, :] + c0 < C)
-        x = tl.load(x_rows + (cols[None, :] + c0) * stride_c, mask=mask, other=0.0)
-        best = tl.maximum(best, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-    scale = _scale_of(best, LIMIT)
+    scale = _scale_of(_row_maxima(x_rows, row_ok, C, stride_c, BLOCK_R, BLOCK_C), LIMIT)
     tl.store(scale_ptr + rows, scale, mask=row_ok)
     q_rows = q_ptr + rows[:, None].to(tl.int64) * C
     for c0 in range(0, C, BLOCK_C):
@@ -56,12 +63,8 @@ def rowwise_cast_kernel(
 def amax_kernel(x_ptr, amax_ptr, R, C, stride_r, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """|x|'s maximum over the matrix: an atomic max into ``amax_ptr[0]``, which starts at 0."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_C)
-    best = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        mask = (rows[:, None] < R) & (cols[None, :] + c0 < C)
-        x = tl.load(x_ptr + rows[:, None] * stride_r + (cols[None, :] + c0) * stride_c, mask=mask, other=0.0)
-        best = tl.maximum(best, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_r
+    best = _row_maxima(x_rows, rows < R, C, stride_c, BLOCK_R, BLOCK_C)
     tl.atomic_max(amax_ptr, tl.max(best, axis=0))
 
 
