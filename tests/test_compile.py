@@ -43,10 +43,11 @@ def test_export_keeps_the_op_whole(device):
     assert relative_error(exported.module()(x), model(x).double()) <= tolerance(torch.float32, device)
 
 
-def test_functionalized_op_runs_its_body(device):
+def test_functionalized_op_runs_its_body(device, monkeypatch):
     """AOTAutograd (``aot_eager``) replaces ``tritongemm::gemm`` by its body: on the interpreter the
     body records ``gemm_extern`` (no Triton kernel can be recorded there), on a GPU the kernel
-    launches of pointer plans."""
+    launches of pointer plans (with every GEMM on tritongemm's kernels: see below for "auto")."""
+    monkeypatch.setattr(launch, "COMPILED_GEMMS", "always")
     seen = []
 
     def backend(gm, example_inputs):
