@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..device import device_info
 from ..kernels import amax_kernel, cast_kernel, rowwise_cast_kernel
 from .scaled import scaled_mm
 
@@ -61,37 +62,38 @@ def _scale(amax: torch.Tensor, limit: float) -> torch.Tensor:
 
 
 def quantize_kernels(x: torch.Tensor, dtype: torch.dtype, recipe: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize`` by ``kernels.quantize``: rowwise in one kernel (maxima, then the cast, per block of
-    rows), tensorwise in two (the maximum, then the cast).  ``x`` is read through its strides and
-    the result written row-major."""
+    """``quantize`` by ``kernels.quantize``: rowwise in one kernel where blocks of rows fill the GPU,
+    else (tensorwise, a transposed view, few rows) the maxima then the cast.  ``x`` is read through
+    its strides and the result written row-major."""
     limit = FP8_MAX[dtype]
     rows, cols = x.shape
+    rowwise = recipe == "rowwise"
     x8 = torch.empty((rows, cols), dtype=dtype, device=x.device)
-    if recipe == "rowwise":
-        scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
-        # Along a row of a transposed view the elements are far apart: more rows a program, so that
-        # each load still reads whole memory segments down the contiguous axis.
-        block_r, block_c = ROWWISE_BLOCKS[x.stride(0) == 1 and cols > 1]
-        rowwise_cast_kernel[(triton.cdiv(rows, block_r),)](
-            x, x8, scale, rows, cols, x.stride(0), x.stride(1), limit, block_r, block_c
+    scale = torch.empty((rows, 1) if rowwise else (), dtype=torch.float32, device=x.device)
+    programs = triton.cdiv(rows, ROWWISE_ROWS)
+    if rowwise and x.stride(1) == 1 and programs >= ROWWISE_WAVES * device_info(x.device).sm_count:
+        rowwise_cast_kernel[(programs,)](
+            x, x8, scale, rows, cols, x.stride(0), x.stride(1), limit, ROWWISE_ROWS, ROWWISE_COLS
         )
         return x8, scale
-    amax = torch.zeros((), dtype=torch.float32, device=x.device)
-    scale = torch.empty((), dtype=torch.float32, device=x.device)
-    amax_kernel[(triton.cdiv(rows, AMAX_ROWS),)](
-        x, amax, rows, cols, x.stride(0), x.stride(1), AMAX_ROWS, AMAX_COLS
-    )
+    amax = torch.zeros(scale.shape, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(rows, CAST_TILE), triton.cdiv(cols, AMAX_SPAN))
+    amax_kernel[grid](x, amax, rows, cols, x.stride(0), x.stride(1), rowwise, CAST_TILE, CAST_TILE, AMAX_SPAN)
     grid = (triton.cdiv(rows, CAST_TILE), triton.cdiv(cols, CAST_TILE))
-    cast_kernel[grid](x, x8, amax, scale, rows, cols, x.stride(0), x.stride(1), limit, CAST_TILE, CAST_TILE)
+    cast_kernel[grid](
+        x, x8, amax, scale, rows, cols, x.stride(0), x.stride(1), limit, rowwise, CAST_TILE, CAST_TILE
+    )
     return x8, scale
 
 
-#: (rows, columns) a rowwise-cast program holds at a time: for a row-major ``x``, and for a transposed view.
-ROWWISE_BLOCKS = {False: (16, 256), True: (64, 64)}
-#: Rows of the maximum kernel's programs and the columns they read at a time; the tensorwise cast's tile.
-AMAX_ROWS = 16
-AMAX_COLS = 256
+#: The one-kernel rowwise cast: rows and columns a program holds at a time, and how many programs
+#: per SM it needs (blocks of rows of a matrix with fewer rows leave SMs idle: the two kernels then).
+ROWWISE_ROWS = 16
+ROWWISE_COLS = 256
+ROWWISE_WAVES = 4
+#: The two-kernel path: square tiles, and the columns one maximum program covers.
 CAST_TILE = 64
+AMAX_SPAN = 1024
 
 
 def _as_column_scale(scale: torch.Tensor) -> torch.Tensor:

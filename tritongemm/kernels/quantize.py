@@ -2,10 +2,13 @@
 transposed view is read as such and written row-major, so a backward's transposed operand costs no
 separate copy).
 
-Rowwise scales take one kernel: each program owns a block of rows, finds their absolute maxima in a
-first sweep along them, then sweeps again to cast; the second sweep reads what the first brought into
-L2, so the matrix crosses DRAM once (2 bytes read, 1 written per element).  A tensorwise scale needs
-the whole matrix's maximum before any element is cast: one kernel for the maximum, one for the cast.
+Rowwise scales of a matrix with many rows take one kernel (``rowwise_cast_kernel``): each program owns
+a block of rows, finds their absolute maxima in a first sweep along them, then sweeps again to cast;
+the second sweep reads what the first brought into L2, so the matrix crosses DRAM once (2 bytes read,
+1 written per element).  Otherwise -- a tensorwise scale, which needs the whole matrix's maximum
+before any element is cast, or too few rows to fill the GPU with blocks of them (a transposed view:
+its rows are strided, so a block must hold many) -- two kernels over a 2-D grid: the maxima
+(``amax_kernel``, atomic), then the cast (``cast_kernel``).
 """
 
 import triton
@@ -19,12 +22,12 @@ def _scale_of(amax, LIMIT: tl.constexpr):
 
 
 @triton.jit
-def _row_maxima(x_rows, row_ok, C, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """max_c |x[r, c]| of a block of rows (``x_rows``: their start pointers), BLOCK_C columns at a time."""
+def _row_maxima(x_rows, row_ok, c_start, c_end, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """max |x[r, c]| over c in [c_start, c_end) for a block of rows (``x_rows``: their start pointers)."""
     cols = tl.arange(0, BLOCK_C)
     best = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        mask = row_ok[:, None] & (cols[None, :] + c0 < C)
+    for c0 in range(c_start, c_end, BLOCK_C):
+        mask = row_ok[:, None] & (cols[None, :] + c0 < c_end)
         x = tl.load(x_rows + (cols[None, :] + c0) * stride_c, mask=mask, other=0.0)
         best = tl.maximum(best, tl.max(tl.abs(x.to(tl.float32)), axis=1))
     return best
@@ -49,7 +52,7 @@ def rowwise_cast_kernel(
     cols = tl.arange(0, BLOCK_C)
     row_ok = rows < R
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_r
-    scale = _scale_of(_row_maxima(x_rows, row_ok, C, stride_c, BLOCK_R, BLOCK_C), LIMIT)
+    scale = _scale_of(_row_maxima(x_rows, row_ok, 0, C, stride_c, BLOCK_R, BLOCK_C), LIMIT)
     tl.store(scale_ptr + rows, scale, mask=row_ok)
     q_rows = q_ptr + rows[:, None].to(tl.int64) * C
     for c0 in range(0, C, BLOCK_C):
@@ -60,12 +63,28 @@ def rowwise_cast_kernel(
 
 
 @triton.jit
-def amax_kernel(x_ptr, amax_ptr, R, C, stride_r, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """|x|'s maximum over the matrix: an atomic max into ``amax_ptr[0]``, which starts at 0."""
+def amax_kernel(
+    x_ptr,
+    amax_ptr,
+    R,
+    C,
+    stride_r,
+    stride_c,
+    ROWWISE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SPAN_C: tl.constexpr,
+):
+    """|x|'s maxima, atomically into ``amax_ptr`` (zeros first): per row (ROWWISE: ``amax_ptr[r]``) or
+    over the matrix (``amax_ptr[0]``).  A program covers BLOCK_R rows by SPAN_C columns."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c_start = tl.program_id(1) * SPAN_C
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_r
-    best = _row_maxima(x_rows, rows < R, C, stride_c, BLOCK_R, BLOCK_C)
-    tl.atomic_max(amax_ptr, tl.max(best, axis=0))
+    best = _row_maxima(x_rows, rows < R, c_start, tl.minimum(c_start + SPAN_C, C), stride_c, BLOCK_R, BLOCK_C)
+    if ROWWISE:
+        tl.atomic_max(amax_ptr + rows, best, mask=rows < R)
+    else:
+        tl.atomic_max(amax_ptr, tl.max(best, axis=0))
 
 
 @triton.jit
@@ -79,16 +98,23 @@ def cast_kernel(
     stride_r,
     stride_c,
     LIMIT: tl.constexpr,
+    ROWWISE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    """q = clamp(x / scale, +-LIMIT) in q's fp8 dtype, row-major (R, C), with the scale of the matrix's
-    maximum (``amax_kernel``); the first program stores that scale."""
-    scale = _scale_of(tl.load(amax_ptr), LIMIT)
-    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-        tl.store(scale_ptr, scale)
+    """q = clamp(x / scale, +-LIMIT) in q's fp8 dtype, row-major (R, C), with the scales of
+    ``amax_kernel``'s maxima (per row, or one); the programs of the first column block store them."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    if ROWWISE:
+        scale = _scale_of(tl.load(amax_ptr + rows, mask=rows < R, other=0.0), LIMIT)
+        if tl.program_id(1) == 0:
+            tl.store(scale_ptr + rows, scale, mask=rows < R)
+        scale = scale[:, None]
+    else:
+        scale = _scale_of(tl.load(amax_ptr), LIMIT)
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            tl.store(scale_ptr, scale)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     x = tl.load(x_ptr + rows[:, None] * stride_r + cols[None, :] * stride_c, mask=mask, other=0.0)
     q = tl.clamp(x.to(tl.float32) / scale, -LIMIT, LIMIT)

@@ -103,7 +103,9 @@ def torch_reason(*tensors: torch.Tensor) -> str | None:
 
 _warned: set = set()
 _warned_lock = threading.Lock()
-_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__.partition(".")[0]])
+)
 
 
 def _caller_stacklevel() -> int:
