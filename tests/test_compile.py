@@ -173,7 +173,8 @@ def test_aligned_gemms_compile_to_aten_ops_and_unaligned_ones_to_kernels(mode):
 _AOTI_RUN = r"""
 import sys, torch
 package, io = sys.argv[1], torch.load(sys.argv[2])
-y = torch._inductor.aoti_load_package(package)(io["x"].cuda()).double().cpu()
+x = io["x"].cuda()  # (CUDA initialized before the package loads)
+y = torch._inductor.aoti_load_package(package)(x).double().cpu()
 ref = io["ref"].double()
 print(((y - ref).norm() / ref.norm()).item())
 """
@@ -200,7 +201,7 @@ def test_aoti_package_of_a_converted_model_runs_without_tritongemm(tmp_path):
     torch.save({"x": x.cpu(), "ref": ref.cpu()}, tmp_path / "io.pt")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # (tritongemm is not importable there)
     run = subprocess.run(
-        [sys.executable, "-c", _AOTI_RUN, str(package), str(tmp_path / "io.pt")],
+        [sys.executable, "-X", "faulthandler", "-c", _AOTI_RUN, str(package), str(tmp_path / "io.pt")],
         capture_output=True,
         text=True,
         env=env,
