@@ -1252,12 +1252,15 @@ def _gate_text(row: dict) -> str:
     return f"{err:.2g} / {tol:.2g}"
 
 
-def fig_models(df):
-    """Each tritongemm variant's speedup over its baseline (stock, or torch.compile of stock), per model and workload."""
+def fig_models(df, compiled_view: bool = False):
+    """Each tritongemm variant's speedup over its baseline (stock, or torch.compile of stock), per model and
+    workload; the compiled view draws the converted models against stock compiled in the same mode."""
     from matplotlib.figure import Figure
 
     d = df[(df["suite"] == SUITE) & (df["status"] == harness.OK) & df["speedup_vs_baseline"].notna()]
     d = d[~d["impl"].isin(["stock", "sabotaged"])]
+    if compiled_view:
+        d = d[d["impl"].str.startswith("compile+convert")]
     if d.empty:
         return None
     models = list(dict.fromkeys(d["model"]))
@@ -1310,8 +1313,13 @@ def fig_models(df):
     ax.set_ylabel("baseline time ÷ variant time (>1: faster)")
     ax.legend(fontsize=8)
     gpu = df["env_gpu"].dropna().iloc[0] if "env_gpu" in df.columns and df["env_gpu"].notna().any() else ""
-    against = "stock" + (" (compile+convert against compile)" if "compile+convert" in variants else ", eager")
-    ax.set_title(f"Whole models: tritongemm against {against}; whiskers: p20-p80 of the rounds  {gpu}")
+    if compiled_view:
+        title = "torch.compile of the converted model ÷ of stock, per mode"
+    else:
+        title = "Whole models: tritongemm against stock" + (
+            " (compile+convert against compile)" if "compile+convert" in variants else ", eager"
+        )
+    ax.set_title(f"{title}; whiskers: p20-p80 of the rounds\n{gpu}", fontsize=9)
     return fig
 
 
@@ -1328,7 +1336,7 @@ def plot_models(csvs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
             df[df["suite"] == SUITE] for csv, df in frames if (csv.stem == "models_compile") == compiled_view
         ]
         models = [df for df in models if len(df)]
-        fig = fig_models(pd.concat(models, ignore_index=True)) if models else None
+        fig = fig_models(pd.concat(models, ignore_index=True), compiled_view) if models else None
         if fig is not None:
             path = Path(out_dir) / figure
             path.parent.mkdir(parents=True, exist_ok=True)
