@@ -5,9 +5,10 @@ Under a trace (fake or functional tensors) the autograd doors call
 each rank's shards (``distributed``).  Its fake kernel gives the output's
 shape, its registered autograd the same backward as the eager op
 (``autograd.backward_gemms``), and under AOTAutograd's functionalization it
-is replaced by its body: plans on kernels that read plain pointers become
-Triton launches Inductor makes itself, the others one opaque call,
-``gemm_extern``.  Every argument but the tensors is the ``GemmCall`` as plain
+is replaced by its body: aten ops where tritongemm's kernel has no edge
+(``plan.compiled_reason``); elsewhere, plans on kernels that read plain
+pointers become Triton launches Inductor makes itself, the others one opaque
+call, ``gemm_extern``.  Every argument but the tensors is the ``GemmCall`` as plain
 values (``call.op_args``).
 """
 
@@ -75,11 +76,12 @@ def _gemm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``tritongemm::gemm``: (act(alpha a@b + beta addend) + residual, pre-activation or an empty tensor).
 
-    Traced (fake or functional tensors), the kernel launches go into the graph
-    itself where the plan's kernel allows it (``launch.traced_gemm``), so a
-    compiled graph launches them with no Python of ours per call; elsewhere the
-    graph holds the opaque ``gemm_extern``.  On real tensors (eager, or
-    DTensor's local shards) it launches directly.
+    Traced (fake or functional tensors) on a GPU, a GEMM where tritongemm has no edge over cuBLAS
+    becomes the stock model's aten ops (``_hand_to_aten``), which Inductor fuses around; the others'
+    kernel launches go into the graph itself where the plan's kernel allows it
+    (``launch.traced_gemm``), so a compiled graph launches them with no Python of ours per call;
+    elsewhere the graph holds the opaque ``gemm_extern``.  On real tensors (eager, or DTensor's
+    local shards) it launches directly.
     """
     args = (a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json,
             precision)  # fmt: skip
