@@ -135,6 +135,7 @@ def test_compiled_reason_keeps_kernels_only_where_they_have_an_edge():
     w = torch.empty(4096, 1024, dtype=torch.bfloat16, device="meta")
     plan = tritongemm.explain(x, w.mT, device="h100")
     assert compiled_reason(plan, Request(), torch.bfloat16, torch.bfloat16) is None
+    assert plan.compiled is None and "compile: the aten op" in plan.describe()  # explain says so too
     assert "output dtype" in compiled_reason(plan, Request(), torch.bfloat16, torch.float32)
     assert "asked for" in compiled_reason(
         plan, Request(pipeline="multi_stage"), torch.bfloat16, torch.bfloat16
@@ -144,6 +145,8 @@ def test_compiled_reason_keeps_kernels_only_where_they_have_an_edge():
     unaligned = tritongemm.explain(odd, w_odd.mT, device="h100")
     assert unaligned.alignment is not None
     assert "unaligned" in compiled_reason(unaligned, Request(), torch.bfloat16, torch.bfloat16)
+    assert "compile: this kernel (unaligned" in unaligned.describe()
+    assert "asked for" in tritongemm.explain(x, w.mT, device="h100", pipeline="multi_stage").compiled
 
 
 @pytest.mark.gpu

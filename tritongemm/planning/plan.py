@@ -63,6 +63,8 @@ class Plan:
     device: DeviceInfo | None = None
     #: None when every operand is aligned (the common case).
     alignment: Alignment | None = None
+    #: Why a ``torch.compile`` graph runs this kernel; None: the stock model's aten op (``compiled_reason``).
+    compiled: str | None = None
 
     def describe(self) -> str:
         lines = []
@@ -84,6 +86,13 @@ class Plan:
                 else f"{al.path} pointer loads"
             )
             lines.append(f"align  : {what} ({al.why})")
+        if self.device is not None and not self.device.interpreter:
+            lines.append(
+                "compile: the aten op, as in the stock model (no edge over cuBLAS; "
+                "TRITONGEMM_COMPILED_GEMMS=always keeps this kernel)"
+                if self.compiled is None
+                else f"compile: this kernel ({self.compiled})"
+            )
         return "\n".join(lines)
 
 
@@ -113,7 +122,8 @@ def plan(
             if small is not None:
                 cfg, kernel, fallback = _kernel_for(small, problem, device, a, b, c, dtype, out_dtype)
                 source += "; element-wise loads: instead, small tiles with a long K step (unaligned.elementwise_tile)"
-    return Plan(cfg, source, kernel, fallback, problem, device, alignment)
+    chosen = Plan(cfg, source, kernel, fallback, problem, device, alignment)
+    return replace(chosen, compiled=compiled_reason(chosen, request, dtype, out_dtype))
 
 
 def compiled_reason(chosen: Plan, request: Request, dtype: torch.dtype, out_dtype: torch.dtype) -> str | None:
@@ -127,6 +137,8 @@ def compiled_reason(chosen: Plan, request: Request, dtype: torch.dtype, out_dtyp
     fraction of its speed -- or where the caller asked for something aten cannot do, the kernel
     runs.
     """
+    if dtype in FP8_DTYPES:
+        return "fp8: scaled_mm is an op of its own"
     if request.config is not None or request.pipeline is not None or request.decomposition is not None:
         return "a config, pipeline or decomposition was asked for"
     if out_dtype != dtype:
