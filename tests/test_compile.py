@@ -147,6 +147,12 @@ def test_compiled_reason_keeps_kernels_only_where_they_have_an_edge():
     assert "unaligned" in compiled_reason(unaligned, Request(), torch.bfloat16, torch.bfloat16)
     assert "compile: this kernel (unaligned" in unaligned.describe()
     assert "asked for" in tritongemm.explain(x, w.mT, device="h100", pipeline="multi_stage").compiled
+    # No plan (symbolic sizes): the request and the dtypes still decide.
+    assert compiled_reason(None, Request(), torch.bfloat16, torch.bfloat16) is None
+    assert "asked for" in compiled_reason(
+        None, Request(pipeline="multi_stage"), torch.bfloat16, torch.bfloat16
+    )
+    assert "output dtype" in compiled_reason(None, Request(), torch.bfloat16, torch.float32)
 
 
 @pytest.mark.gpu

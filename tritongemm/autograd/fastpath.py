@@ -51,7 +51,7 @@ from ..launch import native
 from ..launch.keys import signature
 from ..planning.call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall, Request
 from ..semantics import SUPPORTED_DTYPES, autocast_cast, autocast_dtype, dot_precision
-from .function import alloc_out, backward_gemms, gradient_gemm, is_transposed_view
+from .function import alloc_out, backward_gemms, gradient_gemm, is_transposed_view, operand_view
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
@@ -265,6 +265,7 @@ class _GradLaunch:
 
 
 G, X, W = 0, 1, 2  # places in the (g, x, w) a gradient launch is called with
+PLACES = {"g": G, "a": X, "b": W}  # where each operand ``gradient_gemm`` names sits there
 
 
 def _grad_launches(entry: Entry, needs, g, x, w):
@@ -296,21 +297,17 @@ def _grad_launches(entry: Entry, needs, g, x, w):
     return (*aligned, shared)
 
 
-def _placed(places: dict, name: str) -> tuple:
-    at, view = places[name[0]]
-    return at, (view.mT if name.endswith("T") else view)
-
-
 def _plan_grad_launches(entry: Entry, needs, g2, a, b, g):
     """[grad-x launch, grad-w launch] (None where not needed) planned on ``g2`` (dZ as (M, N)), or None
     where a launcher reads more than its tensors' data pointers."""
-    places = {"g": (G, g2), "a": (X, a), "b": (W, b)}  # where each operand sits in (g, x, w), viewed
+    views = {"g": g2, "a": a, "b": b}
     grads = [None, None]
     for slot in (0, 1):
         if not needs[slot]:
             continue
         lhs, rhs, flip = gradient_gemm(slot, (entry.a_transposed, entry.b_transposed)[slot])
-        (lhs_at, lhs_view), (rhs_at, rhs_view) = _placed(places, lhs), _placed(places, rhs)
+        lhs_view, rhs_view = operand_view(views, lhs), operand_view(views, rhs)
+        lhs_at, rhs_at = PLACES[lhs[0]], PLACES[rhs[0]]
         planned = (lhs_view.shape[0], rhs_view.shape[1])
         if slot == 0:  # dA^T stored (K, M), or dA written straight into x's shape
             shape, transpose = (planned if flip else entry.x_shape), flip

@@ -158,7 +158,7 @@ def backward_gemms(ctx, grad_out, a, b, z):
         if ctx.needs_input_grad[operand]:
             lhs, rhs, flip = gradient_gemm(operand, eager and transposed)
             views = {"g": grad_z.to((b, a)[operand].dtype), "a": a, "b": b}  # dA in B's dtype, dB in A's
-            grad = gemm(_view(views, lhs), _view(views, rhs))
+            grad = gemm(operand_view(views, lhs), operand_view(views, rhs))
             grads[operand] = grad.mT if flip else grad
     grad_a, grad_b = grads
     if ctx.needs_input_grad[2]:  # zero when beta = 0: the addend was not read, as in torch
@@ -181,7 +181,8 @@ def gradient_gemm(operand: int, transposed: bool) -> tuple[str, str, bool]:
     return ("gT", "a", True) if transposed else ("aT", "g", False)  # dB^T = dZ^T A ; dB = A^T dZ
 
 
-def _view(views: dict, name: str) -> torch.Tensor:
+def operand_view(views: dict, name: str) -> torch.Tensor:
+    """The tensor ``gradient_gemm`` names ("a", "aT", ...) from ``views`` ({"g": dZ, "a": A, "b": B})."""
     return views[name[0]].mT if name.endswith("T") else views[name]
 
 

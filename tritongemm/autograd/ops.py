@@ -100,13 +100,11 @@ def _hand_to_aten(chosen, call: GemmCall, a: torch.Tensor) -> bool:
     """Does this traced GEMM become aten ops (``launch.COMPILED_GEMMS``, ``plan.compiled_reason``)?
 
     Only on a GPU with compiled kernels: the interpreter keeps tritongemm's kernels, which is
-    what it is for.  Sizes a plan cannot be made for (dynamic shapes) go to aten too."""
+    what it is for.  Sizes a plan cannot be made for (dynamic shapes, ``chosen`` None) go to aten
+    too unless the request or the dtypes say otherwise."""
     if launch.COMPILED_GEMMS != "auto" or a.device.type != "cuda" or interpreter_enabled():
         return False
-    out_dtype = call.out_dtype or a.dtype
-    if chosen is None:
-        return out_dtype == a.dtype
-    return compiled_reason(chosen, call.request, a.dtype, out_dtype) is None
+    return compiled_reason(chosen, call.request, a.dtype, call.out_dtype or a.dtype) is None
 
 
 def _aten_gemm(call: GemmCall, a, b, addend, residual) -> tuple[torch.Tensor, torch.Tensor]:

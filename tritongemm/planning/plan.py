@@ -126,9 +126,12 @@ def plan(
     return replace(chosen, compiled=compiled_reason(chosen, request, dtype, out_dtype))
 
 
-def compiled_reason(chosen: Plan, request: Request, dtype: torch.dtype, out_dtype: torch.dtype) -> str | None:
+def compiled_reason(
+    chosen: Plan | None, request: Request, dtype: torch.dtype, out_dtype: torch.dtype
+) -> str | None:
     """Why a GEMM in a ``torch.compile`` graph runs tritongemm's kernel; None: it is handed to the
-    aten op, as in the stock model.
+    aten op, as in the stock model.  ``chosen`` is None where no plan could be made (symbolic
+    sizes): then only the request and the dtypes decide.
 
     Inductor fuses the operations around an aten matmul and chooses cuBLAS or its own templates
     for it (max-autotune); a user kernel it can only call.  On aligned operands tritongemm's
@@ -143,7 +146,7 @@ def compiled_reason(chosen: Plan, request: Request, dtype: torch.dtype, out_dtyp
         return "a config, pipeline or decomposition was asked for"
     if out_dtype != dtype:
         return "the output dtype differs from the operands' (aten would round the product first)"
-    if chosen.alignment is not None:
+    if chosen is not None and chosen.alignment is not None:
         return f"unaligned operands ({chosen.alignment.path}), where cuBLAS is slow"
     return None
 
