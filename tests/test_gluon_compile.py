@@ -98,6 +98,7 @@ def compile_kernel(
     out_dtype=None,
     scaling="none",
     max_imprecise_acc=None,
+    gated="",
 ):
     """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers
     (``bn``: the tile's first, power-of-two part of N; ``bn2``: its second part, 0 for none;
@@ -115,7 +116,7 @@ def compile_kernel(
         A_ROW_MAJOR=a_row_major,
         B_ROW_MAJOR=b_row_major,
         HAS_ALPHA=full,
-        HAS_ADDEND=full or activation != "none",
+        ADDEND="full" if full else ("row" if activation != "none" else "none"),
         ACTIVATION=activation,
         HAS_RESIDUAL=full,
         STORE_PREACT=full,
@@ -127,9 +128,15 @@ def compile_kernel(
         CLUSTER_N=cluster_n,
         SCALING=scaling,
         MAX_IMPRECISE_ACC=max_imprecise_acc,
+        GATED="",
     )
     if scaling == "none":
         constexprs.update(sa_ptr=None, sb_ptr=None)
+    if gated:  # as launch.gated.GluonGated: both biases (full) and the saved pre-activations, or neither
+        constexprs.update(
+            GATED=gated, ACTIVATION="none", HAS_ALPHA=False, HAS_RESIDUAL=False,
+            ADDEND="row" if full else "none", STORE_PREACT=full,
+        )  # fmt: skip
     out_dtype = out_dtype or dtype
     bn2 = bn2 or bn  # without a second part the launcher passes B's and C's descriptors again
     ga, gb, gc = gg.cluster_layouts(cluster_m, cluster_n, a_row_major, b_row_major)
@@ -452,3 +459,26 @@ def test_fp8_compiles_to_e4m3_wgmma_with_scales_in_the_epilogue(case):
     ring = stages * (bm + bn + bn2) * 128
     staged = bm * (bn + bn2) * out_size // (2 if subtile else 1) * consumers
     assert ring + staged <= smem <= H100_SMEM, f"{smem} bytes of shared memory"
+
+
+#: The gated (GLU MLP) mode of launch.gated.GluonGated: 128 x 128 tiles of h from two 128-wide weight
+#: tiles, cooperative, four slots (h staged alone) or three (g staged too, with both biases).
+GATED_CASES = [("bf16", 4, False, "silu"), ("fp16", 3, True, "gelu_tanh")]
+
+
+@needs_gluon
+@pytest.mark.parametrize(
+    "case", GATED_CASES, ids=[f"{c[0]}-s{c[1]}-{'saved' if c[2] else 'h'}-{c[3]}" for c in GATED_CASES]
+)
+def test_gated_mode_keeps_two_accumulators_and_stores_one_tile(case):
+    dtype, stages, saved, activation = case
+    ptx, smem = compiled_facts(
+        dtype, 128, 128, 64, stages, True, False, 8, "none", saved, 1, 128, False, False, 1, 1, None,
+        "none", None, activation,
+    )  # fmt: skip
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", ptx)) >= 2, "not two accumulators"
+    assert ".local" not in ptx, "the accumulators spill"
+    stores = len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::\w+\.bulk_group", ptx))
+    assert stores == (2 if saved else 1), f"{stores} TMA stores"
+    ring = stages * (128 + 256) * 64 * 2
+    assert ring + (2 if saved else 1) * 128 * 128 * 2 <= smem <= H100_SMEM, f"{smem} bytes of shared memory"

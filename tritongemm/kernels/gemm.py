@@ -114,7 +114,7 @@ def finish_tile(
     offs_n,
     out,
     HAS_ALPHA: tl.constexpr,
-    HAS_ADDEND: tl.constexpr,
+    ADDEND: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     STORE_PREACT: tl.constexpr,
@@ -124,8 +124,10 @@ def finish_tile(
         z = alpha * acc + beta * D      (D: addmm's input, or linear's bias, broadcast by strides)
         y = activation(z) + R           (R: a residual of the output's shape)
 
-    ``z`` is also stored when backward needs it (STORE_PREACT), with C's strides.  ``out``: the
-    runtime values, built once by each kernel as one tuple (C's pointer is not read here).
+    ADDEND says how D is read: "none"; "row", one row broadcast down the tile (a bias), loaded as one
+    vector; "full", one element per output (``launch.pointer.addend_kind``).  ``z`` is also stored
+    when backward needs it (STORE_PREACT), with C's strides.  ``out``: the runtime values, built once
+    by each kernel as one tuple (C's pointer is not read here).
     """
     # fmt: off
     (_, d_ptr, r_ptr, z_ptr, M, N, stride_zm, stride_zn, stride_dm, stride_dn, stride_rm, stride_rn,
@@ -134,7 +136,10 @@ def finish_tile(
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if HAS_ALPHA:
         acc = acc * alpha
-    if HAS_ADDEND:
+    if ADDEND == "row":  # a bias: one vector load per tile, not one load per output
+        d = tl.load(d_ptr + offs_n * stride_dn, mask=offs_n < N, other=0.0)
+        acc = acc + beta * d.to(acc.dtype)[None, :]
+    elif ADDEND == "full":
         d = tl.load(d_ptr + offs_m[:, None] * stride_dm + offs_n[None, :] * stride_dn, mask=mask, other=0.0)
         acc = acc + beta * d.to(acc.dtype)
     if STORE_PREACT:
@@ -170,7 +175,7 @@ def epilogue(
     offs_n,
     out,
     HAS_ALPHA: tl.constexpr,
-    HAS_ADDEND: tl.constexpr,
+    ADDEND: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     STORE_PREACT: tl.constexpr,
@@ -182,7 +187,7 @@ def epilogue(
     C's strides.  A literal, not a helper's return value: Inductor's analysis of a user kernel
     (``torch.compile``) then still sees that only C and Z are written."""
     c_ptr, M, N, stride_cm, stride_cn = out[0], out[4], out[5], out[6], out[7]
-    acc = finish_tile(acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
+    acc = finish_tile(acc, offs_m, offs_n, out, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
@@ -305,7 +310,7 @@ def gemm_kernel(
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
     HAS_ALPHA: tl.constexpr,
-    HAS_ADDEND: tl.constexpr,
+    ADDEND: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     STORE_PREACT: tl.constexpr,
@@ -408,7 +413,7 @@ def gemm_kernel(
             c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb, z_ptr + batch * stride_cb,
             M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
         )  # fmt: skip
-        epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
+        epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
 
 
 @triton.jit
@@ -438,7 +443,7 @@ def splitk_reduce_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_ALPHA: tl.constexpr,
-    HAS_ADDEND: tl.constexpr,
+    ADDEND: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     STORE_PREACT: tl.constexpr,
@@ -465,4 +470,4 @@ def splitk_reduce_kernel(
         c_ptr + batch * stride_cb, d_ptr + batch * stride_db, r_ptr + batch * stride_rb, z_ptr + batch * stride_cb,
         M, N, stride_cm, stride_cn, stride_dm, stride_dn, stride_rm, stride_rn, alpha, beta,
     )  # fmt: skip
-    epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
+    epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)

@@ -72,6 +72,7 @@ from .gluon_common import (
     GLUON_UNAVAILABLE_REASON,
     PRECISE_FP8_AVAILABLE,
     accumulator_layout,
+    activate,
     barriers,
     cluster_layouts,
     fence_async_shared,
@@ -121,6 +122,7 @@ def load_k_steps(
     BLOCK_N2: gl.constexpr,
     CLUSTER_M: gl.constexpr,
     CLUSTER_N: gl.constexpr,
+    GATED: gl.constexpr,
 ):
     """Load K-steps ``k_begin .. k_end - 1`` of the tile at (off_m, off_n) into the ring from ring step
     ``step`` on; returns the next ring step.
@@ -129,6 +131,8 @@ def load_k_steps(
     writes it into both CTAs' slots (TMA multicast), which it may do once both CTAs' consumers are
     done with the slot (``gathered``); each CTA loads its own half of the other operand."""
     a_desc, b_desc, b2_desc = descs
+    # B2's box: the tile's last BLOCK_N2 columns of B, or the same columns of the second weight (GATED).
+    B2_SHIFT: gl.constexpr = 0 if GATED != "" else BLOCK_N
     a_ring, b_ring, b2_ring, ready, empty, _, gathered = ring
     if CLUSTER_M * CLUSTER_N > 1:
         nbytes: gl.constexpr = slot_bytes(
@@ -157,11 +161,11 @@ def load_k_steps(
             load_box(b_desc, off_k, off_n, bar, b_ring.index(slot), CLUSTER_M > 1)
         else:
             load_box(b_desc, off_n, off_k, bar, b_ring.index(slot), CLUSTER_M > 1)
-        if BLOCK_N2 > 0:  # the tile's last BLOCK_N2 columns of B
+        if BLOCK_N2 > 0:
             if B_ROW_MAJOR:
-                load_box(b2_desc, off_k, off_n + BLOCK_N, bar, b2_ring.index(slot), CLUSTER_M > 1)
+                load_box(b2_desc, off_k, off_n + B2_SHIFT, bar, b2_ring.index(slot), CLUSTER_M > 1)
             else:
-                load_box(b2_desc, off_n + BLOCK_N, off_k, bar, b2_ring.index(slot), CLUSTER_M > 1)
+                load_box(b2_desc, off_n + B2_SHIFT, off_k, bar, b2_ring.index(slot), CLUSTER_M > 1)
         step += 1
     return step
 
@@ -187,12 +191,13 @@ def producer(
     STREAM_K: gl.constexpr,
     CLUSTER_M: gl.constexpr,
     CLUSTER_N: gl.constexpr,
+    GATED: gl.constexpr,
 ):
     """The load partition: fill ring slots in the order the consumers drain them (whole tiles, then, with
     STREAM_K, this program's share of the streamed K-steps, walked backwards as the consumer walks it)."""
     dp_tiles, iters_per_program, tile_span = sk
     descs = (a_desc, b_desc, b2_desc)
-    TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2)
+    TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2, GATED)
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, TILE_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
     step = 0  # K-steps issued by this program so far, over all its tiles
@@ -200,7 +205,7 @@ def producer(
         pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, TILE_N, GROUP_M)
         step = load_k_steps(
             descs, ring, pid_m * BLOCK_M, pid_n * TILE_N, 0, k_tiles, step,
-            BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2, CLUSTER_M, CLUSTER_N,
+            BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2, CLUSTER_M, CLUSTER_N, GATED,
         )  # fmt: skip
     if STREAM_K:
         first = gl.program_id(0) * iters_per_program
@@ -211,9 +216,59 @@ def producer(
             seg_end = gl.minimum(last - tile_start, k_tiles)  # (a tile's span may end past its K-steps)
             step = load_k_steps(
                 descs, ring, pid_m * BLOCK_M, pid_n * TILE_N, seg_start - tile_start, seg_end,
-                step, BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2, 1, 1,
+                step, BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2, 1, 1, "",
             )  # fmt: skip
             last = seg_start
+
+
+@gluon.jit
+def gated_epilogue(
+    acc,
+    acc2,
+    off_m,
+    off_n,
+    epi,
+    c_desc,
+    c_smem,
+    c2_desc,
+    c2_smem,
+    ADDEND: gl.constexpr,
+    STORE_PREACT: gl.constexpr,
+    GATED: gl.constexpr,
+):
+    """A gated tile (GATED: the activation): ``acc`` holds the gate projection's tile, ``acc2`` the up
+    projection's, of the same columns; stores ``h = act(g) * u`` through ``c_desc``.
+
+    ADDEND "row": both have a bias, the gate's at D and the up's at R.  STORE_PREACT: backward's
+    pre-activations, ``g`` through ``c2_desc`` (TMA) and ``u`` at Z (pointer stores: the kernel has
+    one more descriptor to spare, not two)."""
+    # fmt: off
+    (M, N, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn, z_ptr, stride_zm, stride_zn,
+     alpha, beta, sa_ptr, sb_ptr) = epi
+    # fmt: on
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    BLOCK_N: gl.constexpr = acc.shape[1]
+    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
+    if ADDEND == "row":
+        bias_g = gl.load(d_ptr + offs_n * stride_dn, mask=offs_n < N, other=0.0)
+        bias_u = gl.load(r_ptr + offs_n * stride_rn, mask=offs_n < N, other=0.0)
+        acc = acc + gl.expand_dims(bias_g.to(gl.float32), 0)
+        acc2 = acc2 + gl.expand_dims(bias_u.to(gl.float32), 0)
+    # The previous tile's TMA stores must have finished reading the staging buffers.
+    tma.store_wait(0)
+    if STORE_PREACT:
+        c2_smem.store(acc.to(c2_desc.dtype))
+        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
+        rows = gl.expand_dims(offs_m, 1)
+        cols = gl.expand_dims(offs_n, 0)
+        u_ptrs = z_ptr + rows * stride_zm + cols * stride_zn
+        gl.store(u_ptrs, acc2.to(z_ptr.dtype.element_ty), mask=(rows < M) & (cols < N))
+    h = activate(acc, GATED) * acc2
+    c_smem.store(h.to(c_desc.dtype))
+    fence_async_shared()
+    tma_store(c_desc, [off_m, off_n], c_smem)
+    if STORE_PREACT:
+        tma_store(c2_desc, [off_m, off_n], c2_smem)
 
 
 @gluon.jit
@@ -235,7 +290,7 @@ def consumer(
     A_ROW_MAJOR: gl.constexpr,
     B_ROW_MAJOR: gl.constexpr,
     HAS_ALPHA: gl.constexpr,
-    HAS_ADDEND: gl.constexpr,
+    ADDEND: gl.constexpr,
     ACTIVATION: gl.constexpr,
     HAS_RESIDUAL: gl.constexpr,
     STORE_PREACT: gl.constexpr,
@@ -248,6 +303,7 @@ def consumer(
     EPILOGUE_SUBTILE: gl.constexpr,
     CLUSTER_M: gl.constexpr,
     CLUSTER_N: gl.constexpr,
+    GATED: gl.constexpr,
 ):
     """A consumer partition: wgmma over the ring, then the epilogue and the TMA store of each of its tiles.
 
@@ -277,7 +333,7 @@ def consumer(
     acc2_layout: gl.constexpr = accumulator_layout(
         BLOCK_M, BLOCK_N2 if BLOCK_N2 > 0 else BLOCK_N, gl.num_warps(), CLUSTER_M, CLUSTER_N, INSTR_K
     )
-    TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2)
+    TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2, GATED)
     # One K-step's wgmma (one per accumulator) left in flight needs a second slot to load into meanwhile.
     IN_FLIGHT: gl.constexpr = 1 if NUM_STAGES > 1 else 0
     WGMMAS: gl.constexpr = 2 if BLOCK_N2 > 0 else 1  # wgmma groups per K-step
@@ -320,41 +376,46 @@ def consumer(
 
         off_m = pid_m * BLOCK_M
         off_n = pid_n * TILE_N
-        acc = finish_tile(
-            acc, off_m, off_n, epi, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, SCALING
-        )
-        if BLOCK_N2 > 0:
-            acc2 = finish_tile(
-                acc2,
-                off_m,
-                off_n + BLOCK_N,
-                epi,
-                HAS_ALPHA,
-                HAS_ADDEND,
-                ACTIVATION,
-                HAS_RESIDUAL,
-                STORE_PREACT,
-                SCALING,
+        if GATED != "":
+            gated_epilogue(
+                acc, acc2, off_m, off_n, epi, c_desc, c_smem, c2_desc, c2_smem, ADDEND, STORE_PREACT, GATED
             )
-        # The previous tile's TMA stores must have finished reading c_smem before it is overwritten.
-        tma.store_wait(0)
-        c_smem.store(acc.to(c_desc.dtype))
-        if BLOCK_N2 > 0:
-            if EPILOGUE_SUBTILE:  # one staging buffer: the second half waits for the first's store
-                fence_async_shared()
-                tma_store(c_desc, [off_m, off_n], c_smem)
-                tma.store_wait(0)
-                c_smem.store(acc2.to(c_desc.dtype))
-                fence_async_shared()
-                tma_store(c_desc, [off_m, off_n + BLOCK_N], c_smem)
-            else:
-                c2_smem.store(acc2.to(c2_desc.dtype))
-                fence_async_shared()
-                tma_store(c_desc, [off_m, off_n], c_smem)
-                tma_store(c2_desc, [off_m, off_n + BLOCK_N], c2_smem)
         else:
-            fence_async_shared()
-            tma_store(c_desc, [off_m, off_n], c_smem)
+            acc = finish_tile(
+                acc, off_m, off_n, epi, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, SCALING
+            )
+            if BLOCK_N2 > 0:
+                acc2 = finish_tile(
+                    acc2,
+                    off_m,
+                    off_n + BLOCK_N,
+                    epi,
+                    HAS_ALPHA,
+                    ADDEND,
+                    ACTIVATION,
+                    HAS_RESIDUAL,
+                    STORE_PREACT,
+                    SCALING,
+                )
+            # The previous tile's TMA stores must have finished reading c_smem before it is overwritten.
+            tma.store_wait(0)
+            c_smem.store(acc.to(c_desc.dtype))
+            if BLOCK_N2 > 0:
+                if EPILOGUE_SUBTILE:  # one staging buffer: the second half waits for the first's store
+                    fence_async_shared()
+                    tma_store(c_desc, [off_m, off_n], c_smem)
+                    tma.store_wait(0)
+                    c_smem.store(acc2.to(c_desc.dtype))
+                    fence_async_shared()
+                    tma_store(c_desc, [off_m, off_n + BLOCK_N], c_smem)
+                else:
+                    c2_smem.store(acc2.to(c2_desc.dtype))
+                    fence_async_shared()
+                    tma_store(c_desc, [off_m, off_n], c_smem)
+                    tma_store(c2_desc, [off_m, off_n + BLOCK_N], c2_smem)
+            else:
+                fence_async_shared()
+                tma_store(c_desc, [off_m, off_n], c_smem)
     if STREAM_K:  # (one consumer, one accumulator: the launcher's rule)
         # This program's share of the streamed tiles' K-steps, walked backwards one tile segment at a
         # time (see gemm_streamk): its contribution first, the tile it finishes last.
@@ -383,7 +444,7 @@ def consumer(
                 off_m = pid_m * BLOCK_M
                 off_n = pid_n * TILE_N
                 acc = finish_tile(
-                    acc, off_m, off_n, epi, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+                    acc, off_m, off_n, epi, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                     SCALING,
                 )  # fmt: skip
                 tma.store_wait(0)
@@ -432,7 +493,7 @@ def gemm_gluon_kernel(
     A_ROW_MAJOR: gl.constexpr,
     B_ROW_MAJOR: gl.constexpr,
     HAS_ALPHA: gl.constexpr,
-    HAS_ADDEND: gl.constexpr,
+    ADDEND: gl.constexpr,
     ACTIVATION: gl.constexpr,
     HAS_RESIDUAL: gl.constexpr,
     STORE_PREACT: gl.constexpr,
@@ -444,6 +505,7 @@ def gemm_gluon_kernel(
     CLUSTER_N: gl.constexpr = 1,
     SCALING: gl.constexpr = "none",
     MAX_IMPRECISE_ACC: gl.constexpr = None,
+    GATED: gl.constexpr = "",
 ):
     """C = act(alpha * A @ B + beta * D) + R on a persistent grid (program p takes tiles p, p + grid, ...).
 
@@ -464,6 +526,9 @@ def gemm_gluon_kernel(
     shares' iterations (those past its K-steps are skipped); ``ws_ptr`` holds one fp32 partial tile per
     program and ``count_ptr`` one arrival counter per streamed tile, zero at launch and re-armed to zero
     by the kernel (``launch.stream_k.StreamKBuffers``).  Without STREAM_K neither is read.
+    GATED (an activation's name; "" for none) makes the kernel a GLU MLP's gate and up projections:
+    ``b_desc`` and ``b2_desc`` describe two weights, the two accumulators (``BLOCK_N2 == BLOCK_N``) cover
+    the same columns of each, and the epilogue stores ``act(g) * u`` (``gated_epilogue``).
     CLUSTER_M (N) = 2: a program is two CTAs, BLOCK_M (N) theirs, sharing B's (A's) box (``load_k_steps``).
     fp8 operands (K-major both, as wgmma reads them) are dequantized by ``sa_ptr``'s and ``sb_ptr``'s
     scales (SCALING, ``gluon_common.finish_tile``) and summed in full fp32 precision every
@@ -480,7 +545,8 @@ def gemm_gluon_kernel(
         b2_ring = gl.allocate_shared_memory(
             b2_desc.dtype, [NUM_STAGES] + b2_desc.block_type.shape, b2_desc.layout
         )
-        if not EPILOGUE_SUBTILE:  # (subtiled: both halves pass through c_tiles in turn)
+        # (subtiled: both halves pass through c_tiles in turn; gated: h alone, unless g is kept for backward)
+        if not EPILOGUE_SUBTILE and (GATED == "" or STORE_PREACT):
             c2_tiles = gl.allocate_shared_memory(
                 c2_desc.dtype, [CONSUMERS] + c2_desc.block_type.shape, c2_desc.layout
             )
@@ -519,12 +585,12 @@ def gemm_gluon_kernel(
             [
                 (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+                            HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                             SCALING, MAX_IMPRECISE_ACC, 0, 1, BLOCK_N2, STREAM_K,
-                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
-                            STREAM_K, CLUSTER_M, CLUSTER_N)),
+                            STREAM_K, CLUSTER_M, CLUSTER_N, GATED)),
             ],
             [1],
             [PRODUCER_REGS],
@@ -536,17 +602,17 @@ def gemm_gluon_kernel(
             [
                 (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+                            HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                             SCALING, MAX_IMPRECISE_ACC, 0, 2, BLOCK_N2, False,
-                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED)),
                 (consumer, (ring, c_desc, c_tiles.index(1), c2_desc, c2_tiles.index(1), epi, K, sk, fixup,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
-                            HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+                            HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                             SCALING, MAX_IMPRECISE_ACC, 1, 2, BLOCK_N2, False,
-                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
-                            STREAM_K, CLUSTER_M, CLUSTER_N)),
+                            STREAM_K, CLUSTER_M, CLUSTER_N, GATED)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],

@@ -158,7 +158,7 @@ def streamk_kernel(
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
     HAS_ALPHA: tl.constexpr,
-    HAS_ADDEND: tl.constexpr,
+    ADDEND: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     STORE_PREACT: tl.constexpr,
@@ -194,7 +194,7 @@ def streamk_kernel(
             DOT_PRECISION,
             UPCAST_OPERANDS,
         )
-        epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
+        epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
 
     # Streamed part: this program's share [first, last) of the remaining
     # iterations, walked backwards one tile segment at a time.
@@ -236,5 +236,5 @@ def streamk_kernel(
             BLOCK_N,
         )
         if finished:
-            epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
+            epilogue(acc, offs_m, offs_n, out, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
         last = seg_start

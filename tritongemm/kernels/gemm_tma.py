@@ -109,7 +109,7 @@ def gemm_tma_kernel(
     A_KMAJOR: tl.constexpr,
     B_KMAJOR: tl.constexpr,
     HAS_ALPHA: tl.constexpr,
-    HAS_ADDEND: tl.constexpr,
+    ADDEND: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     STORE_PREACT: tl.constexpr,
@@ -159,9 +159,7 @@ def gemm_tma_kernel(
         )
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)
-        acc = finish_tile(
-            acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT
-        )
+        acc = finish_tile(acc, offs_m, offs_n, out, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
         store_tile(c_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
     if STREAM_K:
         # This program's share [first, last) of the streamed tiles' K-steps,
@@ -206,7 +204,7 @@ def gemm_tma_kernel(
                 offs_m = off_m + tl.arange(0, BLOCK_M)
                 offs_n = off_n + tl.arange(0, BLOCK_N)
                 acc = finish_tile(
-                    acc, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT
+                    acc, offs_m, offs_n, out, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT
                 )
                 store_tile(c_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
             last = seg_start

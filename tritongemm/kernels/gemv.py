@@ -43,7 +43,7 @@ def gemv_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     HAS_ALPHA: tl.constexpr,
-    HAS_ADDEND: tl.constexpr,
+    ADDEND: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     STORE_PREACT: tl.constexpr,
@@ -97,4 +97,4 @@ def gemv_kernel(
                 )
     if finish:
         out = (c_ptr, d_ptr, r_ptr, z_ptr, 1, N, 0, stride_cn, 0, stride_dn, 0, stride_rn, alpha, beta)
-        epilogue(tile, offs_m, offs_n, out, HAS_ALPHA, HAS_ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
+        epilogue(tile, offs_m, offs_n, out, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)

@@ -139,9 +139,10 @@ def accumulator_layout(BLOCK_M, BLOCK_N, num_warps, CLUSTER_M=1, CLUSTER_N=1, IN
 
 
 @gluon.constexpr_function
-def tile_width(BLOCK_N, BLOCK_N2):
-    """The tile's N extent: its power-of-two part and the second part (0 for none)."""
-    return BLOCK_N + BLOCK_N2
+def tile_width(BLOCK_N, BLOCK_N2, GATED=""):
+    """The tile's N extent: its power-of-two part and the second part (0 for none).  A gated tile's two
+    accumulators cover the same columns of two weights (``gemm_gluon``'s GATED)."""
+    return BLOCK_N if GATED != "" else BLOCK_N + BLOCK_N2
 
 
 @gluon.constexpr_function
@@ -257,7 +258,7 @@ def finish_tile(
     off_n,
     epi,
     HAS_ALPHA: gl.constexpr,
-    HAS_ADDEND: gl.constexpr,
+    ADDEND: gl.constexpr,
     ACTIVATION: gl.constexpr,
     HAS_RESIDUAL: gl.constexpr,
     STORE_PREACT: gl.constexpr,
@@ -286,7 +287,10 @@ def finish_tile(
         acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
     if HAS_ALPHA:
         acc = acc * alpha
-    if HAS_ADDEND:
+    if ADDEND == "row":  # a bias: one vector load per tile, in the accumulator's column layout
+        d = gl.load(d_ptr + offs_n * stride_dn, mask=offs_n < N, other=0.0)
+        acc = acc + beta * gl.expand_dims(d.to(gl.float32), 0)
+    elif ADDEND == "full":
         d = gl.load(d_ptr + rows * stride_dm + cols * stride_dn, mask=mask, other=0.0)
         acc = acc + beta * d.to(gl.float32)
     if STORE_PREACT:

@@ -6,13 +6,30 @@ tensor, then one or two elementwise passes over both.  Here one program computes
 and the same tile of the up projection from the same A tiles (two accumulators), applies the
 activation and the product in its epilogue and stores one tile of ``h``.  Backward needs the
 pre-activations: ``save=(g, u)`` stores them too.
+
+Two kernels: on Hopper, the warp-specialized Gluon kernel in its GATED mode (TMA operands: unit last
+strides, 16-byte aligned rows); elsewhere, and on the CPU interpreter, ``kernels.gated``.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+
+from ..device import device_info, interpreter_enabled
+from ..kernels.gated import gated_kernel
+from ..kernels.gemm_gluon import GLUON_AVAILABLE, gemm_gluon_kernel
+from .common import KernelArgs, Launch
+from .gluon import GL_DTYPES, descriptor, max_registers
+from .keys import layout_signature
 
 GATED_ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+
+#: Launchers by (activation, biases, saved, layouts); bounded like ``launch.Plans``.
+_LAUNCHERS: dict = {}
+_MAX_LAUNCHERS = 1024
+
+_GLUON_RUNTIME = ("a_desc", "b_desc", "b2_desc", "c_desc", "c2_desc", "d_ptr", "r_ptr", "z_ptr")
 
 
 def gated_gemm(
@@ -27,28 +44,177 @@ def gated_gemm(
 ) -> torch.Tensor:
     """``act(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)``.
 
-    x: (M, K); w_gate, w_up: (N, K) as ``nn.Linear`` stores them; b_gate, b_up: (N,) or None;
-    all one dtype (fp16, bf16, fp32), one device.  ``out``: an (M, N) tensor to write (else one
-    is made).  ``save``: two (M, N) tensors that receive the pre-activations ``g`` and ``u`` (for
+    x: (M, K); w_gate, w_up: (N, K) as ``nn.Linear`` stores them; b_gate, b_up: (N,) or None (both or
+    neither); all one dtype (fp16, bf16, fp32), one device.  ``out``: an (M, N) tensor to write (else
+    one is made).  ``save``: two (M, N) tensors that receive the pre-activations ``g`` and ``u`` (for
     backward).  No checks here: the caller validated the operands.
     """
-    g = x @ w_gate.T
-    u = x @ w_up.T
-    if b_gate is not None:
-        g = g + b_gate
-    if b_up is not None:
-        u = u + b_up
-    if save is not None:
-        save[0].copy_(g)
-        save[1].copy_(u)
-    gf = g.float()
-    if activation == "silu":
-        a = torch.nn.functional.silu(gf)
-    elif activation == "gelu_tanh":
-        a = torch.nn.functional.gelu(gf, approximate="tanh")
-    else:
-        a = torch.nn.functional.gelu(gf)
-    h = (a * u.float()).to(x.dtype)
+    if activation not in GATED_ACTIVATIONS:
+        raise ValueError(f"gated_gemm: activation must be one of {GATED_ACTIVATIONS}, got {activation!r}")
+    if (b_gate is None) != (b_up is None):
+        raise ValueError("gated_gemm: give both biases or neither")
+    M = x.shape[0]
+    N = w_gate.shape[0]
     if out is None:
-        return h
-    return out.copy_(h)
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out
+    g, u = save if save is not None else (out, out)
+    bg, bu = (b_gate, b_up) if b_gate is not None else (out, out)
+    key = (
+        activation,
+        b_gate is not None,
+        save is not None,
+        layout_signature(x, w_gate, w_up, out, g, u),
+    )
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        if len(_LAUNCHERS) >= _MAX_LAUNCHERS:
+            _LAUNCHERS.clear()
+        kind = GluonGated if gluon_eligible(x, w_gate, w_up, out, save) else PointerGated
+        launcher = _LAUNCHERS[key] = kind(
+            x, w_gate, w_up, out, activation, b_gate is not None, save is not None
+        )
+    launcher(x, w_gate, w_up, out, bg, bu, g, u)
+    return out
+
+
+def gluon_eligible(x, w_gate, w_up, out, save) -> bool:
+    """Whether the Gluon kernel can take these tensors: sm_90, 16-bit, every TMA operand (all but the
+    pointer-stored ``u``) row-major with 16-byte aligned rows and base."""
+    if not GLUON_AVAILABLE or interpreter_enabled() or x.device.type != "cuda":
+        return False
+    if not device_info(x.device).is_hopper or x.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    tensors = (x, w_gate, w_up, out) + ((save[0],) if save is not None else ())
+    return all(t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0 for t in tensors)
+
+
+class PointerGated:
+    """``kernels.gated.gated_kernel``: any strides, any GPU, the interpreter."""
+
+    def __init__(self, x, w_gate, w_up, out, activation, biased, saved):
+        M, K = x.shape
+        N = w_gate.shape[0]
+        if interpreter_enabled():
+            bm, bn, bk, warps, stages = 32, 32, 32, 4, 1
+        else:
+            bm, bn, bk, warps, stages = 128, 64, 32, 4, 3
+        self.launch = Launch(
+            KernelArgs(
+                gated_kernel,
+                ("x_ptr", "wg_ptr", "wu_ptr", "h_ptr", "bg_ptr", "bu_ptr", "g_ptr", "u_ptr"),
+                M=M,
+                N=N,
+                K=K,
+                stride_xm=x.stride(0),
+                stride_xk=x.stride(1),
+                stride_gn=w_gate.stride(0),
+                stride_gk=w_gate.stride(1),
+                stride_un=w_up.stride(0),
+                stride_uk=w_up.stride(1),
+                stride_hm=out.stride(0),
+                stride_hn=out.stride(1),
+                BLOCK_M=bm,
+                BLOCK_N=bn,
+                BLOCK_K=bk,
+                GROUP_M=8,
+                ACTIVATION=activation,
+                HAS_BIAS=biased,
+                SAVE=saved,
+                EVEN_K=K % bk == 0,
+                # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584).
+                UPCAST_OPERANDS=interpreter_enabled() and x.dtype == torch.bfloat16,
+            ),
+            (triton.cdiv(M, bm) * triton.cdiv(N, bn),),
+            warps,
+            stages,
+        )
+        self.saved = saved
+
+    def __call__(self, x, w_gate, w_up, out, bg, bu, g, u):
+        if self.saved and (g.stride() != out.stride() or u.stride() != out.stride()):
+            raise ValueError("gated_gemm: the saved pre-activations must have the output's strides")
+        self.launch(x, w_gate, w_up, out, bg, bu, g, u)
+
+
+class GluonGated:
+    """The warp-specialized Gluon kernel's GATED mode: 128 x 128 tiles of ``h``, each from a 128-wide
+    tile of both weights (two accumulators, cooperative: two consumer warpgroups of 64 rows each)."""
+
+    BLOCK_M, BLOCK_N, BLOCK_K = 128, 128, 64
+
+    def __init__(self, x, w_gate, w_up, out, activation, biased, saved):
+        M, K = x.shape
+        N = w_gate.shape[0]
+        bm, bn, bk = self.BLOCK_M, self.BLOCK_N, self.BLOCK_K
+        self.a_desc, _ = descriptor(x, bm, bk)
+        self.b_desc, _ = descriptor(w_gate.mT, bk, bn)
+        self.b2_desc, _ = descriptor(w_up.mT, bk, bn)
+        self.c_desc, _ = descriptor(out, bm, bn)
+        self.c2_desc = self.c_desc  # g's: the same box over another tensor of h's layout
+        # A ring slot holds A's box and both weights' (48 KiB in 16 bits); h's staging tile takes 32 KiB,
+        # and g's another when backward keeps it: four slots fit beside one, three beside two.
+        stages = 3 if saved else 4
+        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        programs = max(1, min(device_info(x.device).sm_count, tiles))
+        self.launch = Launch(
+            KernelArgs(
+                gemm_gluon_kernel,
+                _GLUON_RUNTIME,
+                ws_ptr=None,
+                count_ptr=None,
+                sa_ptr=None,
+                sb_ptr=None,
+                M=M,
+                N=N,
+                K=K,
+                dp_tiles=tiles,
+                iters_per_program=0,
+                tile_span=0,
+                stride_dm=0,
+                stride_dn=1,
+                stride_rm=0,
+                stride_rn=1,
+                stride_zm=out.stride(0),
+                stride_zn=out.stride(1),
+                alpha=1.0,
+                beta=1.0,
+                BLOCK_M=bm,
+                BLOCK_N=bn,
+                BLOCK_K=bk,
+                GROUP_M=8,
+                NUM_STAGES=stages,
+                A_ROW_MAJOR=True,
+                B_ROW_MAJOR=False,
+                HAS_ALPHA=False,
+                ADDEND="row" if biased else "none",
+                ACTIVATION="none",
+                HAS_RESIDUAL=False,
+                STORE_PREACT=saved,
+                CONSUMERS=1,
+                BLOCK_N2=bn,
+                STREAM_K=False,
+                EPILOGUE_SUBTILE=False,
+                GATED=activation,
+            ),
+            (programs,),
+            8,
+            stages,
+            descriptors=dict(
+                a_desc=self.a_desc,
+                b_desc=self.b_desc,
+                b2_desc=self.b2_desc,
+                c_desc=self.c_desc,
+                c2_desc=self.c2_desc,
+            ),
+        )
+        self.launch.options["maxnreg"] = max_registers(8)
+        for template in (self.a_desc, self.b_desc, self.b2_desc, self.c_desc):
+            template.base = None
+        self.saved = saved
+        self.dtype = GL_DTYPES[x.dtype]
+
+    def __call__(self, x, w_gate, w_up, out, bg, bu, g, u):
+        # Descriptors are rebased per call; the weights' boxes read W^T (K-major B), as for nn.Linear.
+        self.launch(x, w_gate.mT, w_up.mT, out, g, bg, bu, u)

@@ -19,7 +19,7 @@ class GemvLauncher:
         K, N = b2.shape
         split = SplitK(cfg, K)
         self.splits, self.inline = split.splits, split.inline
-        epilogue = epilogue_constexprs(call)
+        epilogue = epilogue_constexprs(call, d)
         acc_fp64 = a.dtype == torch.float64
         self.main = Launch(
             KernelArgs(

@@ -42,11 +42,20 @@ def scaling_args(call, block_k: int, dtype: torch.dtype) -> tuple[tuple[str, ...
     return SCALES, dict(SCALING=call.epilogue.scaling, **fixed)
 
 
-def epilogue_constexprs(call) -> dict:
+def addend_kind(call, d) -> str:
+    """How the kernel reads D: "none"; "row", one row repeated down the columns (a bias: D's row stride
+    is 0), read once per tile column as a vector; "full", an element per output."""
+    if not call.epilogue.addend:
+        return "none"
+    return "row" if d.dim() >= 2 and d.stride(-2) == 0 else "full"
+
+
+def epilogue_constexprs(call, d) -> dict:
+    """The epilogue's constexprs; ``d``: the addend as the kernel reads it (its stand-in when absent)."""
     ep = call.epilogue
     return dict(
         HAS_ALPHA=ep.scaled,
-        HAS_ADDEND=ep.addend,
+        ADDEND=addend_kind(call, d),
         ACTIVATION=ep.activation,
         HAS_RESIDUAL=ep.residual,
         STORE_PREACT=ep.store_preact,
@@ -104,7 +113,7 @@ class PointerLauncher:
         self.splits, self.inline = split.splits, split.inline
         index_64 = needs_index_64(*tensors) or (split.splits > 1 and split.splits * batch * M * N > INT32_MAX)
         acc_fp64 = a.dtype == torch.float64
-        epilogue = epilogue_constexprs(call)
+        epilogue = epilogue_constexprs(call, d)
         scales, scaling = scaling_args(call, cfg.block_k, a.dtype)
         self.main = Launch(
             KernelArgs(

@@ -61,7 +61,7 @@ class StreamKLauncher:
                 dp_tiles=sk.dp_tiles,
                 iters_per_program=sk.iters_per_program,
                 **mainloop_constexprs(call, cfg, a.dtype, interpreting),
-                **epilogue_constexprs(call),
+                **epilogue_constexprs(call, d2),
                 EVEN_K=(K % cfg.block_k == 0),
                 ACC_FP64=(a.dtype == torch.float64),
             ),

@@ -62,7 +62,7 @@ class TmaLauncher:
                 dp_tiles=dp_tiles,
                 iters_per_program=iters_per_program,
                 **mainloop_constexprs(call, cfg, a.dtype, interpreting),
-                **epilogue_constexprs(call),
+                **epilogue_constexprs(call, d2),
                 A_KMAJOR=a_kmajor,
                 B_KMAJOR=b_kmajor,
                 FLATTEN=False,
