@@ -99,6 +99,7 @@ def compile_kernel(
     scaling="none",
     max_imprecise_acc=None,
     gated="",
+    epilogue_warps=0,
 ):
     """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers
     (``bn``: the tile's first, power-of-two part of N; ``bn2``: its second part, 0 for none;
@@ -129,6 +130,7 @@ def compile_kernel(
         SCALING=scaling,
         MAX_IMPRECISE_ACC=max_imprecise_acc,
         GATED="",
+        EPILOGUE_WARPS=epilogue_warps,
     )
     if scaling == "none":
         constexprs.update(sa_ptr=None, sb_ptr=None)
@@ -165,7 +167,7 @@ def compile_kernel(
         if signature[name][0] == "*" or signature[name] == "i32":
             attrs[(i,)] = [["tt.divisibility", 16]]
     # launch.gluon.max_registers: the register file over every consumer warp + the producer's warpgroup.
-    maxnreg = min(256, 65536 // ((num_warps * consumers + 4) * 32) // 8 * 8)
+    maxnreg = min(256, 65536 // ((num_warps * consumers + epilogue_warps + 4) * 32) // 8 * 8)
     with sm90_target() as target:
         return triton.compile(
             GluonASTSource(kernel, signature, constexprs, attrs),
@@ -482,3 +484,31 @@ def test_gated_mode_keeps_two_accumulators_and_stores_one_tile(case):
     assert stores == (2 if saved else 1), f"{stores} TMA stores"
     ring = stages * (128 + 256) * 64 * 2
     assert ring + (2 if saved else 1) * 128 * 128 * 2 <= smem <= H100_SMEM, f"{smem} bytes of shared memory"
+
+
+#: Epilogue warps (launch.gluon.GluonLauncher's rule: one 4-warp consumer, an activation or a residual):
+#: the consumer stages z, four more warps finish and store each tile under the next tile's mainloop.
+EPILOGUE_WARP_CASES = [("bf16", 6, "gelu", False), ("fp16", 6, "silu", True)]
+
+
+@needs_gluon
+@pytest.mark.parametrize(
+    "case",
+    EPILOGUE_WARP_CASES,
+    ids=[f"{c[0]}-s{c[1]}-{'full' if c[3] else c[2]}" for c in EPILOGUE_WARP_CASES],
+)
+def test_epilogue_warps_finish_tiles_off_the_consumer(case):
+    dtype, stages, activation, full = case
+    ptx, smem = compiled_facts(
+        dtype, 128, 128, 64, stages, True, False, 4, activation, full, 1, 0, False, False, 1, 1, None,
+        "none", None, "", 4,
+    )  # fmt: skip
+    assert ".local" not in ptx, "spills"
+    # One TMA store, issued by the epilogue warps; the consumer's wgmma stay as they are.
+    stores = len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::\w+\.bulk_group", ptx))
+    assert stores == 1, f"{stores} TMA stores"
+    assert re.search(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+152", ptx), (
+        "no register budget for the epilogue warps"
+    )
+    ring = stages * (128 + 128) * 64 * 2
+    assert ring + 128 * 128 * 2 <= smem <= H100_SMEM, f"{smem} bytes of shared memory"

@@ -72,11 +72,10 @@ from .gluon_common import (
     GLUON_UNAVAILABLE_REASON,
     PRECISE_FP8_AVAILABLE,
     accumulator_layout,
-    activate,
     barriers,
     cluster_layouts,
+    cta_barrier,
     fence_async_shared,
-    finish_tile,
     free_slot,
     gl,
     gluon,
@@ -95,6 +94,7 @@ from .gluon_common import (
     tma_store,
     warpgroup_mma_wait,
 )
+from .gluon_epilogue import epilogue_partition, finish_tile, gated_epilogue, store_tile
 
 #: Registers per thread of the producer warp; it holds a few scalars only.  setmaxnreg hands the
 #: rest to the consumers (CUTLASS's sm90 kernels give their producer 40 as well).
@@ -103,6 +103,9 @@ PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 #: each consumer 232): with the producer's 40 and the first consumer's share of what is left, 2 x 232 x 128
 #: + 40 x 128 registers fit the 64K register file.
 CONSUMER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
+#: Registers per thread of the epilogue warps (EPILOGUE_WARPS): a 32-row slice of the staged tile and its
+#: residual, with room for the activation's temporaries.
+EPILOGUE_REGS = gl.constexpr(152) if GLUON_AVAILABLE else 152
 
 
 @gluon.jit
@@ -222,56 +225,6 @@ def producer(
 
 
 @gluon.jit
-def gated_epilogue(
-    acc,
-    acc2,
-    off_m,
-    off_n,
-    epi,
-    c_desc,
-    c_smem,
-    c2_desc,
-    c2_smem,
-    ADDEND: gl.constexpr,
-    STORE_PREACT: gl.constexpr,
-    GATED: gl.constexpr,
-):
-    """A gated tile (GATED: the activation): ``acc`` holds the gate projection's tile, ``acc2`` the up
-    projection's, of the same columns; stores ``h = act(g) * u`` through ``c_desc``.
-
-    ADDEND "row": both have a bias, the gate's at D and the up's at R.  STORE_PREACT: backward's
-    pre-activations, ``g`` through ``c2_desc`` (TMA) and ``u`` at Z (pointer stores: the kernel has
-    one more descriptor to spare, not two)."""
-    # fmt: off
-    (M, N, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn, z_ptr, stride_zm, stride_zn,
-     alpha, beta, sa_ptr, sb_ptr) = epi
-    # fmt: on
-    BLOCK_M: gl.constexpr = acc.shape[0]
-    BLOCK_N: gl.constexpr = acc.shape[1]
-    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
-    if ADDEND == "row":
-        bias_g = gl.load(d_ptr + offs_n * stride_dn, mask=offs_n < N, other=0.0)
-        bias_u = gl.load(r_ptr + offs_n * stride_rn, mask=offs_n < N, other=0.0)
-        acc = acc + gl.expand_dims(bias_g.to(gl.float32), 0)
-        acc2 = acc2 + gl.expand_dims(bias_u.to(gl.float32), 0)
-    # The previous tile's TMA stores must have finished reading the staging buffers.
-    tma.store_wait(0)
-    if STORE_PREACT:
-        c2_smem.store(acc.to(c2_desc.dtype))
-        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
-        rows = gl.expand_dims(offs_m, 1)
-        cols = gl.expand_dims(offs_n, 0)
-        u_ptrs = z_ptr + rows * stride_zm + cols * stride_zn
-        gl.store(u_ptrs, acc2.to(z_ptr.dtype.element_ty), mask=(rows < M) & (cols < N))
-    h = activate(acc, GATED) * acc2
-    c_smem.store(h.to(c_desc.dtype))
-    fence_async_shared()
-    tma_store(c_desc, [off_m, off_n], c_smem)
-    if STORE_PREACT:
-        tma_store(c2_desc, [off_m, off_n], c2_smem)
-
-
-@gluon.jit
 def consumer(
     ring,
     c_desc,
@@ -282,6 +235,7 @@ def consumer(
     K,
     sk,
     fixup,
+    handoff,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr,
@@ -304,6 +258,7 @@ def consumer(
     CLUSTER_M: gl.constexpr,
     CLUSTER_N: gl.constexpr,
     GATED: gl.constexpr,
+    EPILOGUE_WARPS: gl.constexpr,
 ):
     """A consumer partition: wgmma over the ring, then the epilogue and the TMA store of each of its tiles.
 
@@ -347,6 +302,8 @@ def consumer(
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
         if BLOCK_N2 > 0:
             acc2 = gl.zeros((BLOCK_M, BLOCK_N2), dtype=gl.float32, layout=acc2_layout)
+        else:
+            acc2 = acc  # (a stand-in the epilogue never reads)
         if CONSUMERS > 1:
             # This consumer's j-th turn is phase j of turn[CONSUMER]; consumer 0's first is free (a fresh
             # mbarrier counts as having completed the phase before phase 0).
@@ -380,42 +337,20 @@ def consumer(
             gated_epilogue(
                 acc, acc2, off_m, off_n, epi, c_desc, c_smem, c2_desc, c2_smem, ADDEND, STORE_PREACT, GATED
             )
-        else:
-            acc = finish_tile(
-                acc, off_m, off_n, epi, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, SCALING
-            )
-            if BLOCK_N2 > 0:
-                acc2 = finish_tile(
-                    acc2,
-                    off_m,
-                    off_n + BLOCK_N,
-                    epi,
-                    HAS_ALPHA,
-                    ADDEND,
-                    ACTIVATION,
-                    HAS_RESIDUAL,
-                    STORE_PREACT,
-                    SCALING,
-                )
-            # The previous tile's TMA stores must have finished reading c_smem before it is overwritten.
-            tma.store_wait(0)
+        elif EPILOGUE_WARPS > 0:
+            # Stage z for the epilogue warps, then on to the next tile's wgmma while they finish this one.
+            acc = finish_tile(acc, off_m, off_n, epi, HAS_ALPHA, ADDEND, "none", False, STORE_PREACT, SCALING)
+            staged, drained = handoff
+            lap = (tile_id - pid) // nprog
+            mbarrier.wait(drained, (lap & 1) ^ 1)  # (a fresh mbarrier: the staging tile starts free)
             c_smem.store(acc.to(c_desc.dtype))
-            if BLOCK_N2 > 0:
-                if EPILOGUE_SUBTILE:  # one staging buffer: the second half waits for the first's store
-                    fence_async_shared()
-                    tma_store(c_desc, [off_m, off_n], c_smem)
-                    tma.store_wait(0)
-                    c_smem.store(acc2.to(c_desc.dtype))
-                    fence_async_shared()
-                    tma_store(c_desc, [off_m, off_n + BLOCK_N], c_smem)
-                else:
-                    c2_smem.store(acc2.to(c2_desc.dtype))
-                    fence_async_shared()
-                    tma_store(c_desc, [off_m, off_n], c_smem)
-                    tma_store(c2_desc, [off_m, off_n + BLOCK_N], c2_smem)
-            else:
-                fence_async_shared()
-                tma_store(c_desc, [off_m, off_n], c_smem)
+            cta_barrier()  # every thread's part is in shared memory before the hand-over
+            mbarrier.arrive(staged)
+        else:
+            store_tile(
+                acc, acc2, off_m, off_n, epi, c_desc, c_smem, c2_desc, c2_smem,
+                HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, SCALING, BLOCK_N2, EPILOGUE_SUBTILE,
+            )  # fmt: skip
     if STREAM_K:  # (one consumer, one accumulator: the launcher's rule)
         # This program's share of the streamed tiles' K-steps, walked backwards one tile segment at a
         # time (see gemm_streamk): its contribution first, the tile it finishes last.
@@ -506,6 +441,7 @@ def gemm_gluon_kernel(
     SCALING: gl.constexpr = "none",
     MAX_IMPRECISE_ACC: gl.constexpr = None,
     GATED: gl.constexpr = "",
+    EPILOGUE_WARPS: gl.constexpr = 0,
 ):
     """C = act(alpha * A @ B + beta * D) + R on a persistent grid (program p takes tiles p, p + grid, ...).
 
@@ -563,6 +499,9 @@ def gemm_gluon_kernel(
         mbarrier.init(empty.index(s), count=1)
     for c in gl.static_range(2):
         mbarrier.init(turn.index(c), count=1)
+    handoff_bars = barriers(2, CTAS, False)  # (staged, drained) of the epilogue warps' staging tile
+    for c in gl.static_range(2):
+        mbarrier.init(handoff_bars.index(c), count=1)
     if CTAS > 1:
         # The slot of the box the two CTAs share is free once both CTAs' consumers are done with it.
         gathered = barriers(NUM_STAGES, CTAS, True)
@@ -576,18 +515,37 @@ def gemm_gluon_kernel(
     ring = (a_ring, b_ring, b2_ring, ready, empty, turn, gathered)
     sk = (dp_tiles, iters_per_program, tile_span)
     fixup = (ws_ptr, count_ptr)
+    handoff = (handoff_bars.index(0), handoff_bars.index(1))
     # fmt: off
     epi = (M, N, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn, z_ptr, stride_zm, stride_zn,
            alpha, beta, sa_ptr, sb_ptr)
-    if CONSUMERS == 1:
+    if EPILOGUE_WARPS > 0:
+        # One consumer warpgroup, and epilogue warps that finish its tiles under its next mainloop.
+        gl.warp_specialize(
+            [
+                (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
+                            handoff, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
+                            HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
+                            SCALING, MAX_IMPRECISE_ACC, 0, 1, BLOCK_N2, STREAM_K,
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, EPILOGUE_WARPS)),
+                (epilogue_partition, (c_desc, c_tiles.index(0), handoff, epi, sk,
+                                      BLOCK_M, BLOCK_N, GROUP_M, ACTIVATION, HAS_RESIDUAL)),
+                (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
+                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
+                            STREAM_K, CLUSTER_M, CLUSTER_N, GATED)),
+            ],
+            [EPILOGUE_WARPS, 1],
+            [EPILOGUE_REGS, PRODUCER_REGS],
+        )
+    elif CONSUMERS == 1:
         # Cooperative (or a single warpgroup): the kernel's num_warps run every tile together.
         gl.warp_specialize(
             [
                 (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
-                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
+                            handoff, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
                             HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                             SCALING, MAX_IMPRECISE_ACC, 0, 1, BLOCK_N2, STREAM_K,
-                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, 0)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
                             STREAM_K, CLUSTER_M, CLUSTER_N, GATED)),
@@ -601,15 +559,15 @@ def gemm_gluon_kernel(
         gl.warp_specialize(
             [
                 (consumer, (ring, c_desc, c_tiles.index(0), c2_desc, c2_tiles.index(0), epi, K, sk, fixup,
-                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
+                            handoff, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
                             HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                             SCALING, MAX_IMPRECISE_ACC, 0, 2, BLOCK_N2, False,
-                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, 0)),
                 (consumer, (ring, c_desc, c_tiles.index(1), c2_desc, c2_tiles.index(1), epi, K, sk, fixup,
-                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
+                            handoff, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
                             HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                             SCALING, MAX_IMPRECISE_ACC, 1, 2, BLOCK_N2, False,
-                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, 0)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
                             STREAM_K, CLUSTER_M, CLUSTER_N, GATED)),
@@ -625,6 +583,7 @@ def gemm_gluon_kernel(
             mbarrier.invalidate(gathered.index(s))
     for c in gl.static_range(2):
         mbarrier.invalidate(turn.index(c))
+        mbarrier.invalidate(handoff_bars.index(c))
 
 
 __all__ = [

@@ -6,7 +6,6 @@
   clusters of CTAs (``CLUSTER_AVAILABLE``: CGA layouts and TMA multicast, Triton 3.7+).
 * The tile arithmetic: wgmma's accumulator layout, a slot's bytes, clusters' CGA layouts
   and mbarriers.
-* The fused epilogue on the wgmma accumulator (``gemm.finish_tile``'s arithmetic).
 * Stream-K's fix-up (``gemm_streamk``'s protocol): a contributor stores its partial
   tile in its program's slot and counts it in; the finisher waits for the count,
   adds the partials in program order and re-arms the counter.
@@ -234,72 +233,6 @@ def release_slot(
         free_slot(ring, (step + NUM_STAGES - 1) % NUM_STAGES, not_first, CLUSTERED)
     else:
         free_slot(ring, slot, True, CLUSTERED)
-
-
-@gluon.jit
-def activate(x, ACTIVATION: gl.constexpr):
-    """``gemm.activate`` in Gluon (which has no sigmoid: 1 / (1 + exp(-x)) is what tl.sigmoid computes)."""
-    if ACTIVATION == "relu":
-        x = gl.maximum(x, 0.0)
-    elif ACTIVATION == "gelu":
-        x = 0.5 * x * (1.0 + gl.erf(x * 0.7071067811865476))
-    elif ACTIVATION == "gelu_tanh":
-        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        x = x / (1.0 + gl.exp(-2.0 * u))
-    elif ACTIVATION == "silu":
-        x = x / (1.0 + gl.exp(-x))
-    return x
-
-
-@gluon.jit
-def finish_tile(
-    acc,
-    off_m,
-    off_n,
-    epi,
-    HAS_ALPHA: gl.constexpr,
-    ADDEND: gl.constexpr,
-    ACTIVATION: gl.constexpr,
-    HAS_RESIDUAL: gl.constexpr,
-    STORE_PREACT: gl.constexpr,
-    SCALING: gl.constexpr = "none",
-):
-    """``gemm.finish_tile`` on the accumulator in its wgmma layout: z = alpha acc + beta D, y = act(z) + R,
-    after ``gemm.scale_tile``'s dequantization of fp8 products (SCALING).
-
-    ``epi`` holds the epilogue's runtime values (the kernel's ``epi``)."""
-    # fmt: off
-    (M, N, d_ptr, stride_dm, stride_dn, r_ptr, stride_rm, stride_rn, z_ptr, stride_zm, stride_zn,
-     alpha, beta, sa_ptr, sb_ptr) = epi
-    # fmt: on
-    BLOCK_M: gl.constexpr = acc.shape[0]
-    BLOCK_N: gl.constexpr = acc.shape[1]
-    offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
-    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
-    rows = gl.expand_dims(offs_m, 1)
-    cols = gl.expand_dims(offs_n, 0)
-    mask = (rows < M) & (cols < N)
-    if SCALING == "tensorwise":
-        acc = acc * (gl.load(sa_ptr) * gl.load(sb_ptr))
-    elif SCALING == "rowwise":
-        sa = gl.load(sa_ptr + offs_m, mask=offs_m < M, other=0.0)
-        sb = gl.load(sb_ptr + offs_n, mask=offs_n < N, other=0.0)
-        acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
-    if HAS_ALPHA:
-        acc = acc * alpha
-    if ADDEND == "row":  # a bias: one vector load per tile, in the accumulator's column layout
-        d = gl.load(d_ptr + offs_n * stride_dn, mask=offs_n < N, other=0.0)
-        acc = acc + beta * gl.expand_dims(d.to(gl.float32), 0)
-    elif ADDEND == "full":
-        d = gl.load(d_ptr + rows * stride_dm + cols * stride_dn, mask=mask, other=0.0)
-        acc = acc + beta * d.to(gl.float32)
-    if STORE_PREACT:
-        gl.store(z_ptr + rows * stride_zm + cols * stride_zn, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    acc = activate(acc, ACTIVATION)
-    if HAS_RESIDUAL:
-        r = gl.load(r_ptr + rows * stride_rm + cols * stride_rn, mask=mask, other=0.0)
-        acc = acc + r.to(gl.float32)
-    return acc
 
 
 @gluon.jit
