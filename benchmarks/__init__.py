@@ -12,6 +12,8 @@
   ``nn.convert`` / ``patch()`` / ``torch.compile``, gated, with a per-GEMM
   breakdown (``gemm_breakdown.py``); ``tiny_models.py`` holds the CPU test models.
 * ``host.py``    — per-call host time of tiny GEMMs against torch.
+* ``mlp.py``     — a whole gated MLP block (SwiGLU, GeGLU) of Llama-3-8B / Qwen2.5-7B / Gemma-7B
+  widths: stock torch against ``tritongemm.nn.GatedMLP`` and unfused ``tritongemm.nn.Linear``.
 * ``fp8.py``     — ``tritongemm.scaled_mm`` against ``torch._scaled_mm`` (fp8 e4m3 in, bf16
   out; tensorwise and rowwise scales, fast accumulation off and on): ``python -m benchmarks fp8``.
 

@@ -1,7 +1,7 @@
 """Command line: ``python -m benchmarks {quick,run,plot,soak,fp8,fp8-train,list}`` (run from the repository root).
 
 python -m benchmarks quick [--out DIR]
-python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|models|host [--dtype fp16,bf16]
+python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|models|host|mlp [--dtype fp16,bf16]
                          [--out DIR] [--no-compile] [--filter TEXT] [--impls A,B] [--sabotaged]
 python -m benchmarks plot CSV [CSV ...] [--out DIR] [--figures KIND,...]
 python -m benchmarks soak [--calls N] [--out DIR]
@@ -18,7 +18,7 @@ import sys
 
 _INTERPRET_ON = ("1", "true", "on", "yes")
 #: Suites that are not lists of GEMM cases: suite name -> module with ``run_cli(args)``.
-_OWN_RUNNERS = {"models": ".models", "host": ".host"}
+_OWN_RUNNERS = {"models": ".models", "host": ".host", "mlp": ".mlp"}
 
 
 def _interpreter_requested() -> bool:
@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--suite",
         required=True,
-        help="comma-separated: square, llm, decode, families, shortk, stages, hierarchy, backward, decomposition, unaligned, models, host",
+        help="comma-separated: square, llm, decode, families, shortk, stages, hierarchy, backward, decomposition, unaligned, models, host, mlp",
     )
     r.add_argument("--dtype", help="comma-separated: fp16, bf16, fp32 (default: the suite's)")
     r.add_argument("--out", help="results folder (default benchmarks/results/<gpu>/, e.g. h100/)")
@@ -274,12 +274,19 @@ def main(argv: list[str] | None = None) -> int:
             )
             for c in cases:
                 print(f"    {c.label:45s} M={c.m:<6d} N={c.n:<6d} K={c.k:<6d} {c.layout}")
-        from . import fp8, host, models
+        from . import fp8, host, mlp, models
 
         print(f"{'models':10s} whole models, stock vs tritongemm (GPU; `--filter vit` adds ViT-B/16)")
         for spec, workload in models.select_cases():
             print(f"    {spec.name + ' ' + workload:45s} {spec.size}")
         print(f"{'host':10s} {len(host.cases()):3d} cases  per-call host time of tiny GEMMs vs torch")
+        mlp_cases = mlp.cases()
+        print(
+            f"{'mlp':10s} {len(mlp_cases):3d} cases  the gated MLP block down(act(gate(x)) * up(x)): torch vs "
+            f"tritongemm.nn.GatedMLP and unfused tritongemm.nn.Linear (default dtypes bf16)"
+        )
+        for c in mlp_cases:
+            print(f"    {c.label:45s} M={c.m:<6d} N={c.intermediate:<6d} K={c.hidden:<6d} {c.activation}")
         print(
             f"{'fp8':10s} {len(fp8.cases()):3d} shapes x {len(fp8.RECIPES)} recipes  tritongemm.scaled_mm vs "
             "torch._scaled_mm (`python -m benchmarks fp8`)"

@@ -22,8 +22,8 @@ COLUMN_DOCS: tuple[tuple[str, str], ...] = (
     (
         "suite",
         "what produced the row: a `python -m benchmarks run` suite (`square`, `llm`, ...), `quick`, "
-        "`sweep` (a config sweep), `tuning` (the autotuner), `epilogue`, `fp8` (`python -m benchmarks fp8`), "
-        "`fp8_train` (`python -m benchmarks fp8-train`), or `ceiling`",
+        "`sweep` (a config sweep), `tuning` (the autotuner), `epilogue`, `mlp` (a whole gated MLP block), "
+        "`fp8` (`python -m benchmarks fp8`), `fp8_train` (`python -m benchmarks fp8-train`), or `ceiling`",
     ),
     ("group", "a set of cases drawn together (one figure panel), e.g. `square`, `llama3-8b qkv`"),
     ("case", "the problem's label, unique within (suite, group)"),

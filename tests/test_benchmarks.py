@@ -897,3 +897,73 @@ def test_fp8_train_corpus_blocks_and_figure(tmp_path):
     ]
     fp8_train._plot(curves, timing, {"gpu": "test GPU"}, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+# ----------------------------------------------------------------------------------
+# The mlp suite (a whole gated MLP block: torch vs GatedMLP vs unfused Linear)
+# ----------------------------------------------------------------------------------
+def test_mlp_cases_are_the_three_models_at_four_token_counts():
+    from benchmarks import mlp
+
+    cases = mlp.cases()
+    assert len(cases) == len({c.label for c in cases}) == 3 * 4 * 2
+    widths = {(c.model, c.hidden, c.intermediate, c.activation) for c in cases}
+    assert widths == {
+        ("llama3-8b", 4096, 14336, "silu"),
+        ("qwen2.5-7b", 3584, 18944, "silu"),
+        ("gemma-7b", 3072, 24576, "gelu_tanh"),
+    }
+    assert {c.m for c in cases} == {1024, 2048, 4096, 8192}
+    llama = next(c for c in cases if c.model == "llama3-8b" and c.m == 4096 and c.backward)
+    assert llama.flops == 3 * 3 * 2 * 4096 * 14336 * 4096
+    assert [i.family for i in mlp.IMPLS] == ["cublas", "tritongemm", "tritongemm"]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_mlp_suite_gates_then_times_each_implementation(backward, tmp_path):
+    """On the interpreter with a tiny block: the three implementations pass the gate (with backward:
+    the output and every gradient) and are timed; a wrong one is recorded failed_gate, untimed;
+    the rows go to the schema and to the suite's two figures."""
+    from benchmarks import mlp
+
+    def wrong(stock):
+        module = mlp._sharing(stock, fuse_mlp=False)
+        module.act_fn = torch.nn.ReLU()  # the wrong activation
+        return module
+
+    impls = (*mlp.IMPLS, mlp.MlpImpl("sabotaged", "test", "ReLU for GELU", wrong))
+    case = mlp.MlpCase("tiny", 16, 40, "gelu_tanh", 12, backward)
+    rows = mlp.measure_case(
+        case,
+        torch.float32,
+        "cpu",
+        impls=impls,
+        rounds=2,
+        warmup_ms=0,
+        rep_ms=1,
+        l2_bytes=3 * mlp.input_set_bytes(case, torch.float32),  # 2 x L2 over the copies: 6 of them
+    )
+    by = {r["impl"]: r for r in rows}
+    for name in ("torch", "tritongemm.nn.GatedMLP", "tritongemm.nn.Linear"):
+        r = by[name]
+        assert r["status"] == "ok", r.get("message")
+        assert r["rel_err"] <= r["tol"] and r["ms"] > 0 and r["tflops"] > 0 and r["n_copies"] == 6
+        assert (r["m"], r["n"], r["k"], r["backward"], r["activation"]) == (12, 40, 16, backward, "gelu_tanh")
+        assert r["speedup_vs_cublas"] == pytest.approx(by["torch"]["ms"] / r["ms"])
+    bad = by["sabotaged"]
+    assert bad["status"] == "failed_gate" and bad.get("ms") is None
+    assert bad["message"].startswith("out:")
+    csv = harness.write_results(rows, tmp_path / "mlp.csv", ENV, {"suite": "mlp"})
+    df = schema.read(csv)
+    assert list(df.columns[: len(schema.COLUMNS)]) == schema.COLUMNS
+    assert sorted(p.name for p in mlp.plot_mlp(csv, tmp_path)) == ["mlp_speedup.png", "mlp_tflops.png"]
+    assert "tritongemm.nn.GatedMLP ms" in mlp.summary_table(rows)
+
+
+def test_mlp_suite_is_listed_and_refused_without_gpu(capsys):
+    assert cli_main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "mlp" in out and "gemma-7b M=8192 fwd+bwd" in out
+    if not torch.cuda.is_available():
+        assert cli_main(["run", "--suite", "mlp"]) == 2
+        assert "no CUDA GPU" in capsys.readouterr().err

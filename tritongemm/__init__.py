@@ -3,8 +3,9 @@
 Public API (torch signatures and semantics, all differentiable)::
 
     tritongemm.matmul, mm, bmm, addmm, baddbmm, linear
+    tritongemm.gated_linear        # act(linear(x, w_gate)) * linear(x, w_up): a GLU MLP's first half, one kernel
     tritongemm.scaled_mm           # fp8 (torch._scaled_mm's semantics), fused epilogues
-    tritongemm.nn.Linear, tritongemm.nn.convert
+    tritongemm.nn.Linear, tritongemm.nn.GatedMLP, tritongemm.nn.convert
     tritongemm.patch()             # route torch's matmul family here
     tritongemm.explain(a, b)       # which kernel and config a call would use, and why
     tritongemm.tune(problems)      # autotune into the persistent on-disk cache
@@ -13,7 +14,8 @@ Public API (torch signatures and semantics, all differentiable)::
 
 Where things live, top down (each folder imports only from folders below it)::
 
-    frontend/   the doors: api.py (matmul, mm, ..., linear), nn.py (Linear, convert),
+    frontend/   the doors: api.py (matmul, mm, ..., linear), gated.py (gated_linear),
+                nn.py (Linear, GatedMLP, convert; fusion.py: which MLPs it fuses),
                 patch.py, scaled.py (fp8 scaled_mm), float8.py (fp8 training), explain.py
     request/    a call made valid: torch's argument checks, same-batch views, torch or here
     autograd/   the differentiable op: eager Function, torch.library ops for compile,
@@ -38,6 +40,7 @@ from .device import KNOWN_DEVICES, DeviceInfo, device_info, interpreter_enabled
 from .frontend import nn
 from .frontend.api import addmm, baddbmm, bmm, linear, matmul, mm
 from .frontend.explain import explain
+from .frontend.gated import gated_linear
 from .frontend.patch import PatchStats, patch
 from .frontend.scaled import scaled_mm
 from .launch import clear_plan_cache
@@ -61,6 +64,7 @@ __all__ = [
     "addmm",
     "baddbmm",
     "linear",
+    "gated_linear",
     "scaled_mm",
     "nn",
     "patch",

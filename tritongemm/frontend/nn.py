@@ -1,4 +1,4 @@
-"""Modules users swap in: ``Linear`` and ``convert``.
+"""Modules users swap in: ``Linear``, ``GatedMLP`` and ``convert``.
 
 ``Linear`` subclasses ``torch.nn.Linear`` (same constructor, parameters,
 ``state_dict`` keys, and ``isinstance`` checks keep working).  Its forward runs
@@ -7,12 +7,18 @@ interpreter, integer dtypes, functorch-transformed tensors, ...) go to torch, as
 they would under ``patch()``, and are counted by reason in the module's
 ``fallbacks`` (``fallback_summary(model)`` gathers them for a whole model;
 ``Linear.fallbacks``, read on the class, sums every instance).
+
+``GatedMLP`` is a GLU MLP, ``down_proj(act(gate_proj(x)) * up_proj(x))``, whose gate and up
+projections and product run as one kernel (``gated_linear``); ``convert`` puts one in place of
+every module it can tell computes exactly that (``fusion``: the rule), and
+``fusion_summary(model)`` says which it fused and which it left alone, and why.
 """
 
 from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 from collections import Counter
 
 import torch
@@ -22,8 +28,9 @@ from ..autograd.distributed import is_dtensor
 from ..autograd.function import is_tracing
 from ..request.fallback import torch_reason, warn_device_fallback
 from ..semantics import ACTIVATIONS, autocast_dtype
-from . import api
+from . import api, fusion
 from .float8 import RECIPES, WeightCache, float8_linear, float8_unsupported_reason
+from .gated import check_gated_activation, gated_linear, torch_gated
 
 _counts_lock = threading.Lock()  # `counter[k] += 1` is a read-modify-write; fallbacks may come from threads
 
@@ -163,6 +170,97 @@ class Float8Linear(Linear):
         return new
 
 
+class GatedMLP(torch.nn.Module):
+    """A GLU MLP, ``down_proj(act(gate_proj(x)) * up_proj(x))``, its first half in one kernel.
+
+    >>> mlp = tritongemm.nn.GatedMLP(4096, 14336, activation="silu", device="cuda", dtype=torch.bfloat16)
+    >>> y = mlp(x)        # down_proj(gated_linear(x, gate_proj.weight, up_proj.weight, ...))
+
+    ``gate_proj``, ``up_proj`` and ``down_proj`` are tritongemm ``Linear`` modules (so ``state_dict``
+    keys are those of a Llama-style MLP); ``activation`` is "silu" (SwiGLU), "gelu_tanh" (GeGLU,
+    Gemma's) or "gelu".  Only ``down_proj`` is called as a module: hooks on ``gate_proj`` and
+    ``up_proj`` never fire (``convert`` leaves an MLP with such hooks alone).  Inputs tritongemm
+    cannot run go to torch's ops, counted by reason in ``fallbacks`` as ``Linear`` counts them.
+    ``convert`` makes these from the models' own MLPs (``from_module``).
+    """
+
+    #: Reasons inputs were handed to torch instead, summed over all instances (as ``Linear.fallbacks``).
+    fallbacks: Counter = Counter()
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool = False,
+        activation: str = "silu",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.activation = check_gated_activation("GatedMLP", activation)
+        self.gate_proj = Linear(hidden_size, intermediate_size, bias=bias, device=device, dtype=dtype)
+        self.up_proj = Linear(hidden_size, intermediate_size, bias=bias, device=device, dtype=dtype)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, device=device, dtype=dtype)
+        self.fallbacks = Counter()
+
+    def extra_repr(self) -> str:
+        source = self.__dict__.get("fused_from")
+        return f"activation={self.activation!r}" + (f", fused from {source}" if source else "")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_proj, self.up_proj
+        if not is_tracing(x) or is_dtensor(x):
+            tensors = tuple(t for t in (x, gate.weight, up.weight, gate.bias, up.bias) if t is not None)
+            reason = torch_reason(*tensors)
+            if reason is not None:
+                return self._torch_forward(x, reason)
+        return self.down_proj(
+            gated_linear(x, gate.weight, up.weight, gate.bias, up.bias, activation=self.activation)
+        )
+
+    def _torch_forward(self, x: torch.Tensor, reason: str) -> torch.Tensor:
+        with _counts_lock:
+            self.fallbacks[reason] += 1
+            GatedMLP.fallbacks[reason] += 1
+        if isinstance(x, torch.Tensor):
+            warn_device_fallback("tritongemm.nn.GatedMLP", reason, x.device)
+        gate, up = self.gate_proj, self.up_proj
+        h = torch_gated(x, gate.weight, up.weight, gate.bias, up.bias, self.activation)
+        return self.down_proj(h)
+
+    @classmethod
+    def from_module(cls, module: torch.nn.Module, activation: str) -> GatedMLP:
+        """A ``GatedMLP`` that takes over ``module``'s state: the same objects, not copies.
+
+        As ``Linear.from_linear``: submodules, parameters, buffers, hooks (their handles still
+        working), the training flag and the instance's attributes (``config``, ``act_fn``, ...)
+        carry over, and the two modules share those dictionaries, so use the new one from then
+        on.  ``module`` must compute ``down_proj(act(gate_proj(x)) * up_proj(x))`` with this
+        ``activation`` (``fusion.gated_mlp_activation`` says whether it does); its projections
+        are not converted here (``convert`` does that).
+        """
+        new = cls.__new__(cls)
+        new.__dict__.update(module.__dict__)
+        for name in ("activation", "fallbacks", "fused_from"):
+            if name in module.__dict__:
+                warnings.warn(
+                    f"tritongemm.nn.convert: the attribute {name!r} set on {type(module).__name__} is "
+                    f"replaced by tritongemm.nn.GatedMLP's own {name!r}",
+                    stacklevel=3,
+                )
+        new.__dict__["activation"] = check_gated_activation("GatedMLP", activation)
+        new.__dict__["fallbacks"] = Counter()
+        new.__dict__["fused_from"] = type(module).__name__
+        if new.__dict__.get("_compiled_call_impl") is not None:
+            new.__dict__["_compiled_call_impl"] = None
+            warnings.warn(
+                f"tritongemm.nn.convert: {type(module).__name__} was compiled with Module.compile(); call "
+                "compile() again on the converted module",
+                stacklevel=3,
+            )
+        return new
+
+
 def _convertible(module: torch.nn.Module) -> bool:
     if type(module) is not torch.nn.Linear:  # subclasses may compute something else: left alone
         return False
@@ -176,8 +274,25 @@ def _convertible(module: torch.nn.Module) -> bool:
     return True
 
 
-def convert(model: torch.nn.Module, precision: str | None = None, recipe: str = "rowwise") -> torch.nn.Module:
-    """Swap every ``torch.nn.Linear`` in ``model`` (in place) for ``tritongemm.nn.Linear``.
+def _plain_linear(module) -> bool:
+    """A Linear computing ``F.linear`` and nothing else: torch's, or ours without a fused activation."""
+    return type(module) is torch.nn.Linear or (type(module) is Linear and module.activation == "none")
+
+
+#: Gated MLPs ``convert`` met and did not fuse, and why (``fusion_report``); weak keys, so a
+#: model's modules are not kept alive by having been converted.
+_NOT_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def convert(
+    model: torch.nn.Module,
+    precision: str | None = None,
+    recipe: str = "rowwise",
+    *,
+    fuse_mlp: bool = True,
+) -> torch.nn.Module:
+    """Swap every ``torch.nn.Linear`` in ``model`` (in place) for ``tritongemm.nn.Linear``, and every
+    gated MLP for ``tritongemm.nn.GatedMLP``.
 
     The new modules take over the old ones' parameters, hooks and attributes
     (see ``Linear.from_linear``).  A module reachable under several names
@@ -185,18 +300,29 @@ def convert(model: torch.nn.Module, precision: str | None = None, recipe: str = 
     ``nn.Linear`` are left alone.  Returns ``model`` (itself a new ``Linear``
     if it was one).
 
+    Gated MLPs (``fuse_mlp=True``, the default): a module with ``gate_proj``, ``up_proj`` and
+    ``down_proj`` that provably computes ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with a
+    SiLU or GELU ``act_fn`` (transformers' ``LlamaMLP``, ``Qwen2MLP``, ``MistralMLP``,
+    ``GemmaMLP``, ...; the rule is in ``tritongemm.frontend.fusion``) becomes a ``GatedMLP``: the
+    gate and up projections and the product in one kernel, the same parameters (``state_dict``
+    keys and values unchanged), the module's own hooks kept.  Any other module with those three
+    children is left as it is (its Linears converted) and named, with the reason, by
+    ``fusion_summary(model)``.  ``fuse_mlp=False`` fuses nothing.
+
     ``precision="fp8"`` makes ``Float8Linear`` layers instead (fp8 GEMMs in forward and backward,
     dynamic ``recipe`` scales: "rowwise" or "tensorwise"; see ``tritongemm.frontend.float8``), for every
-    layer whose in and out features are multiples of 16; the others become ``Linear``.
+    layer whose in and out features are multiples of 16; the others become ``Linear``.  It fuses no
+    MLP: the gated kernel has no fp8 variant, so each projection takes the fp8 path on its own.
 
     >>> model = tritongemm.nn.convert(model)
+    >>> print(tritongemm.nn.fusion_summary(model))                  # which MLPs were fused, and why not
     >>> model = tritongemm.nn.convert(model, precision="fp8")       # fp8 training
     """
     if precision not in (None, "fp8"):
         raise ValueError(f"convert: precision must be None or 'fp8', got {precision!r}")
     if recipe not in RECIPES:
         raise ValueError(f"convert: recipe must be one of {RECIPES}, got {recipe!r}")
-    replaced: dict[int, torch.nn.Module] = {}  # id(an nn.Linear met) -> what takes its place
+    replaced: dict[int, torch.nn.Module] = {}  # id(a module met) -> what takes its place
     visited: set[int] = set()
 
     def converted(linear: torch.nn.Linear) -> torch.nn.Module:
@@ -209,6 +335,32 @@ def convert(model: torch.nn.Module, precision: str | None = None, recipe: str = 
             replaced[id(linear)] = converted(linear) if _convertible(linear) else linear
         return replaced[id(linear)]
 
+    def fused(module: torch.nn.Module) -> torch.nn.Module:
+        """``module``'s ``GatedMLP``, or ``module`` itself where it is not one to fuse."""
+        if id(module) in replaced:
+            return replaced[id(module)]
+        if not fusion.is_candidate(module):
+            return module
+        if not fuse_mlp:
+            activation, reason = None, "fuse_mlp=False"
+        elif precision == "fp8":
+            activation, reason = None, "precision='fp8' (its projections take the fp8 path one by one)"
+        else:
+            activation, reason = fusion.gated_mlp_activation(module, _plain_linear)
+        if reason is not None:
+            _NOT_FUSED[module] = reason
+            replaced[id(module)] = module
+            return module
+        new = GatedMLP.from_module(module, activation)
+        for name in fusion.PROJECTIONS:
+            child = new._modules[name]
+            if type(child) is torch.nn.Linear:
+                setattr(new, name, replacement(child))
+        _NOT_FUSED.pop(module, None)
+        replaced[id(module)] = new
+        visited.add(id(new))
+        return new
+
     def walk(module: torch.nn.Module) -> None:
         if id(module) in visited:
             return
@@ -217,23 +369,30 @@ def convert(model: torch.nn.Module, precision: str | None = None, recipe: str = 
         for name, child in list(module._modules.items()):
             if type(child) is torch.nn.Linear:
                 new = replacement(child)
-                if new is not child:
-                    setattr(module, name, new)
             elif child is not None:
-                walk(child)
+                new = fused(child)
+                if new is child:
+                    walk(child)
+            else:
+                continue
+            if new is not child:
+                setattr(module, name, new)
 
     if type(model) is torch.nn.Linear:
         return replacement(model)
+    new = fused(model)
+    if new is not model:
+        return new
     walk(model)
     return model
 
 
 def fallback_counts(model: torch.nn.Module) -> dict[str, Counter]:
-    """Per tritongemm ``Linear`` in ``model`` (by name) that fell back: its reasons and counts."""
+    """Per tritongemm ``Linear`` or ``GatedMLP`` in ``model`` (by name) that fell back: its reasons and counts."""
     return {
         name: Counter(m.fallbacks)
         for name, m in model.named_modules()
-        if isinstance(m, Linear) and m.fallbacks
+        if isinstance(m, (Linear, GatedMLP)) and m.fallbacks
     }
 
 
@@ -243,12 +402,56 @@ def fallback_summary(model: torch.nn.Module) -> str:
     >>> print(tritongemm.nn.fallback_summary(model))
     """
     layers = [m for m in model.modules() if isinstance(m, Linear)]
+    mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
     counts = fallback_counts(model)
     total = sum(sum(c.values()) for c in counts.values())
-    lines = [f"tritongemm.nn: {len(layers)} Linear modules, {len(counts)} fell back to torch ({total} calls)"]
+    gated = f", {len(mlps)} GatedMLP modules" if mlps else ""
+    lines = [
+        f"tritongemm.nn: {len(layers)} Linear modules{gated}, {len(counts)} fell back to torch ({total} calls)"
+    ]
     for name, reasons in counts.items():
         lines += [f"  {name or '(model)'}: {n} ({reason})" for reason, n in sorted(reasons.items())]
     return "\n".join(lines)
 
 
-__all__ = ["Float8Linear", "Linear", "convert", "fallback_counts", "fallback_summary"]
+def fusion_report(model: torch.nn.Module) -> tuple[dict[str, str], dict[str, str]]:
+    """(fused, left alone): the gated MLPs of ``model`` by name, with the activation of each one
+    ``convert`` fused into a ``GatedMLP``, and the reason for each one it left as it was."""
+    fused: dict[str, str] = {}
+    left: dict[str, str] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, GatedMLP):
+            fused[name] = m.activation
+        elif m in _NOT_FUSED:
+            left[name] = _NOT_FUSED[m]
+    return fused, left
+
+
+def fusion_summary(model: torch.nn.Module) -> str:
+    """Which gated MLPs of ``model`` run as ``GatedMLP`` and which ``convert`` left alone, and why.
+
+    >>> print(tritongemm.nn.fusion_summary(model))
+    tritongemm.nn: 2 gated MLPs fused into GatedMLP, 1 left as it was
+      layers.0.mlp: fused (silu, from LlamaMLP)
+      ...
+    """
+    fused, left = fusion_report(model)
+    lines = [f"tritongemm.nn: {len(fused)} gated MLPs fused into GatedMLP, {len(left)} left as it was"]
+    modules = dict(model.named_modules())
+    for name, activation in fused.items():
+        source = modules[name].__dict__.get("fused_from")
+        lines.append(f"  {name or '(model)'}: fused ({activation}" + (f", from {source})" if source else ")"))
+    lines += [f"  {name or '(model)'}: left alone: {reason}" for name, reason in left.items()]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "Float8Linear",
+    "GatedMLP",
+    "Linear",
+    "convert",
+    "fallback_counts",
+    "fallback_summary",
+    "fusion_report",
+    "fusion_summary",
+]

@@ -1,0 +1,217 @@
+"""The differentiable gated GEMM: ``h = act(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)``.
+
+Forward is ``launch.gated.gated_gemm``, which writes the pre-activations ``g`` and ``u`` beside
+``h`` only when a gradient will be asked for (two extra M x N writes instead of recomputing two
+GEMMs in backward).  Backward, for ``dh``:
+
+    dg, du    = dh * u * act'(g), dh * act(g)         one elementwise kernel (``launch.gated_grad``)
+    dx        = dg @ w_gate + du @ w_up               two GEMMs, the second adding the first in its epilogue
+    dw_gate   = dg^T x,  dw_up = du^T x               in the weights' own layout (``function.gradient_gemm``)
+    db_gate   = sum of dg's rows,  db_up = du's
+
+each only where ``needs_input_grad`` asks.  The GEMMs are tritongemm's (``function.run_gemm``, or the
+differentiable / traceable ``function.gemm_op`` where a trace needs it).
+
+Doors, as for the GEMM (``function``): eager code calls ``GatedFunction``; a ``torch.compile`` /
+``torch.export`` trace calls the op ``torch.ops.tritongemm.gated`` (a fake kernel and this module's
+backward registered as its autograd), whose elementwise backward is the op
+``torch.ops.tritongemm.gated_grad``.  Both ops stay whole in a compiled graph: Inductor calls them
+as it calls any extern kernel.  ``torch.func`` transforms never reach here (``frontend.gated``
+takes the unfused path for them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..launch import gated as gated_launch
+from ..launch.gated_grad import gated_grad
+from ..planning.call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall
+from ..semantics import dot_precision
+from .function import (
+    alloc_out,
+    gemm_op,
+    gradient_gemm,
+    is_tracing,
+    is_transposed_view,
+    operand_view,
+    run_gemm,
+)
+
+#: dx's second GEMM reads the first's result as its addend: ``dg @ w_gate + 1 * (du @ w_up)``.
+ADD_EPILOGUE = Epilogue(beta=1.0, addend=True)
+
+
+def needs_grad(*tensors: torch.Tensor | None) -> bool:
+    """Will backward be asked for (grad mode on, and an operand that requires grad)?"""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def gated_forward(x, w_gate, w_up, b_gate, b_up, activation: str, save: bool) -> tuple:
+    """(h, g, u) for 2-D ``x``; ``g`` and ``u`` are None unless ``save``."""
+    shape = (x.shape[0], w_gate.shape[0])
+    h = alloc_out(shape, x.dtype, x.device)
+    pre = (alloc_out(shape, x.dtype, x.device), alloc_out(shape, x.dtype, x.device)) if save else None
+    gated_launch.gated_gemm(x, w_gate, w_up, activation, b_gate, b_up, out=h, save=pre)
+    return (h, *pre) if save else (h, None, None)
+
+
+def _grad_call(dtype: torch.dtype, epilogue: Epilogue, traced: bool) -> GemmCall:
+    """A backward GEMM's call; float32's TF32 rule read now (or, traced, when the op runs)."""
+    precision = ("auto" if traced else dot_precision(dtype)) if dtype == torch.float32 else "ieee"
+    return GemmCall(epilogue, NO_REQUEST, None, precision)
+
+
+def gated_backward(needs, dh, x, w_gate, w_up, g, u, activation: str, row_major=(True, True)) -> tuple:
+    """Gradients of (x, w_gate, w_up, b_gate, b_up) from ``dh``, None where ``needs`` says none is wanted.
+
+    ``row_major``: whether each weight was a contiguous (N, K) matrix in forward (``nn.Linear``'s),
+    whose gradient is then computed in that layout; ``x`` is needed for the weights' gradients,
+    the weights for the input's.
+    """
+    traced = is_tracing(dh)
+    if torch.is_grad_enabled() and not traced:
+        # g and u were written by the kernel, outside the graph: second derivatives through them
+        # would silently miss terms, so refuse instead.
+        raise RuntimeError(
+            "tritongemm: double backward (create_graph=True) through gated_linear is not supported; "
+            "compute act(linear(x, w_gate)) * linear(x, w_up) with torch instead"
+        )
+    needs_x, needs_wg, needs_wu, needs_bg, needs_bu = needs[:5]
+    dg_du = torch.ops.tritongemm.gated_grad if traced else _gated_grad
+    dg, du = dg_du(dh, g, u, activation)
+    # Direct launches where nothing traces these GEMMs: no autograd bookkeeping per GEMM.
+    direct = not traced
+
+    def gemm(call, a, b, addend=None):
+        return run_gemm(call, a, b, addend) if direct else gemm_op(call, a, b, addend)
+
+    plain = _grad_call(dh.dtype, PLAIN_EPILOGUE, traced)
+    dx = dw_gate = dw_up = None
+    if needs_x:
+        # (x's gradient is not put in x's layout as the weights' are: it flows into the reshape
+        # and the layers before, not into a .grad.)
+        partial = gemm(plain, du, w_up)
+        dx = gemm(_grad_call(dh.dtype, ADD_EPILOGUE, traced), dg, w_gate, partial)
+
+    def weight_grad(grad_z, row_major_weight: bool):
+        # The weight is B = w.T of x @ B: a transposed view where w is row-major, whose gradient
+        # ``gradient_gemm`` then computes as dB^T = dW itself (``flip``).
+        lhs, rhs, flip = gradient_gemm(1, not traced and row_major_weight)
+        views = {"g": grad_z, "a": x}  # (a weight's gradient reads neither B nor its view)
+        grad_b = gemm(plain, operand_view(views, lhs), operand_view(views, rhs))
+        return grad_b if flip else grad_b.mT
+
+    if needs_wg:
+        dw_gate = weight_grad(dg, row_major[0])
+    if needs_wu:
+        dw_up = weight_grad(du, row_major[1])
+    db_gate = dg.sum(0) if needs_bg else None
+    db_up = du.sum(0) if needs_bu else None
+    return dx, dw_gate, dw_up, db_gate, db_up
+
+
+def _gated_grad(dh, g, u, activation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The elementwise backward into fresh outputs (NaN-poisoned under TRITONGEMM_POISON_OUTPUTS)."""
+    shape = tuple(dh.shape)
+    dg = alloc_out(shape, dh.dtype, dh.device)
+    du = alloc_out(shape, dh.dtype, dh.device)
+    return gated_grad(dh, g, u, activation, dg, du)
+
+
+# ----------------------------------------------------------------------------------
+# The eager door
+# ----------------------------------------------------------------------------------
+class GatedFunction(torch.autograd.Function):
+    """The eager door, on 2-D ``x``: saves ``g`` and ``u`` (always: it is applied only when a gradient
+    is wanted) and what each requested gradient reads."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, b_gate, b_up, activation: str):
+        h, g, u = gated_forward(x, w_gate, w_up, b_gate, b_up, activation, save=True)
+        needs = ctx.needs_input_grad
+        ctx.activation = activation
+        ctx.row_major = (is_transposed_view(w_gate.mT), is_transposed_view(w_up.mT))
+        ctx.save_for_backward(
+            x if needs[1] or needs[2] else None,
+            w_gate if needs[0] else None,
+            w_up if needs[0] else None,
+            g,
+            u,
+        )
+        return h
+
+    @staticmethod
+    def backward(ctx, dh):
+        x, w_gate, w_up, g, u = ctx.saved_tensors
+        grads = gated_backward(ctx.needs_input_grad, dh, x, w_gate, w_up, g, u, ctx.activation, ctx.row_major)
+        return (*grads, None)
+
+
+def gated_op(x, w_gate, w_up, b_gate, b_up, activation: str) -> torch.Tensor:
+    """``act(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)`` on 2-D ``x``, differentiable where needed."""
+    save = needs_grad(x, w_gate, w_up, b_gate, b_up)
+    if is_tracing(x):
+        return torch.ops.tritongemm.gated(x, w_gate, w_up, b_gate, b_up, activation, save)[0]
+    if save:
+        return GatedFunction.apply(x, w_gate, w_up, b_gate, b_up, activation)
+    return gated_forward(x, w_gate, w_up, b_gate, b_up, activation, save=False)[0]
+
+
+# ----------------------------------------------------------------------------------
+# The ops a trace sees
+# ----------------------------------------------------------------------------------
+def _gated(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    b_gate: torch.Tensor | None,
+    b_up: torch.Tensor | None,
+    activation: str,
+    save: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``tritongemm::gated``: (h, g, u), or (h, empty, empty) without ``save``."""
+    h, g, u = gated_forward(x, w_gate, w_up, b_gate, b_up, activation, save)
+    return (h, g, u) if save else (h, h.new_empty(0), h.new_empty(0))
+
+
+def _gated_fake(x, w_gate, w_up, b_gate, b_up, activation, save):
+    shape = (x.shape[0], w_gate.shape[0])
+    pre = shape if save else (0,)
+    return x.new_empty(shape), x.new_empty(pre), x.new_empty(pre)
+
+
+def _gated_setup_context(ctx, inputs, output):
+    x, w_gate, w_up, _, _, activation, _ = inputs
+    ctx.activation = activation
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.save_for_backward(x, w_gate, w_up, output[1], output[2])
+
+
+def _gated_op_backward(ctx, dh, _dg, _du):
+    # (a traced backward takes the gradients' untransposed forms: ``row_major`` is not read there)
+    x, w_gate, w_up, g, u = ctx.saved_tensors
+    return (*gated_backward(ctx.needs_input_grad, dh, x, w_gate, w_up, g, u, ctx.activation), None, None)
+
+
+def _gated_grad_op(
+    dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, activation: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tritongemm::gated_grad``: (dh * u * act'(g), dh * act(g))."""
+    return _gated_grad(dh, g, u, activation)
+
+
+def _gated_grad_fake(dh, g, u, activation):
+    return torch.empty_like(dh, memory_format=torch.contiguous_format), torch.empty_like(
+        dh, memory_format=torch.contiguous_format
+    )
+
+
+_GATED_OP = torch.library.custom_op("tritongemm::gated", _gated, mutates_args=())
+_GATED_OP.register_fake(_gated_fake)
+_GATED_OP.register_autograd(_gated_op_backward, setup_context=_gated_setup_context)
+_GATED_GRAD_OP = torch.library.custom_op("tritongemm::gated_grad", _gated_grad_op, mutates_args=())
+_GATED_GRAD_OP.register_fake(_gated_grad_fake)
+
+
+__all__ = ["GatedFunction", "gated_backward", "gated_forward", "gated_op", "needs_grad"]
