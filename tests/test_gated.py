@@ -89,6 +89,13 @@ def test_gated_linear_forward_and_gradients(device, activation, dtype, bias):
     assert out.shape == (2, 5, 23) and out.dtype == dtype
 
 
+@pytest.mark.parametrize("which", ["gate", "up"])
+def test_gated_linear_with_one_bias(device, which):
+    x, w_gate, w_up, b_gate, b_up = _operands((9,), 21, 19, torch.float32, device, True)
+    biases = (b_gate, None) if which == "gate" else (None, b_up)
+    check_against_float64(x, w_gate, w_up, *biases, activation="silu")
+
+
 @pytest.mark.parametrize("layout", ["every-other-column", "transposed"])
 def test_gated_linear_non_contiguous_input(device, layout):
     if layout == "every-other-column":

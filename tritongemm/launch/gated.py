@@ -44,15 +44,16 @@ def gated_gemm(
 ) -> torch.Tensor:
     """``act(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)``.
 
-    x: (M, K); w_gate, w_up: (N, K) as ``nn.Linear`` stores them; b_gate, b_up: (N,) or None (both or
-    neither); all one dtype (fp16, bf16, fp32), one device.  ``out``: an (M, N) tensor to write (else
+    x: (M, K); w_gate, w_up: (N, K) as ``nn.Linear`` stores them; b_gate, b_up: (N,) or None; all one dtype (fp16, bf16, fp32), one device.  ``out``: an (M, N) tensor to write (else
     one is made).  ``save``: two (M, N) tensors that receive the pre-activations ``g`` and ``u`` (for
     backward).  No checks here: the caller validated the operands.
     """
     if activation not in GATED_ACTIVATIONS:
         raise ValueError(f"gated_gemm: activation must be one of {GATED_ACTIVATIONS}, got {activation!r}")
-    if (b_gate is None) != (b_up is None):
-        raise ValueError("gated_gemm: give both biases or neither")
+    if (b_gate is None) != (b_up is None):  # the kernels add both or neither: the missing one is zeros
+        b_gate, b_up = (
+            b if b is not None else torch.zeros_like(b_gate if b_up is None else b_up) for b in (b_gate, b_up)
+        )
     M = x.shape[0]
     N = w_gate.shape[0]
     if out is None:
