@@ -471,7 +471,13 @@ def test_transformers_llama_mlp_is_fused(device, hidden_act):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaMLP as HFLlamaMLP
 
-    config = LlamaConfig(hidden_size=16, intermediate_size=40, hidden_act=hidden_act)
+    config = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=40,
+        hidden_act=hidden_act,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(0)
     stock = HFLlamaMLP(config).to(device)
     model = nn.Sequential(copy.deepcopy(stock))
