@@ -1,0 +1,198 @@
+"""``convert``: put tritongemm's modules in place of torch's in a model, in place; and the reports of
+what a converted model ran where (``fallback_summary``) and what ``convert`` fused (``fusion_summary``)."""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections import Counter
+
+import torch
+
+from . import fusion
+from .float8 import RECIPES
+from .modules import Float8Linear, GatedMLP, Linear
+
+
+def _convertible(module: torch.nn.Module) -> bool:
+    if type(module) is not torch.nn.Linear:  # subclasses may compute something else: left alone
+        return False
+    if "forward" in module.__dict__:
+        warnings.warn(
+            f"tritongemm.nn.convert: {module} has its forward replaced on the instance (by a wrapper "
+            "library?); left as torch's nn.Linear",
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def _plain_linear(module) -> bool:
+    """A Linear computing ``F.linear`` and nothing else: torch's, or ours without a fused activation."""
+    return type(module) is torch.nn.Linear or (type(module) is Linear and module.activation == "none")
+
+
+#: Gated MLPs ``convert`` met and did not fuse, and why (``fusion_report``); weak keys, so a
+#: model's modules are not kept alive by having been converted.
+_NOT_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def convert(
+    model: torch.nn.Module,
+    precision: str | None = None,
+    recipe: str = "rowwise",
+    *,
+    fuse_mlp: bool = True,
+) -> torch.nn.Module:
+    """Swap every ``torch.nn.Linear`` in ``model`` (in place) for ``tritongemm.nn.Linear``, and every
+    gated MLP for ``tritongemm.nn.GatedMLP``.
+
+    The new modules take over the old ones' parameters, hooks and attributes
+    (see ``Linear.from_linear``).  A module reachable under several names
+    (shared between submodules) becomes one converted module.  Subclasses of
+    ``nn.Linear`` are left alone.  Returns ``model`` (itself a new ``Linear``
+    if it was one).
+
+    Gated MLPs (``fuse_mlp=True``, the default): a module with ``gate_proj``, ``up_proj`` and
+    ``down_proj`` that provably computes ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with a
+    SiLU or GELU ``act_fn`` (transformers' ``LlamaMLP``, ``Qwen2MLP``, ``MistralMLP``,
+    ``GemmaMLP``, ...; the rule is in ``tritongemm.frontend.fusion``) becomes a ``GatedMLP``: the
+    gate and up projections and the product in one kernel, the same parameters (``state_dict``
+    keys and values unchanged), the module's own hooks kept.  Any other module with those three
+    children is left as it is (its Linears converted) and named, with the reason, by
+    ``fusion_summary(model)``.  ``fuse_mlp=False`` fuses nothing.
+
+    ``precision="fp8"`` makes ``Float8Linear`` layers instead (fp8 GEMMs in forward and backward,
+    dynamic ``recipe`` scales: "rowwise" or "tensorwise"; see ``tritongemm.frontend.float8``), for every
+    layer whose in and out features are multiples of 16; the others become ``Linear``.  It fuses no
+    MLP: the gated kernel has no fp8 variant, so each projection takes the fp8 path on its own.
+
+    >>> model = tritongemm.nn.convert(model)
+    >>> print(tritongemm.nn.fusion_summary(model))                  # which MLPs were fused, and why not
+    >>> model = tritongemm.nn.convert(model, precision="fp8")       # fp8 training
+    """
+    if precision not in (None, "fp8"):
+        raise ValueError(f"convert: precision must be None or 'fp8', got {precision!r}")
+    if recipe not in RECIPES:
+        raise ValueError(f"convert: recipe must be one of {RECIPES}, got {recipe!r}")
+    replaced: dict[int, torch.nn.Module] = {}  # id(a module met) -> what takes its place
+    visited: set[int] = set()
+
+    def converted(linear: torch.nn.Linear) -> torch.nn.Module:
+        if precision == "fp8" and linear.in_features % 16 == 0 and linear.out_features % 16 == 0:
+            return Float8Linear.from_linear(linear, recipe)
+        return Linear.from_linear(linear)
+
+    def replacement(linear: torch.nn.Linear) -> torch.nn.Module:
+        if id(linear) not in replaced:
+            replaced[id(linear)] = converted(linear) if _convertible(linear) else linear
+        return replaced[id(linear)]
+
+    def fused(module: torch.nn.Module) -> torch.nn.Module:
+        """``module``'s ``GatedMLP``, or ``module`` itself where it is not one to fuse."""
+        if id(module) in replaced:
+            return replaced[id(module)]
+        if not fusion.is_candidate(module):
+            return module
+        if not fuse_mlp:
+            activation, reason = None, "fuse_mlp=False"
+        elif precision == "fp8":
+            activation, reason = None, "precision='fp8' (its projections take the fp8 path one by one)"
+        else:
+            activation, reason = fusion.gated_mlp_activation(module, _plain_linear)
+        if reason is not None:
+            _NOT_FUSED[module] = reason
+            replaced[id(module)] = module
+            return module
+        new = GatedMLP.from_module(module, activation)
+        for name in fusion.PROJECTIONS:
+            child = new._modules[name]
+            if type(child) is torch.nn.Linear:
+                setattr(new, name, replacement(child))
+        _NOT_FUSED.pop(module, None)
+        replaced[id(module)] = new
+        visited.add(id(new))
+        return new
+
+    def walk(module: torch.nn.Module) -> None:
+        if id(module) in visited:
+            return
+        visited.add(id(module))
+        # Not named_children(): it yields a module once, under its first name only.
+        for name, child in list(module._modules.items()):
+            if type(child) is torch.nn.Linear:
+                new = replacement(child)
+            elif child is not None:
+                new = fused(child)
+                if new is child:
+                    walk(child)
+            else:
+                continue
+            if new is not child:
+                setattr(module, name, new)
+
+    if type(model) is torch.nn.Linear:
+        return replacement(model)
+    new = fused(model)
+    if new is not model:
+        return new
+    walk(model)
+    return model
+
+
+def fallback_counts(model: torch.nn.Module) -> dict[str, Counter]:
+    """Per tritongemm ``Linear`` or ``GatedMLP`` in ``model`` (by name) that fell back: its reasons and counts."""
+    return {
+        name: Counter(m.fallbacks)
+        for name, m in model.named_modules()
+        if isinstance(m, (Linear, GatedMLP)) and m.fallbacks
+    }
+
+
+def fallback_summary(model: torch.nn.Module) -> str:
+    """Which layers of ``model`` ran on torch instead of tritongemm, and why, for printing.
+
+    >>> print(tritongemm.nn.fallback_summary(model))
+    """
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
+    counts = fallback_counts(model)
+    total = sum(sum(c.values()) for c in counts.values())
+    gated = f", {len(mlps)} GatedMLP modules" if mlps else ""
+    lines = [
+        f"tritongemm.nn: {len(layers)} Linear modules{gated}, {len(counts)} fell back to torch ({total} calls)"
+    ]
+    for name, reasons in counts.items():
+        lines += [f"  {name or '(model)'}: {n} ({reason})" for reason, n in sorted(reasons.items())]
+    return "\n".join(lines)
+
+
+def fusion_report(model: torch.nn.Module) -> tuple[dict[str, str], dict[str, str]]:
+    """(fused, left alone): the gated MLPs of ``model`` by name, with the activation of each one
+    ``convert`` fused into a ``GatedMLP``, and the reason for each one it left as it was."""
+    fused: dict[str, str] = {}
+    left: dict[str, str] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, GatedMLP):
+            fused[name] = m.activation
+        elif m in _NOT_FUSED:
+            left[name] = _NOT_FUSED[m]
+    return fused, left
+
+
+def fusion_summary(model: torch.nn.Module) -> str:
+    """Which gated MLPs of ``model`` run as ``GatedMLP`` and which ``convert`` left alone, and why.
+
+    >>> print(tritongemm.nn.fusion_summary(model))
+    tritongemm.nn: 2 gated MLPs fused into GatedMLP, 1 left as it was
+      layers.0.mlp: fused (silu, from LlamaMLP)
+      ...
+    """
+    fused, left = fusion_report(model)
+    lines = [f"tritongemm.nn: {len(fused)} gated MLPs fused into GatedMLP, {len(left)} left as it was"]
+    modules = dict(model.named_modules())
+    for name, activation in fused.items():
+        source = modules[name].__dict__.get("fused_from")
+        lines.append(f"  {name or '(model)'}: fused ({activation}" + (f", from {source})" if source else ")"))
+    lines += [f"  {name or '(model)'}: left alone: {reason}" for name, reason in left.items()]
+    return "\n".join(lines)

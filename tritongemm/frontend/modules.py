@@ -1,0 +1,248 @@
+"""The modules: ``Linear`` (a ``torch.nn.Linear`` on tritongemm's GEMMs), ``Float8Linear`` (fp8 training)
+and ``GatedMLP`` (a GLU MLP whose gate and up projections and product are one kernel); ``tritongemm.nn``
+(``frontend/nn.py``) presents them with ``convert``."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import Counter
+
+import torch
+
+from ..autograd import fastpath
+from ..autograd.distributed import is_dtensor
+from ..autograd.function import is_tracing
+from ..request.fallback import torch_reason, warn_device_fallback
+from ..semantics import ACTIVATIONS, autocast_dtype
+from . import api
+from .float8 import WeightCache, float8_linear, float8_unsupported_reason
+from .gated import check_gated_activation, gated_linear, torch_gated
+
+_counts_lock = threading.Lock()  # `counter[k] += 1` is a read-modify-write; fallbacks may come from threads
+
+
+class Linear(torch.nn.Linear):
+    """Drop-in ``torch.nn.Linear`` computed by tritongemm, with an optional fused activation.
+
+    >>> layer = tritongemm.nn.Linear(4096, 11008, bias=False, device="cuda", dtype=torch.bfloat16)
+    >>> up = tritongemm.nn.Linear(4096, 14336, activation="gelu")   # Linear + bias + GELU in one kernel
+
+    ``layer.fallbacks`` counts, by reason, the calls of this module that went
+    to torch; ``Linear.fallbacks`` (on the class) counts those of all instances.
+    """
+
+    #: Reasons inputs were handed to torch instead, summed over all instances
+    #: (each instance's own counts shadow this name on the instance).
+    fallbacks: Counter = Counter()
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        activation: str | None = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.activation = activation or "none"
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"Linear: unknown activation {activation!r}; choose one of {list(ACTIVATIONS)}")
+        self.fallbacks = Counter()
+
+    def extra_repr(self) -> str:
+        act = f", activation={self.activation!r}" if self.activation != "none" else ""
+        return super().extra_repr() + act + ", backend=tritongemm"
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.activation == "none":  # a repeated call: its entry was made by a call that passed every check
+            _, y = fastpath.lookup("linear", input, self.weight, self.bias)
+            if y is not None:
+                return y
+        if not is_tracing(input) or is_dtensor(input):
+            tensors = (input, self.weight) if self.bias is None else (input, self.weight, self.bias)
+            reason = torch_reason(*tensors)
+            if reason is not None:
+                return self._torch_forward(input, reason)
+        return api.linear(input, self.weight, self.bias, activation=self.activation)
+
+    def _torch_forward(self, input: torch.Tensor, reason: str) -> torch.Tensor:
+        with _counts_lock:
+            self.fallbacks[reason] += 1
+            Linear.fallbacks[reason] += 1
+        if isinstance(input, torch.Tensor):
+            warn_device_fallback("tritongemm.nn.Linear", reason, input.device)
+        y = torch.nn.functional.linear(input, self.weight, self.bias)
+        return ACTIVATIONS[self.activation](y)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if "fallbacks" not in self.__dict__:  # pickled before counts were per instance
+            self.fallbacks = Counter()
+
+    @classmethod
+    def from_linear(cls, module: torch.nn.Linear) -> Linear:
+        """A ``Linear`` that takes over ``module``'s state: the same objects, not copies.
+
+        Parameters, buffers, hooks (forward, pre-forward, backward, state-dict
+        ones, with their removal handles still working), the training flag and
+        any attributes set on the instance carry over.  The two modules share
+        their parameter, buffer and hook dictionaries, so use the new one from
+        then on.
+        """
+        new = cls.__new__(cls)
+        # Sharing the instance dictionary's values keeps every hook registered on
+        # `module`, in whatever dictionaries this torch version keeps them, and
+        # keeps the handles torch returned valid (they point at those dictionaries).
+        new.__dict__.update(module.__dict__)
+        for name in ("activation", "fallbacks"):
+            if name in module.__dict__:
+                warnings.warn(
+                    f"tritongemm.nn.convert: the attribute {name!r} set on {module} is replaced by "
+                    f"tritongemm.nn.Linear's own {name!r}",
+                    stacklevel=3,
+                )
+        new.__dict__["activation"] = "none"
+        new.__dict__["fallbacks"] = Counter()
+        if new.__dict__.get("_compiled_call_impl") is not None:
+            # Module.compile() compiled the old module's call: it would keep running torch.
+            new.__dict__["_compiled_call_impl"] = None
+            warnings.warn(
+                f"tritongemm.nn.convert: {module} was compiled with Module.compile(); call compile() "
+                "again on the converted module",
+                stacklevel=3,
+            )
+        return new
+
+
+class Float8Linear(Linear):
+    """A ``Linear`` whose forward and backward GEMMs run in fp8 with dynamic scales (``float8``).
+
+    The parameters stay in their dtype; the output is in the input's dtype (autocast's under
+    ``torch.autocast``).  ``recipe``: "rowwise" (default) or "tensorwise" scales.  Made by
+    ``convert(model, precision="fp8")`` for layers whose in and out features are multiples of 16.
+    """
+
+    recipe: str = "rowwise"
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", precision='fp8', recipe={self.recipe!r}"
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        tensors = (input, self.weight) if self.bias is None else (input, self.weight, self.bias)
+        if not is_tracing(input) or is_dtensor(input):
+            reason = torch_reason(*tensors)
+            if reason is not None:
+                return self._torch_forward(input, reason)
+        if float8_unsupported_reason(input, self.weight) is not None:
+            return super().forward(input)
+        out_dtype = autocast_dtype(input.device) or input.dtype
+        y = float8_linear(input, self.weight, self.bias, self.recipe, out_dtype, self._weight8)
+        return ACTIVATIONS[self.activation](y)
+
+    @property
+    def _weight8(self) -> WeightCache:
+        """The fp8 copies of this layer's weight (made on first use, not saved with the state)."""
+        cache = self.__dict__.get("_weight8_cache")
+        if cache is None:
+            cache = self.__dict__["_weight8_cache"] = WeightCache()
+        return cache
+
+    @classmethod
+    def from_linear(cls, module: torch.nn.Linear, recipe: str = "rowwise") -> Float8Linear:
+        new = super().from_linear(module)
+        new.__dict__["recipe"] = recipe
+        return new
+
+
+class GatedMLP(torch.nn.Module):
+    """A GLU MLP, ``down_proj(act(gate_proj(x)) * up_proj(x))``, its first half in one kernel.
+
+    >>> mlp = tritongemm.nn.GatedMLP(4096, 14336, activation="silu", device="cuda", dtype=torch.bfloat16)
+    >>> y = mlp(x)        # down_proj(gated_linear(x, gate_proj.weight, up_proj.weight, ...))
+
+    ``gate_proj``, ``up_proj`` and ``down_proj`` are tritongemm ``Linear`` modules (so ``state_dict``
+    keys are those of a Llama-style MLP); ``activation`` is "silu" (SwiGLU), "gelu_tanh" (GeGLU,
+    Gemma's) or "gelu".  Only ``down_proj`` is called as a module: hooks on ``gate_proj`` and
+    ``up_proj`` never fire (``convert`` leaves an MLP with such hooks alone).  Inputs tritongemm
+    cannot run go to torch's ops, counted by reason in ``fallbacks`` as ``Linear`` counts them.
+    ``convert`` makes these from the models' own MLPs (``from_module``).
+    """
+
+    #: Reasons inputs were handed to torch instead, summed over all instances (as ``Linear.fallbacks``).
+    fallbacks: Counter = Counter()
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool = False,
+        activation: str = "silu",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.activation = check_gated_activation("GatedMLP", activation)
+        self.gate_proj = Linear(hidden_size, intermediate_size, bias=bias, device=device, dtype=dtype)
+        self.up_proj = Linear(hidden_size, intermediate_size, bias=bias, device=device, dtype=dtype)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, device=device, dtype=dtype)
+        self.fallbacks = Counter()
+
+    def extra_repr(self) -> str:
+        source = self.__dict__.get("fused_from")
+        return f"activation={self.activation!r}" + (f", fused from {source}" if source else "")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_proj, self.up_proj
+        if not is_tracing(x) or is_dtensor(x):
+            tensors = tuple(t for t in (x, gate.weight, up.weight, gate.bias, up.bias) if t is not None)
+            reason = torch_reason(*tensors)
+            if reason is not None:
+                return self._torch_forward(x, reason)
+        return self.down_proj(
+            gated_linear(x, gate.weight, up.weight, gate.bias, up.bias, activation=self.activation)
+        )
+
+    def _torch_forward(self, x: torch.Tensor, reason: str) -> torch.Tensor:
+        with _counts_lock:
+            self.fallbacks[reason] += 1
+            GatedMLP.fallbacks[reason] += 1
+        if isinstance(x, torch.Tensor):
+            warn_device_fallback("tritongemm.nn.GatedMLP", reason, x.device)
+        gate, up = self.gate_proj, self.up_proj
+        h = torch_gated(x, gate.weight, up.weight, gate.bias, up.bias, self.activation)
+        return self.down_proj(h)
+
+    @classmethod
+    def from_module(cls, module: torch.nn.Module, activation: str) -> GatedMLP:
+        """A ``GatedMLP`` that takes over ``module``'s state: the same objects, not copies.
+
+        As ``Linear.from_linear``: submodules, parameters, buffers, hooks (their handles still
+        working), the training flag and the instance's attributes (``config``, ``act_fn``, ...)
+        carry over, and the two modules share those dictionaries, so use the new one from then
+        on.  ``module`` must compute ``down_proj(act(gate_proj(x)) * up_proj(x))`` with this
+        ``activation`` (``fusion.gated_mlp_activation`` says whether it does); its projections
+        are not converted here (``convert`` does that).
+        """
+        new = cls.__new__(cls)
+        new.__dict__.update(module.__dict__)
+        for name in ("activation", "fallbacks", "fused_from"):
+            if name in module.__dict__:
+                warnings.warn(
+                    f"tritongemm.nn.convert: the attribute {name!r} set on {type(module).__name__} is "
+                    f"replaced by tritongemm.nn.GatedMLP's own {name!r}",
+                    stacklevel=3,
+                )
+        new.__dict__["activation"] = check_gated_activation("GatedMLP", activation)
+        new.__dict__["fallbacks"] = Counter()
+        new.__dict__["fused_from"] = type(module).__name__
+        if new.__dict__.get("_compiled_call_impl") is not None:
+            new.__dict__["_compiled_call_impl"] = None
+            warnings.warn(
+                f"tritongemm.nn.convert: {type(module).__name__} was compiled with Module.compile(); call "
+                "compile() again on the converted module",
+                stacklevel=3,
+            )
+        return new
