@@ -15,7 +15,8 @@ Public API (torch signatures and semantics, all differentiable)::
 Where things live, top down (each folder imports only from folders below it)::
 
     frontend/   the doors: api.py (matmul, mm, ..., linear), gated.py (gated_linear),
-                nn.py (Linear, GatedMLP, convert; fusion.py: which MLPs it fuses),
+                nn.py presents modules.py (Linear, GatedMLP) and convert.py (fusion.py: which
+                MLPs it fuses),
                 patch.py, scaled.py (fp8 scaled_mm), float8.py (fp8 training), explain.py
     request/    a call made valid: torch's argument checks, same-batch views, torch or here
     autograd/   the differentiable op: eager Function, torch.library ops for compile,
