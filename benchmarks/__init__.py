@@ -14,6 +14,8 @@
 * ``host.py``    — per-call host time of tiny GEMMs against torch.
 * ``mlp.py``     — a whole gated MLP block (SwiGLU, GeGLU) of Llama-3-8B / Qwen2.5-7B / Gemma-7B
   widths: stock torch against ``tritongemm.nn.GatedMLP`` and unfused ``tritongemm.nn.Linear``.
+* ``epilogue.py`` — a linear layer's fused epilogue (bias + GELU, SiLU, tanh-GELU or residual)
+  through ``tritongemm.linear`` against torch's unfused sequence, forward and forward + backward.
 * ``fp8.py``     — ``tritongemm.scaled_mm`` against ``torch._scaled_mm`` (fp8 e4m3 in, bf16
   out; tensorwise and rowwise scales, fast accumulation off and on): ``python -m benchmarks fp8``.
 

@@ -1,8 +1,9 @@
 """Command line: ``python -m benchmarks {quick,run,plot,soak,fp8,fp8-train,list}`` (run from the repository root).
 
 python -m benchmarks quick [--out DIR]
-python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|models|host|mlp [--dtype fp16,bf16]
-                         [--out DIR] [--no-compile] [--filter TEXT] [--impls A,B] [--sabotaged]
+python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|models|host|mlp|epilogue
+                         [--dtype fp16,bf16] [--out DIR] [--no-compile] [--filter TEXT] [--impls A,B]
+                         [--sabotaged]
 python -m benchmarks plot CSV [CSV ...] [--out DIR] [--figures KIND,...]
 python -m benchmarks soak [--calls N] [--out DIR]
 python -m benchmarks fp8 [--shape MxNxK ...] [--rounds N] [--out DIR]
@@ -18,7 +19,7 @@ import sys
 
 _INTERPRET_ON = ("1", "true", "on", "yes")
 #: Suites that are not lists of GEMM cases: suite name -> module with ``run_cli(args)``.
-_OWN_RUNNERS = {"models": ".models", "host": ".host", "mlp": ".mlp"}
+_OWN_RUNNERS = {"models": ".models", "host": ".host", "mlp": ".mlp", "epilogue": ".epilogue"}
 
 
 def _interpreter_requested() -> bool:
@@ -79,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--suite",
         required=True,
-        help="comma-separated: square, llm, decode, families, shortk, stages, hierarchy, backward, decomposition, unaligned, models, host, mlp",
+        help="comma-separated: square, llm, decode, families, shortk, stages, hierarchy, backward, decomposition, unaligned, models, host, mlp, epilogue",
     )
     r.add_argument("--dtype", help="comma-separated: fp16, bf16, fp32 (default: the suite's)")
     r.add_argument("--out", help="results folder (default benchmarks/results/<gpu>/, e.g. h100/)")
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for c in cases:
                 print(f"    {c.label:45s} M={c.m:<6d} N={c.n:<6d} K={c.k:<6d} {c.layout}")
-        from . import fp8, host, mlp, models
+        from . import epilogue, fp8, host, mlp, models
 
         print(f"{'models':10s} whole models, stock vs tritongemm (GPU; `--filter vit` adds ViT-B/16)")
         for spec, workload in models.select_cases():
@@ -287,6 +288,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         for c in mlp_cases:
             print(f"    {c.label:45s} M={c.m:<6d} N={c.intermediate:<6d} K={c.hidden:<6d} {c.activation}")
+        epilogue_cases = epilogue.cases()
+        print(
+            f"{'epilogue':10s} {len(epilogue_cases):3d} cases  a linear layer's bias + GELU / SiLU / tanh-GELU / "
+            "residual: torch's unfused sequence vs tritongemm.linear's fused epilogue and tritongemm.linear "
+            "then torch (default dtypes bf16; fp16 too for bias+gelu at llama3-8b up)"
+        )
+        for c in epilogue_cases:
+            print(f"    {c.label:45s} M={c.m:<6d} N={c.width.n:<6d} K={c.width.k:<6d} NT {c.dtype}")
         print(
             f"{'fp8':10s} {len(fp8.cases()):3d} shapes x {len(fp8.RECIPES)} recipes  tritongemm.scaled_mm vs "
             "torch._scaled_mm (`python -m benchmarks fp8`)"
@@ -309,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 
     status = 0
     for name in [s.strip() for s in args.suite.split(",") if s.strip()]:
-        if name in _OWN_RUNNERS:  # whole models / host overhead: their own runners, CSVs and tables
+        if name in _OWN_RUNNERS:  # not lists of GEMM cases: their own runners, CSVs and tables
             import importlib
 
             status = max(status, importlib.import_module(_OWN_RUNNERS[name], __package__).run_cli(args))

@@ -246,63 +246,6 @@ def host_profile(out_dir: str) -> None:
             print("\n".join(buf.getvalue().splitlines()[6:22]), flush=True)
 
 
-def epilogue_bench(out_dir: str) -> list[dict]:
-    """Linear + bias + GELU: one fused tritongemm kernel vs cuBLAS linear then torch's GELU."""
-    import torch.nn.functional as F
-
-    rows = []
-    shapes = [(m, n, k) for (n, k) in ((14336, 4096), (28672, 8192)) for m in (1024, 4096, 8192)]
-    for (m, n, k), dt in itertools.product(shapes, ("fp16", "bf16")):
-        dtype = DTYPES[dt]
-        sets = [
-            (
-                torch.randn(m, k, device="cuda", dtype=dtype),
-                torch.randn(n, k, device="cuda", dtype=dtype) * 0.05,
-                torch.randn(n, device="cuda", dtype=dtype),
-            )
-            for _ in range(2)
-        ]
-        grad = torch.randn(m, n, device="cuda", dtype=dtype)
-        ours = lambda x, w, b: tritongemm.linear(x, w, b, activation="gelu")  # noqa: E731
-        ref = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
-        x, w, b = sets[0]
-        with torch.no_grad():
-            err = rel_err(ours(x, w, b), ref(x.double(), w.double(), b.double()))
-        for mode in ("fwd", "fwd+bwd"):
-            times = {}
-            for name, f in (("torch", ref), ("tritongemm", ours)):
-
-                def step(x, w, b, f=f, mode=mode, grad=grad):
-                    if mode == "fwd":
-                        with torch.no_grad():
-                            return f(x, w, b)
-                    for t in (x, w, b):
-                        t.requires_grad_(True)
-                    torch.autograd.grad(f(x, w, b), (x, w, b), grad)
-
-                times[name] = bench(rotating(step, sets), 150)
-            flops = 2 * m * n * k * (1 if mode == "fwd" else 3)
-            rows.append(
-                dict(
-                    shape=f"{m}x{n}x{k}",
-                    dtype=dt,
-                    mode=mode,
-                    torch_ms=times["torch"],
-                    tritongemm_ms=times["tritongemm"],
-                    speedup=times["torch"] / times["tritongemm"],
-                    tritongemm_tflops=flops / times["tritongemm"] * 1e-9,
-                    rel_err=err,
-                )
-            )
-            for t in (x, w, b):
-                t.requires_grad_(False)
-        print(
-            f"epilogue {m}x{n}x{k} {dt}: fwd {rows[-2]['speedup']:.3f}x  fwd+bwd {rows[-1]['speedup']:.3f}x",
-            flush=True,
-        )
-    return rows
-
-
 def sweep_configs():
     T = TileConfig
     return {
@@ -399,7 +342,6 @@ def main() -> int:
     parser.add_argument("--decode", action="store_true")
     parser.add_argument("--host-profile", action="store_true")
     parser.add_argument("--layouts", action="store_true")
-    parser.add_argument("--epilogue", action="store_true")
     parser.add_argument("--no-ladder", action="store_true")
     args = parser.parse_args()
     import pandas as pd
@@ -416,14 +358,6 @@ def main() -> int:
         if len(bad):
             print(bad.to_string(), flush=True)
     host_overhead()
-    if args.epilogue:
-        ep = pd.DataFrame(epilogue_bench(args.out)).assign(**e)
-        ep.to_csv(os.path.join(args.out, "epilogue.csv"), index=False)
-        import math as _m
-
-        for mode in ("fwd", "fwd+bwd"):
-            sub = ep[ep["mode"] == mode]
-            print(f"geomean speedup {mode}: {_m.exp(sum(_m.log(v) for v in sub.speedup) / len(sub)):.3f}")
     if args.host_profile:
         host_profile(args.out)
     if args.small_sweep:

@@ -967,3 +967,95 @@ def test_mlp_suite_is_listed_and_refused_without_gpu(capsys):
     if not torch.cuda.is_available():
         assert cli_main(["run", "--suite", "mlp"]) == 2
         assert "no CUDA GPU" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------
+# The epilogue suite (a linear layer's fused epilogue: torch vs tritongemm.linear fused and unfused)
+# ----------------------------------------------------------------------------------
+def test_epilogue_cases_are_the_plan_at_four_token_counts_in_the_default_dtypes():
+    from benchmarks import epilogue
+
+    cases = epilogue.cases()
+    keys = [(c.dtype, c.label) for c in cases]
+    assert len(keys) == len(set(keys)) == (4 + 3) * 4 * 2 + 4 * 2
+    assert {(c.width.n, c.width.k) for c in cases} == {
+        (14336, 4096),
+        (4096, 14336),
+        (18944, 3584),
+        (28672, 8192),
+    }
+    assert {c.m for c in cases} == {512, 1000, 2048, 4096}
+    assert {c.epilogue.name for c in cases if c.width.name != "llama3-8b up"} == {"bias+gelu"}
+    assert {(c.width.name, c.epilogue.name) for c in cases if c.dtype == "fp16"} == {
+        ("llama3-8b up", "bias+gelu")
+    }
+    # --dtype names the dtypes: then every (width, epilogue) in each
+    assert len(epilogue.cases(["fp16"])) == (4 + 3) * 4 * 2
+    big = next(c for c in cases if c.width.name == "llama3-70b up" and c.m == 4096 and c.backward)
+    assert big.flops == 3 * 2 * 4096 * 28672 * 8192
+    assert (big.group, big.label) == (
+        "llama3-70b up bias+gelu fwd+bwd",
+        "llama3-70b up bias+gelu M=4096 fwd+bwd",
+    )
+    assert [i.family for i in epilogue.IMPLS] == ["cublas", "tritongemm", "tritongemm"]
+    with pytest.raises(ValueError, match="fp12"):
+        epilogue.parse_dtypes("bf16,fp12")
+
+
+@pytest.mark.parametrize(
+    "name, backward",
+    [("bias+gelu", False), ("bias+silu", True), ("bias+residual", True)],
+    ids=["gelu-forward", "silu-backward", "residual-backward"],
+)
+def test_epilogue_suite_gates_then_times_each_implementation(name, backward, tmp_path):
+    """On the interpreter with a tiny layer: the three implementations pass the float64 gate (with
+    backward: the output and the gradients of x, w and b) and are timed; a wrong one -- a wrong
+    activation forward, a bias cut from the graph backward -- is recorded failed_gate, untimed; the
+    rows go to the schema, the suite's figure and ``python -m benchmarks plot``."""
+    from benchmarks import epilogue
+
+    def wrong(ep, x, w, b, residual):
+        if backward:  # right output, but no gradient reaches the bias
+            return epilogue.fused(ep, x, w, b.detach(), residual)
+        return torch.relu(epilogue.fused(ep, x, w, b, residual))
+
+    impls = (*epilogue.IMPLS, epilogue.EpilogueImpl("sabotaged", "test", "wrong", wrong))
+    ep = next(e for e in epilogue.EPILOGUES if e.name == name)
+    case = epilogue.EpilogueCase(epilogue.Width("tiny", 40, 16), ep, 12, backward, "fp32")
+    rows = epilogue.measure_case(
+        case,
+        "cpu",
+        impls=impls,
+        rounds=2,
+        warmup_ms=0,
+        rep_ms=1,
+        l2_bytes=epilogue.input_set_bytes(case),  # 2 x L2 over the copies: 2 of them
+    )
+    by = {r["impl"]: r for r in rows}
+    for impl in ("torch", "tritongemm", "tritongemm unfused"):
+        r = by[impl]
+        assert r["status"] == "ok", r.get("message")
+        assert r["rel_err"] <= r["tol"] and r["ms"] > 0 and r["tflops"] > 0 and r["n_copies"] == 2
+        assert (r["m"], r["n"], r["k"], r["backward"]) == (12, 40, 16, backward)
+        assert (r["epilogue"], r["mode"], r["group"]) == (name, case.mode, f"tiny {name} {case.mode}")
+        assert r["speedup_vs_cublas"] == pytest.approx(by["torch"]["ms"] / r["ms"])
+        assert "float64" in r["message"]
+    bad = by["sabotaged"]
+    assert bad["status"] == "failed_gate" and bad.get("ms") is None
+    assert bad["message"].startswith("grad_b:" if backward else "out:")
+    csv = harness.write_results(rows, tmp_path / "epilogue.csv", ENV, {"suite": "epilogue"})
+    df = schema.read(csv)
+    assert list(df.columns[: len(schema.COLUMNS)]) == schema.COLUMNS
+    assert [p.name for p in epilogue.plot_epilogue(csv, tmp_path)] == ["epilogue_speedup.png"]
+    assert cli_main(["plot", str(csv), "--out", str(tmp_path / "again"), "--figures", "speedup"]) == 0
+    assert (tmp_path / "again" / "epilogue_speedup.png").exists()
+    assert "tritongemm unfused ms" in epilogue.summary_table(rows)
+
+
+def test_epilogue_suite_is_listed_and_refused_without_gpu(capsys):
+    assert cli_main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "epilogue" in out and "llama3-70b up bias+gelu M=4096 fwd+bwd" in out
+    if not torch.cuda.is_available():
+        assert cli_main(["run", "--suite", "epilogue"]) == 2
+        assert "no CUDA GPU" in capsys.readouterr().err
