@@ -29,7 +29,7 @@ import torch
 
 from .. import launch
 from ..planning.call import Epilogue, GemmCall, Request, op_args
-from ..semantics import activation_backward
+from ..semantics import ACTIVATIONS, activation_backward
 from . import distributed
 
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -100,6 +100,14 @@ def gemm_op(
         and torch.is_grad_enabled()
         and (a.requires_grad or b.requires_grad or (addend is not None and addend.requires_grad))
     ):
+        if not _functorch_active():
+            # Training: the GEMM stores z, torch's op computes act(z) from it (and differentiates it,
+            # twice if asked).  The kernel could store both, but z's stores from the accumulator's
+            # layout cost more than the pass over z they save (H100, bf16, 512 x 14336 x 4096
+            # forward: 147 us fused against 94 + 12 us).
+            z = gemm_op(call._replace(epilogue=ep._replace(activation="none", residual=False)), a, b, addend)
+            y = ACTIVATIONS[ep.activation](z)
+            return y if residual is None else y + residual
         # The pre-activation is written by the same kernel, only when backward needs it.
         call = call._replace(epilogue=ep._replace(store_preact=True))
     if is_tracing(a):
