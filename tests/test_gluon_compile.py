@@ -488,25 +488,31 @@ def test_gated_mode_keeps_two_accumulators_and_stores_one_tile(case):
 
 #: Epilogue warps (launch.gluon.GluonLauncher's rule: one 4-warp consumer, an activation or a residual):
 #: the consumer stages z, four more warps finish and store each tile under the next tile's mainloop.
-EPILOGUE_WARP_CASES = [("bf16", 6, "gelu", False), ("fp16", 6, "silu", True)]
+EPILOGUE_WARP_CASES = [
+    ("bf16", 6, "gelu", False, False),
+    ("fp16", 6, "silu", True, False),
+    ("bf16", 6, "gelu", False, True),
+]
 
 
 @needs_gluon
 @pytest.mark.parametrize(
     "case",
     EPILOGUE_WARP_CASES,
-    ids=[f"{c[0]}-s{c[1]}-{'full' if c[3] else c[2]}" for c in EPILOGUE_WARP_CASES],
+    ids=[
+        f"{c[0]}-s{c[1]}-{'full' if c[3] else c[2]}{'-streamk' if c[4] else ''}" for c in EPILOGUE_WARP_CASES
+    ],
 )
 def test_epilogue_warps_finish_tiles_off_the_consumer(case):
-    dtype, stages, activation, full = case
+    dtype, stages, activation, full, stream_k = case
     ptx, smem = compiled_facts(
-        dtype, 128, 128, 64, stages, True, False, 4, activation, full, 1, 0, False, False, 1, 1, None,
+        dtype, 128, 128, 64, stages, True, False, 4, activation, full, 1, 0, stream_k, False, 1, 1, None,
         "none", None, "", 4,
     )  # fmt: skip
     assert ".local" not in ptx, "spills"
-    # One TMA store, issued by the epilogue warps; the consumer's wgmma stay as they are.
+    # One TMA store, issued by the epilogue warps (and one more with Stream-K: the consumer's streamed tiles).
     stores = len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::\w+\.bulk_group", ptx))
-    assert stores == 1, f"{stores} TMA stores"
+    assert stores == 1 + stream_k, f"{stores} TMA stores"
     assert re.search(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+152", ptx), (
         "no register budget for the epilogue warps"
     )

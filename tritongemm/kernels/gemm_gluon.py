@@ -352,6 +352,9 @@ def consumer(
                 HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT, SCALING, BLOCK_N2, EPILOGUE_SUBTILE,
             )  # fmt: skip
     if STREAM_K:  # (one consumer, one accumulator: the launcher's rule)
+        if EPILOGUE_WARPS > 0:  # the streamed tiles are finished here: the epilogue warps' staging tile first
+            laps = (dp_tiles - pid + nprog - 1) // nprog
+            mbarrier.wait(handoff[1], (laps - 1) & 1, pred=laps > 0)
         # This program's share of the streamed tiles' K-steps, walked backwards one tile segment at a
         # time (see gemm_streamk): its contribution first, the tile it finishes last.
         step = (dp_tiles - pid + nprog - 1) // nprog * k_tiles  # after its whole tiles' K-steps
