@@ -364,7 +364,8 @@ def _grads(model, x, grad_y):
         p.grad = None
     y = model(x)
     y.backward(grad_y)
-    return y.detach(), x.grad, {n: p.grad for n, p in model.named_parameters()}
+    # (a compiled module names its parameters under "_orig_mod.")
+    return y.detach(), x.grad, {n.removeprefix("_orig_mod."): p.grad for n, p in model.named_parameters()}
 
 
 def test_convert_fuses_the_gated_mlps_it_can_prove_and_leaves_the_rest(device):

@@ -54,14 +54,12 @@ def _load(name):
 def compile_one(kernel, types: dict, constexprs: dict, target, num_warps: int, num_stages: int):
     """Specialize as the launcher would for 16-byte-aligned pointers and sizes."""
     sig, attrs = {}, {}
-    # Arguments the kernel leaves unspecialized (``do_not_specialize``) get no divisibility either.
-    plain = {p.name for p in getattr(kernel, "params", ()) if p.do_not_specialize}
     for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
         else:
             sig[name] = types[name]
-            if types[name].startswith("*") or (types[name] == "i32" and name not in plain):
+            if types[name].startswith("*") or types[name] == "i32":
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(kernel, sig, constexprs, attrs)
     return triton.compile(src, target=target, options=dict(num_warps=num_warps, num_stages=num_stages))
@@ -247,46 +245,6 @@ def tma_cases():
     )
 
 
-def decode_cases():
-    """The decode kernel (W as nn.Linear stores it, K contiguous): split and unsplit, bias or not,
-    widths of its candidate menu (``launch.decode.DECODE_MENU``), TMA copies, a ragged K."""
-    base = dict(
-        stride_ak=1, stride_wk=1, stride_cn=1, stride_bias=1, BLOCK_M=16, EVEN_K=True, INDEX_64=False,
-        UPCAST_OPERANDS=False,
-    )  # fmt: skip
-    for dt, bn, bk, warps, stages, split, bias, tma in [
-        ("bf16", 32, 256, 4, 4, True, True, False),
-        ("bf16", 16, 512, 4, 3, True, False, False),
-        ("bf16", 64, 128, 4, 6, False, False, False),
-        ("fp16", 64, 256, 8, 4, True, True, False),
-        ("bf16", 64, 512, 8, 3, False, True, False),
-        ("bf16", 32, 256, 4, 4, True, True, True),
-        ("bf16", 64, 128, 4, 6, False, False, True),
-    ]:
-        name = f"decode-{dt}-{bn}x{bk}-w{warps}-s{stages}{'-split' if split else ''}{'-bias' if bias else ''}"
-        # The operands the launch does not pass (pointers or descriptors) are None, constexprs.
-        unused = dict(a_ptr=None, w_ptr=None) if tma else dict(a_desc=None, w_desc=None)
-        consts = dict(base, **unused, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, HAS_BIAS=bias, TMA=tma)
-        yield name + ("-tma" if tma else ""), dt, consts, warps, stages
-    yield (
-        "decode-fp32-32x128-raggedK-split",
-        "fp32",
-        dict(
-            base,
-            a_desc=None,
-            w_desc=None,
-            BLOCK_N=32,
-            BLOCK_K=128,
-            SPLIT_K=True,
-            HAS_BIAS=True,
-            EVEN_K=False,
-            TMA=False,
-        ),
-        4,
-        3,
-    )
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", type=int, default=90)
@@ -299,7 +257,6 @@ def main():
     gemm = _load("gemm").gemm_kernel
     gemv = _load("gemv").gemv_kernel
     streamk = _load("gemm_streamk").streamk_kernel
-    decode = _load("decode").decode_kernel
     tma = None
     try:
         tma = _load("gemm_tma").gemm_tma_kernel
@@ -373,7 +330,6 @@ def main():
             3,
         ),
     ]
-    cases += [(decode, *c) for c in decode_cases()]
     if tma is not None:
         cases += [(tma, *c) for c in tma_cases()]
     for kernel, name, dt, consts, warps, stages in cases:
@@ -385,9 +341,6 @@ def main():
                 for n in kernel.arg_names
             }
             types.update(ws_ptr="*fp32", count_ptr="*i32")
-            if kernel is decode and consts["TMA"]:  # x in 16-row boxes, W in BLOCK_N-row boxes
-                bn, bk = consts["BLOCK_N"], consts["BLOCK_K"]
-                types.update(a_desc=f"tensordesc<{dt}[16, {bk}]>", w_desc=f"tensordesc<{dt}[{bn}, {bk}]>")
             if consts.get("SCALING", "none") != "none":  # fp8 in, bf16 out, fp32 scales
                 types.update({n: "*bf16" for n in ("c_ptr", "d_ptr", "r_ptr", "z_ptr")})
                 types.update(sa_ptr="*fp32", sb_ptr="*fp32")

@@ -6,7 +6,6 @@ warp-specialized Gluon kernel (``gemm_gluon``) is imported by its launcher
 alone, since Gluon is not available on every Triton.
 """
 
-from .decode import decode_kernel
 from .gated_grad import gated_grad_kernel
 from .gemm import gemm_kernel, splitk_reduce_kernel
 from .gemm_streamk import streamk_kernel
@@ -22,7 +21,6 @@ KERNELS_INTERPRETED: bool = type(gemm_kernel).__name__ == "InterpretedFunction"
 __all__ = [
     "amax_kernel",
     "cast_kernel",
-    "decode_kernel",
     "gated_grad_kernel",
     "rowwise_cast_kernel",
     "gemm_kernel",

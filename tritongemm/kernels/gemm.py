@@ -283,25 +283,19 @@ def splitk_slice(K, k_per_split):
 
 
 @triton.jit
-def last_to_arrive(count_ptr, index, arrivals):
-    """Count this program in at ``count_ptr[index]``; True for the last of ``arrivals``,
+def last_slice_to_arrive(count_ptr, tile_id):
+    """Count this slice in for ``tile_id``; True for the last of the tile's slices,
     which re-arms the counter to zero for the next launch.
 
     Every thread's partial is stored before thread 0's release (the pattern of
     CUTLASS's split-K semaphore: barrier, then a gpu-scope release by one thread).
     """
     tl.debug_barrier()
-    arrived = tl.atomic_add(count_ptr + index, 1, sem="acq_rel", scope="gpu")
-    last = arrived == arrivals - 1
+    arrived = tl.atomic_add(count_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+    last = arrived == tl.num_programs(1) - 1
     if last:
-        tl.store(count_ptr + index, 0)
+        tl.store(count_ptr + tile_id, 0)
     return last
-
-
-@triton.jit
-def last_slice_to_arrive(count_ptr, tile_id):
-    """``last_to_arrive`` for a tile whose slices are axis 1 of the grid."""
-    return last_to_arrive(count_ptr, tile_id, tl.num_programs(1))
 
 
 @triton.jit
