@@ -593,27 +593,6 @@ def test_backward_copies_an_unaligned_gradient_once_for_both_gemms(device, paddi
     launch.clear_plan_cache()
 
 
-def test_padded_preactivation_copied_out_with_c(device, padding, monkeypatch):
-    """With an activation under autograd the pre-activation is stored too, with C's strides: both are
-    copied out of their workspaces in one launch."""
-    _needs_tma(device)
-    padding("always")
-    launch.clear_plan_cache()
-    launches = _copy_launches(monkeypatch)
-    x = random_tensor((19, 13), torch.float16, device).requires_grad_()
-    w = random_tensor((11, 13), torch.float16, device).requires_grad_()
-    y = tritongemm.linear(x, w, activation="relu", config=TMA)
-    assert launches[:2] == [2, 2], launches  # A and B in, C and the pre-activation out
-    grad = random_tensor(y.shape, torch.float16, device)
-    y.backward(grad)
-    xd, wd = (t.detach().double().requires_grad_() for t in (x, w))
-    ref = torch.relu(xd @ wd.T)
-    ref.backward(grad.double())
-    assert_close(y, ref)
-    assert_close(x.grad, xd.grad)
-    assert_close(w.grad, wd.grad)
-
-
 def test_padded_batches_that_do_not_collapse_take_torch_copies(device, padding, monkeypatch):
     """Batch dims with no single stride (a permuted batch) are copied by torch, on views."""
     padding("always")

@@ -95,21 +95,20 @@ def gemm_op(
 ) -> torch.Tensor:
     """Differentiable ``act(alpha * a @ b + beta * addend) + residual`` on same-batch operands."""
     ep = call.epilogue
-    if (
-        ep.activation != "none"
-        and torch.is_grad_enabled()
-        and (a.requires_grad or b.requires_grad or (addend is not None and addend.requires_grad))
+    if ep.activation != "none" and (
+        _functorch_active()
+        or (
+            torch.is_grad_enabled()
+            and (a.requires_grad or b.requires_grad or (addend is not None and addend.requires_grad))
+        )
     ):
-        if not _functorch_active():
-            # Training: the GEMM stores z, torch's op computes act(z) from it (and differentiates it,
-            # twice if asked).  The kernel could store both, but z's stores from the accumulator's
-            # layout cost more than the pass over z they save (H100, bf16, 512 x 14336 x 4096
-            # forward: 147 us fused against 94 + 12 us).
-            z = gemm_op(call._replace(epilogue=ep._replace(activation="none", residual=False)), a, b, addend)
-            y = ACTIVATIONS[ep.activation](z)
-            return y if residual is None else y + residual
-        # The pre-activation is written by the same kernel, only when backward needs it.
-        call = call._replace(epilogue=ep._replace(store_preact=True))
+        # Differentiated (or under a torch.func transform, which may differentiate): the GEMM stores z,
+        # torch's op computes act(z) from it and differentiates it, twice if asked.  The kernel could
+        # store both, but z's stores from the accumulator's layout cost more than the pass over z they
+        # save (H100, bf16, 512 x 14336 x 4096 forward: 147 us fused against 94 + 12 us).
+        z = gemm_op(call._replace(epilogue=ep._replace(activation="none", residual=False)), a, b, addend)
+        y = ACTIVATIONS[ep.activation](z)
+        return y if residual is None else y + residual
     if is_tracing(a):
         if distributed.is_dtensor(a):  # DTensor runs the custom op on the shards, by its sharding rule
             return distributed.gemm(_traceable_gemm, call, a, b, addend, residual)
