@@ -18,6 +18,8 @@
   through ``tritongemm.linear`` against torch's unfused sequence, forward and forward + backward.
 * ``fp8.py``     — ``tritongemm.scaled_mm`` against ``torch._scaled_mm`` (fp8 e4m3 in, bf16
   out; tensorwise and rowwise scales, fast accumulation off and on): ``python -m benchmarks fp8``.
+* ``runner.py``  — what ``mlp``, ``epilogue`` and ``fp8`` share: the gate's row, the progress loop,
+  the table against torch, and the command line from the GPU check to the exit status.
 
 Results live in ``benchmarks/results/<gpu>/`` (``h100/`` on any H100) as CSV + PNG.
 

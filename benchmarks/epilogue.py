@@ -45,8 +45,8 @@ and ``epilogue_speedup.png`` under ``benchmarks/results/<gpu>/``.
 
 from __future__ import annotations
 
+import functools
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from tritongemm.semantics import ACTIVATIONS
 from tritongemm.testing import random_tensor
 
-from . import harness
+from . import harness, runner
 
 SUITE = "epilogue"
 ROUNDS = harness.ROUNDS
@@ -295,16 +295,21 @@ def reference(case: EpilogueCase, weights: tuple, inputs: tuple) -> tuple[torch.
 
 def gate(fn: LinearFn, case: EpilogueCase, weights: tuple, sets: Sequence[tuple], refs: dict[int, tuple]):
     """``fn`` on the checked copies against float64; the worst result, or the first failure."""
-    names = ("out", "grad_x", "grad_w", "grad_b")
-    worst = None
-    for index, ref in refs.items():
-        for name, out, r in zip(names, run_layer(fn, case, weights, sets[index]), ref):
-            result = harness.check_output(out, r, dtype=case.torch_dtype)
-            if not result.ok:
-                return harness.GateResult(False, result.rel_err, result.tol, f"{name}: {result.reason}")
-            if worst is None or result.rel_err > worst.rel_err:
-                worst = result
-    return worst
+    return harness.gate_copies(
+        lambda index: run_layer(fn, case, weights, sets[index]),
+        refs,
+        ("out", "grad_x", "grad_w", "grad_b"),
+        dtype=case.torch_dtype,
+    )
+
+
+def impl_row(case: EpilogueCase, impl: EpilogueImpl) -> dict:
+    return {**base_row(case), "impl": impl.name, "family": impl.family, "variant": impl.variant}
+
+
+def step_label(case: EpilogueCase, impl: EpilogueImpl) -> str:
+    """The progress bar's name for one implementation of a case."""
+    return f"{case.dtype} {case.label} {impl.name}"
 
 
 def prepare(
@@ -316,16 +321,10 @@ def prepare(
     device: torch.device,
 ) -> harness.Prepared | dict:
     """Gate one implementation; a finished row if it cannot be timed, else what timing needs."""
-    row = {**base_row(case), "impl": impl.name, "family": impl.family, "variant": impl.variant}
-    row["n_copies"] = len(sets)
-    try:
-        result = gate(impl.fn, case, weights, sets, refs)  # also the first calls: compiles the kernels
-        harness._synchronize(device)
-    except Exception as exc:
-        return {**row, "status": harness.ERROR, "message": harness._short_error(exc)}
-    row.update(rel_err=result.rel_err, tol=result.tol)
-    if not result.ok:
-        return {**row, "status": harness.FAILED_GATE, "message": result.reason}
+    row = {**impl_row(case, impl), "n_copies": len(sets)}
+    failed = runner.gated(row, lambda: gate(impl.fn, case, weights, sets, refs), device)
+    if failed is not None:
+        return failed
     rotation = harness.Rotation(sets)
     w, b = weights
     ep = case.epilogue
@@ -366,35 +365,17 @@ def measure_case(
         sets = make_inputs(case, device, n_copies)
         refs = {i: reference(case, weights, sets[i]) for i in sorted({0, n_copies - 1})}
     except Exception as exc:  # e.g. out of memory: every implementation recorded as not run
-        rows = []
-        for impl in impls:
-            on_step(f"{case.dtype} {case.label} {impl.name}")
-            rows.append(
-                {
-                    **base_row(case),
-                    "impl": impl.name,
-                    "family": impl.family,
-                    "variant": impl.variant,
-                    "status": harness.ERROR,
-                    "message": "inputs: " + harness._short_error(exc),
-                }
-            )
-        return rows
+        return runner.not_run(
+            [(step_label(case, impl), impl_row(case, impl)) for impl in impls], exc, on_step
+        )
     slots: list = []
     for impl in impls:
-        on_step(f"{case.dtype} {case.label} {impl.name}")
+        on_step(step_label(case, impl))
         slots.append(prepare(case, impl, weights, sets, refs, device))
-    del refs  # the float64 references are the largest tensors of a case: not kept while timing
-    harness.time_interleaved(slots, device, rounds, warmup_ms, rep_ms)
-    rows = [harness.finish(slot, device) if isinstance(slot, harness.Prepared) else slot for slot in slots]
-    for row in rows:
-        if row.get("status") == harness.OK:
-            row["message"] = REFERENCE_NOTE
-    del weights, sets, slots
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    harness._finish_rows(rows)  # TFLOP/s, GB/s, and torch's time / each one's
-    return rows
+    # The float64 references are the largest tensors of a case: not kept while timing; the steps
+    # hold the weights and inputs, freed with ``slots`` once timed.
+    del refs, weights, sets
+    return runner.timed_rows(slots, device, rounds, warmup_ms, rep_ms, REFERENCE_NOTE)
 
 
 def run_epilogue(
@@ -407,21 +388,10 @@ def run_epilogue(
     progress: bool = True,
 ) -> list[dict]:
     """Every case of ``case_list``, one after the other, with a progress bar on stderr."""
-    from tritongemm.tuning.progress import ProgressBar  # here, not at import: see benchmarks/__init__.py
-
-    bar = ProgressBar(len(case_list) * len(IMPLS), enabled=progress, unit="runs")
-    done = 0
-
-    def on_step(label: str) -> None:
-        nonlocal done
-        done += 1
-        bar.step(done, label)
-
-    rows: list[dict] = []
-    for case in case_list:
-        rows += measure_case(case, device, rounds=rounds, warmup_ms=warmup_ms, rep_ms=rep_ms, on_step=on_step)
-    bar.close()
-    return rows
+    measure = functools.partial(
+        measure_case, device=device, rounds=rounds, warmup_ms=warmup_ms, rep_ms=rep_ms
+    )
+    return runner.measure_all(case_list, len(IMPLS), measure, progress)
 
 
 # ----------------------------------------------------------------------------------
@@ -429,26 +399,7 @@ def run_epilogue(
 # ----------------------------------------------------------------------------------
 def summary_table(rows: Sequence[dict]) -> str:
     """One line per (case, dtype): each implementation's time and torch's time / its time."""
-    by_case: dict[tuple, dict[str, dict]] = {}
-    for r in rows:
-        if r.get("suite") == SUITE:
-            by_case.setdefault((r["case"], r["dtype"]), {})[r["impl"]] = r
-    lines = []
-    for (case, dtype), impls in by_case.items():
-        line: dict = {"case": case, "dtype": dtype}
-        for impl in IMPLS:
-            r = impls.get(impl.name, {})
-            ok = r.get("status") == harness.OK
-            line[impl.name] = r.get("ms") if ok else r.get("status")
-            if impl.family != "cublas":
-                line[impl.name + " x"] = r.get("speedup_vs_cublas") if ok else None
-        lines.append(line)
-    columns = [("case", "case"), ("dtype", "dtype")]
-    for impl in IMPLS:
-        columns.append((impl.name, f"{impl.name} ms"))
-        if impl.family != "cublas":
-            columns.append((impl.name + " x", "torch ms / its ms"))
-    return harness.format_table(lines, columns)
+    return runner.impl_table(rows, SUITE, IMPLS, keys=("case", "dtype"))
 
 
 FIGURE_KINDS = ("speedup",)
@@ -474,47 +425,23 @@ def parse_dtypes(text: str | None) -> list[str] | None:
 
 def run_cli(args) -> int:
     """``python -m benchmarks run --suite epilogue``; the exit status (1: a row not measured)."""
-    import tritongemm
-
-    if not torch.cuda.is_available() or tritongemm.interpreter_enabled():
-        raise RuntimeError("the epilogue suite times compiled kernels on a CUDA GPU")
+    device = runner.cuda_device(SUITE)
     case_list = [c for c in cases(parse_dtypes(args.dtype)) if not args.filter or args.filter in c.label]
-    device = torch.device("cuda", torch.cuda.current_device())
-    env = harness.environment(device)
-    out_dir = Path(args.out) if args.out else harness.default_results_dir(env)
-    rounds = args.rounds or ROUNDS
-    rows = run_epilogue(
-        case_list,
-        device,
-        rounds=rounds,
-        warmup_ms=args.warmup,
-        rep_ms=args.rep,
-        progress=not args.no_progress,
-    )
     extra = {
-        "suite": SUITE,
-        "rounds": rounds,
-        "l2_rotation_factor": harness.L2_ROTATION_FACTOR,
         "gate_tolerance": {c.dtype: harness.gate_tolerance(c.torch_dtype) for c in case_list},
         "gate_reference": "float64",
     }
-    csv = harness.write_results(rows, out_dir / f"{SUITE}.csv", env, extra)
-    print(f"\n== epilogue: fused linear epilogues, torch vs tritongemm, on {env['gpu']} ==")
-    print(summary_table(rows))
-    print(f"wrote {csv}")
-    if not args.no_plots:
-        try:
-            for f in plot_epilogue(csv, out_dir):
-                print(f"wrote {f}")
-        except Exception as exc:  # a figure is a convenience: the CSV holds the numbers
-            print(
-                f"figures skipped ({type(exc).__name__}: {exc}); redraw with `python -m benchmarks plot {csv}`",
-                file=sys.stderr,
-            )
-    failed = [r for r in rows if r.get("status") != harness.OK]
-    for r in failed:
-        print(f"  {r['dtype']} {r['case']} {r['impl']}: {r['status']} {r.get('message', '')}")
-    return 1 if failed else 0
+    return runner.run_cli(
+        args,
+        SUITE,
+        device,
+        functools.partial(run_epilogue, case_list),
+        extra,
+        title="fused linear epilogues, torch vs tritongemm, on {gpu}",
+        table=summary_table,
+        plot=plot_epilogue,
+        failed_fields=("dtype", "case", "impl"),
+    )
 
 
 __all__ = [

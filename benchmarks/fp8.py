@@ -30,6 +30,7 @@ ours (> 1: tritongemm faster).  Own columns: ``scaling``, ``fast_accum``, ``out_
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -41,7 +42,7 @@ import torch
 import tritongemm
 from tritongemm.testing import random_tensor
 
-from . import harness
+from . import harness, runner
 
 SUITE = "fp8"
 FP8 = torch.float8_e4m3fn
@@ -299,14 +300,9 @@ def prepare(
     row = {**base_row(case, recipe), "impl": impl.name, "family": impl.family, "n_copies": len(sets)}
     if impl.family == "tritongemm":
         row.update(kernel_columns(sets[0], recipe))
-    try:
-        result = gate(impl, recipe, sets, refs, tol)  # also the first call: compiles the kernel
-        harness._synchronize(device)
-    except Exception as exc:
-        return {**row, "status": harness.ERROR, "message": harness._short_error(exc)}
-    row.update(rel_err=result.rel_err, tol=result.tol)
-    if not result.ok:
-        return {**row, "status": harness.FAILED_GATE, "message": result.reason}
+    failed = runner.gated(row, lambda: gate(impl, recipe, sets, refs, tol), device)
+    if failed is not None:
+        return failed
     rotation = harness.Rotation([s.args(recipe) for s in sets])
 
     def step():
@@ -341,19 +337,14 @@ def measure_shape(
         sets = make_inputs(case, device, n_copies, seed)
         refs = {i: unscaled_reference(sets[i]) for i in sorted({0, n_copies - 1})}
     except Exception as exc:  # e.g. out of memory: every pair recorded as not run
-        rows = []
-        for recipe, impl in pairs:
-            on_step(f"{case.shape} {recipe.name} {impl.name}")
-            rows.append(
-                {
-                    **base_row(case, recipe),
-                    "impl": impl.name,
-                    "family": impl.family,
-                    "status": harness.ERROR,
-                    "message": "inputs: " + harness._short_error(exc),
-                }
+        runs = [
+            (
+                f"{case.shape} {recipe.name} {impl.name}",
+                {**base_row(case, recipe), "impl": impl.name, "family": impl.family},
             )
-        return rows
+            for recipe, impl in pairs
+        ]
+        return runner.not_run(runs, exc, on_step)
     tol = harness.gate_tolerance(OUT_DTYPE)
     slots: list = []
     for recipe, impl in pairs:
@@ -361,19 +352,10 @@ def measure_shape(
         slots.append(prepare(case, recipe, impl, sets, refs, device, tol))
     # Ours and torch's run side by side for each recipe, and the order reverses every other round,
     # so a drift of the GPU's clocks (power capping swings them by +-5% over about a second) falls on
-    # both alike instead of on whichever ran during a slow phase.
-    harness.time_interleaved(slots, device, rounds, warmup_ms, rep_ms)
-    rows = []
-    for slot in slots:
-        row = harness.finish(slot, device) if isinstance(slot, harness.Prepared) else slot
-        if row["status"] == harness.OK:
-            row["message"] = REFERENCE_NOTE
-        rows.append(row)
-    del sets, refs, slots
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    harness._finish_rows(rows)  # TFLOP/s, GB/s, and torch's time / ours on tritongemm's rows
-    return rows
+    # both alike instead of on whichever ran during a slow phase.  The steps hold the inputs, freed
+    # with ``slots`` once timed.
+    del sets, refs
+    return runner.timed_rows(slots, device, rounds, warmup_ms, rep_ms, REFERENCE_NOTE)
 
 
 def run_fp8(
@@ -386,23 +368,10 @@ def run_fp8(
     progress: bool = True,
 ) -> list[dict]:
     """Every shape of ``case_list``, one after the other, with a progress bar on stderr."""
-    from tritongemm.tuning.progress import ProgressBar  # here, not at import: see benchmarks/__init__.py
-
-    bar = ProgressBar(len(case_list) * len(RECIPES) * len(IMPLS), enabled=progress, unit="runs")
-    done = 0
-
-    def on_step(label: str) -> None:
-        nonlocal done
-        done += 1
-        bar.step(done, label)
-
-    rows: list[dict] = []
-    for case in case_list:
-        rows += measure_shape(
-            case, device, rounds=rounds, warmup_ms=warmup_ms, rep_ms=rep_ms, on_step=on_step
-        )
-    bar.close()
-    return rows
+    measure = functools.partial(
+        measure_shape, device=device, rounds=rounds, warmup_ms=warmup_ms, rep_ms=rep_ms
+    )
+    return runner.measure_all(case_list, len(RECIPES) * len(IMPLS), measure, progress)
 
 
 # ----------------------------------------------------------------------------------
@@ -620,54 +589,26 @@ def run_cli(args) -> int:
             file=sys.stderr,
         )
         return 2
-    case_list = select_cases(args.shape)
-    rounds = args.rounds or ROUNDS
+    extra = {
+        "recipes": [r.name for r in RECIPES],
+        "reference": REFERENCE_NOTE,
+        "tolerance": harness.gate_tolerance(OUT_DTYPE),
+    }
     device = torch.device("cuda", torch.cuda.current_device())
-    env = harness.environment(device)
-    out_dir = Path(args.out) if args.out else harness.default_results_dir(env)
-    rows = run_fp8(
-        case_list,
-        device,
-        rounds=rounds,
-        warmup_ms=args.warmup,
-        rep_ms=args.rep,
-        progress=not args.no_progress,
-    )
-    csv = harness.write_results(
-        rows,
-        out_dir / f"{SUITE}.csv",
-        env,
-        {
-            "suite": SUITE,
-            "rounds": rounds,
-            "l2_rotation_factor": harness.L2_ROTATION_FACTOR,
-            "recipes": [r.name for r in RECIPES],
-            "reference": REFERENCE_NOTE,
-            "tolerance": harness.gate_tolerance(OUT_DTYPE),
-        },
-    )
+    run = functools.partial(run_fp8, select_cases(args.shape))
+    rows, csv, out_dir, env = runner.measure_and_write(args, SUITE, device, run, extra)
     files = [csv]
     if not args.no_plots:
-        try:
-            files += plot_fp8(csv, out_dir)
-        except Exception as exc:  # a figure is a convenience: the CSV holds the numbers
-            print(
-                f"figure skipped ({type(exc).__name__}: {exc}); redraw with `python -m benchmarks plot {csv}`",
-                file=sys.stderr,
-            )
+        files += harness.plot_safely(csv, out_dir, plot_fp8, what="figure")
     print(f"\n== fp8: tritongemm.scaled_mm vs torch._scaled_mm on {env['gpu']} ==")
     for f in files:
         print(f"wrote {f}")
-    failed = [r for r in rows if r.get("status") != harness.OK]
-    if failed:
-        print(f"{len(failed)} row(s) not measured:")
-        for r in failed:
-            print(f"  {r['case']} {r['impl']}: {r['status']} {r.get('message', '')}")
+    status = runner.report_failed(rows, count=True)
     print()
     print(summary_table(rows))
     print()
     print(geomean_table(rows))
-    return 1 if failed else 0
+    return status
 
 
 __all__ = [

@@ -248,12 +248,16 @@ def _outputs(case: Case, impl: Impl, inputs: tuple) -> tuple[torch.Tensor, ...]:
 
 def gate(case: Case, impl: Impl, sets: Sequence[tuple], refs: dict[int, tuple]) -> GateResult:
     """Run ``impl`` on the checked copies and compare every output with the reference."""
+    return gate_copies(lambda index: _outputs(case, impl, sets[index]), refs, ("out", "grad_a", "grad_b"))
+
+
+def gate_copies(outputs: Callable[[int], Sequence], refs: dict[int, tuple], names, dtype=None) -> GateResult:
+    """``outputs(i)`` on each checked copy ``i`` against ``refs[i]`` by ``check_output`` (``dtype`` as
+    there): the worst result, or the first failure, its reason led by the output's name in ``names``."""
     worst = None
     for index, ref in refs.items():
-        outs = _outputs(case, impl, sets[index])
-        names = ("out", "grad_a", "grad_b")
-        for name, out, r in zip(names, outs, ref):
-            result = check_output(out, r)
+        for name, out, r in zip(names, outputs(index), ref):
+            result = check_output(out, r, dtype=dtype)
             if not result.ok:
                 return GateResult(False, result.rel_err, result.tol, f"{name}: {result.reason}")
             if worst is None or result.rel_err > worst.rel_err:
@@ -788,16 +792,19 @@ def read_results(*paths: str | Path):
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
-def plot_safely(csv: str | Path, out_dir: str | Path) -> list[Path]:
-    """Figures at the end of a GPU run; a plotting problem (even matplotlib missing) must not
-    lose the measurements: the CSV is written, and ``python -m benchmarks plot CSV`` redraws later."""
+def plot_safely(csv, out_dir, draw: Callable[..., list[Path]] | None = None, what="figures") -> list[Path]:
+    """Figures at the end of a GPU run (``draw(csv, out_dir)``, else every one ``plots`` has for the CSV);
+    a plotting problem (even matplotlib missing) must not lose the measurements: the CSV is written,
+    ``what`` is said skipped, and ``python -m benchmarks plot CSV`` redraws later."""
     try:
-        from . import plots
+        if draw is None:
+            from . import plots
 
-        return plots.plot_all([csv], out_dir)
+            return plots.plot_all([csv], out_dir)
+        return draw(csv, out_dir)
     except Exception as exc:  # report and carry on
         print(
-            f"figures skipped ({type(exc).__name__}: {exc}); redraw with `python -m benchmarks plot {csv}`",
+            f"{what} skipped ({type(exc).__name__}: {exc}); redraw with `python -m benchmarks plot {csv}`",
             file=sys.stderr,
         )
         return []

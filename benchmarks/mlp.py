@@ -34,8 +34,8 @@ Sized to run in about two minutes on an H100 (24 cases, three implementations).
 from __future__ import annotations
 
 import copy
+import functools
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +45,7 @@ from torch import nn
 
 from tritongemm.testing import random_tensor
 
-from . import harness
+from . import harness, runner
 
 SUITE = "mlp"
 #: (model, hidden, intermediate, activation): the config.json widths of each model's MLP.
@@ -236,16 +236,15 @@ def gate(
     module: nn.Module, case: MlpCase, sets: Sequence[tuple], refs: dict[int, tuple]
 ) -> harness.GateResult:
     """``module`` on the checked copies against the reference outputs; the worst result, or the first failure."""
-    names = ("out", "grad_x", "grad_gate", "grad_up", "grad_down")
-    worst = None
-    for index, ref in refs.items():
-        for name, out, r in zip(names, run_block(module, case, sets[index]), ref):
-            result = harness.check_output(out, r)
-            if not result.ok:
-                return harness.GateResult(False, result.rel_err, result.tol, f"{name}: {result.reason}")
-            if worst is None or result.rel_err > worst.rel_err:
-                worst = result
-    return worst
+    return harness.gate_copies(
+        lambda index: run_block(module, case, sets[index]),
+        refs,
+        ("out", "grad_x", "grad_gate", "grad_up", "grad_down"),
+    )
+
+
+def impl_row(case: MlpCase, dtype: torch.dtype, impl: MlpImpl) -> dict:
+    return {**base_row(case, dtype), "impl": impl.name, "family": impl.family, "variant": impl.variant}
 
 
 def prepare(
@@ -258,17 +257,17 @@ def prepare(
     dtype: torch.dtype,
 ) -> harness.Prepared | dict:
     """Build and gate one implementation; a finished row if it cannot be timed, else what timing needs."""
-    row = {**base_row(case, dtype), "impl": impl.name, "family": impl.family, "variant": impl.variant}
-    row["n_copies"] = len(sets)
-    try:
+    row = {**impl_row(case, dtype, impl), "n_copies": len(sets)}
+    module: nn.Module | None = None
+
+    def check() -> harness.GateResult:  # building the module may fail as its gate may: one error row
+        nonlocal module
         module = impl.build(stock)
-        result = gate(module, case, sets, refs)  # also the first calls: compiles the kernels
-        harness._synchronize(device)
-    except Exception as exc:
-        return {**row, "status": harness.ERROR, "message": harness._short_error(exc)}
-    row.update(rel_err=result.rel_err, tol=result.tol)
-    if not result.ok:
-        return {**row, "status": harness.FAILED_GATE, "message": result.reason}
+        return gate(module, case, sets, refs)
+
+    failed = runner.gated(row, check, device)
+    if failed is not None:
+        return failed
     rotation = harness.Rotation(sets)
     if case.backward:
         leaves = [s[0] for s in sets] + list(stock.parameters())
@@ -309,31 +308,14 @@ def measure_case(
             i: tuple(t.clone() for t in run_block(stock, case, sets[i])) for i in sorted({0, n_copies - 1})
         }
     except Exception as exc:  # e.g. out of memory: every implementation recorded as not run
-        rows = []
-        for impl in impls:
-            on_step(f"{case.label} {impl.name}")
-            rows.append(
-                {
-                    **base_row(case, dtype),
-                    "impl": impl.name,
-                    "family": impl.family,
-                    "variant": impl.variant,
-                    "status": harness.ERROR,
-                    "message": "inputs: " + harness._short_error(exc),
-                }
-            )
-        return rows
+        runs = [(f"{case.label} {impl.name}", impl_row(case, dtype, impl)) for impl in impls]
+        return runner.not_run(runs, exc, on_step)
     slots: list = []
     for impl in impls:
         on_step(f"{case.label} {impl.name}")
         slots.append(prepare(case, impl, stock, sets, refs, device, dtype))
-    harness.time_interleaved(slots, device, rounds, warmup_ms, rep_ms)
-    rows = [harness.finish(slot, device) if isinstance(slot, harness.Prepared) else slot for slot in slots]
-    del stock, sets, refs, slots
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    harness._finish_rows(rows)  # TFLOP/s, GB/s, and torch's time / each one's
-    return rows
+    del stock, sets, refs  # the steps hold the weights and inputs, freed with ``slots`` once timed
+    return runner.timed_rows(slots, device, rounds, warmup_ms, rep_ms)
 
 
 def run_mlp(
@@ -347,23 +329,10 @@ def run_mlp(
     progress: bool = True,
 ) -> list[dict]:
     """Every case of ``case_list``, one after the other, with a progress bar on stderr."""
-    from tritongemm.tuning.progress import ProgressBar  # here, not at import: see benchmarks/__init__.py
-
-    bar = ProgressBar(len(case_list) * len(IMPLS), enabled=progress, unit="runs")
-    done = 0
-
-    def on_step(label: str) -> None:
-        nonlocal done
-        done += 1
-        bar.step(done, label)
-
-    rows: list[dict] = []
-    for case in case_list:
-        rows += measure_case(
-            case, dtype, device, rounds=rounds, warmup_ms=warmup_ms, rep_ms=rep_ms, on_step=on_step
-        )
-    bar.close()
-    return rows
+    measure = functools.partial(
+        measure_case, dtype=dtype, device=device, rounds=rounds, warmup_ms=warmup_ms, rep_ms=rep_ms
+    )
+    return runner.measure_all(case_list, len(IMPLS), measure, progress)
 
 
 # ----------------------------------------------------------------------------------
@@ -371,26 +340,7 @@ def run_mlp(
 # ----------------------------------------------------------------------------------
 def summary_table(rows: Sequence[dict]) -> str:
     """One line per case: each implementation's time and torch's time / its time."""
-    by_case: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        if r.get("suite") == SUITE:
-            by_case.setdefault(r["case"], {})[r["impl"]] = r
-    lines = []
-    for case, impls in by_case.items():
-        line: dict = {"case": case}
-        for impl in IMPLS:
-            r = impls.get(impl.name, {})
-            ok = r.get("status") == harness.OK
-            line[impl.name] = r.get("ms") if ok else r.get("status")
-            if impl.family != "cublas":
-                line[impl.name + " x"] = r.get("speedup_vs_cublas") if ok else None
-        lines.append(line)
-    columns = [("case", "case")]
-    for impl in IMPLS:
-        columns.append((impl.name, f"{impl.name} ms"))
-        if impl.family != "cublas":
-            columns.append((impl.name + " x", "torch ms / its ms"))
-    return harness.format_table(lines, columns)
+    return runner.impl_table(rows, SUITE, IMPLS)
 
 
 FIGURE_KINDS = ("tflops", "speedup")
@@ -405,48 +355,19 @@ def plot_mlp(csv: str | Path, out_dir: str | Path) -> list[Path]:
 
 def run_cli(args) -> int:
     """``python -m benchmarks run --suite mlp``; the exit status (1: a row not measured)."""
-    import tritongemm
-
-    if not torch.cuda.is_available() or tritongemm.interpreter_enabled():
-        raise RuntimeError("the mlp suite times compiled kernels on a CUDA GPU")
+    device = runner.cuda_device(SUITE)
     dtype = harness.DTYPES[(args.dtype or "bf16").split(",")[0].strip()]
     case_list = [c for c in cases() if not args.filter or args.filter in c.label]
-    device = torch.device("cuda", torch.cuda.current_device())
-    env = harness.environment(device)
-    out_dir = Path(args.out) if args.out else harness.default_results_dir(env)
-    rounds = args.rounds or ROUNDS
-    rows = run_mlp(
-        case_list,
-        dtype,
+    return runner.run_cli(
+        args,
+        SUITE,
         device,
-        rounds=rounds,
-        warmup_ms=args.warmup,
-        rep_ms=args.rep,
-        progress=not args.no_progress,
+        functools.partial(run_mlp, case_list, dtype),
+        {"gate_tolerance": harness.gate_tolerance(dtype)},
+        title="the gated MLP block, torch vs tritongemm, on {gpu}",
+        table=summary_table,
+        plot=plot_mlp,
     )
-    extra = {
-        "suite": SUITE,
-        "rounds": rounds,
-        "l2_rotation_factor": harness.L2_ROTATION_FACTOR,
-        "gate_tolerance": harness.gate_tolerance(dtype),
-    }
-    csv = harness.write_results(rows, out_dir / f"{SUITE}.csv", env, extra)
-    print(f"\n== mlp: the gated MLP block, torch vs tritongemm, on {env['gpu']} ==")
-    print(summary_table(rows))
-    print(f"wrote {csv}")
-    if not args.no_plots:
-        try:
-            for f in plot_mlp(csv, out_dir):
-                print(f"wrote {f}")
-        except Exception as exc:  # a figure is a convenience: the CSV holds the numbers
-            print(
-                f"figures skipped ({type(exc).__name__}: {exc}); redraw with `python -m benchmarks plot {csv}`",
-                file=sys.stderr,
-            )
-    failed = [r for r in rows if r.get("status") != harness.OK]
-    for r in failed:
-        print(f"  {r['case']} {r['impl']}: {r['status']} {r.get('message', '')}")
-    return 1 if failed else 0
 
 
 __all__ = [

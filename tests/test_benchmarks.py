@@ -1059,3 +1059,68 @@ def test_epilogue_suite_is_listed_and_refused_without_gpu(capsys):
     if not torch.cuda.is_available():
         assert cli_main(["run", "--suite", "epilogue"]) == 2
         assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_own_runner_command_line_writes_prints_and_lists_what_was_not_measured(tmp_path, monkeypatch, capsys):
+    """``runner.run_cli`` on the CPU with the epilogue suite's cases: the second case's inputs are
+    refused, so its implementations are recorded untimed (each still a progress step); the CSV and
+    its sidecar are written, the title and table printed, a figure that fails is only skipped, and
+    the rows not measured are listed, exit status 1."""
+    import argparse
+
+    from benchmarks import epilogue, runner
+
+    width = epilogue.Width("tiny", 40, 16)
+    good, refused = (epilogue.EpilogueCase(width, epilogue.EPILOGUES[0], m, False, "fp32") for m in (12, 24))
+    make_weights = epilogue.make_weights
+
+    def weights_or_refusal(case, device, seed=0):
+        if case == refused:
+            raise MemoryError("no room")
+        return make_weights(case, device, seed)
+
+    monkeypatch.setattr(epilogue, "make_weights", weights_or_refusal)
+    labels = []
+
+    def run(device, rounds, warmup_ms, rep_ms, progress):
+        def measure(case, on_step):
+            def step(label):
+                labels.append(label)
+                on_step(label)
+
+            l2 = epilogue.input_set_bytes(case)  # 2 x L2 over the copies: 2 of them
+            return epilogue.measure_case(
+                case, device, rounds=rounds, warmup_ms=warmup_ms, rep_ms=rep_ms, l2_bytes=l2, on_step=step
+            )
+
+        return runner.measure_all([good, refused], len(epilogue.IMPLS), measure, progress)
+
+    def broken_figure(csv, out_dir):
+        raise RuntimeError("no figure")
+
+    args = argparse.Namespace(out=str(tmp_path), rounds=2, warmup=0, rep=1, no_progress=True, no_plots=False)
+    status = runner.run_cli(
+        args,
+        "epilogue",
+        torch.device("cpu"),
+        run,
+        {"gate_reference": "float64"},
+        title="tiny layers on {gpu}",
+        table=epilogue.summary_table,
+        plot=broken_figure,
+        failed_fields=("dtype", "case", "impl"),
+    )
+    assert status == 1
+    assert labels == [f"fp32 {c.label} {impl.name}" for c in (good, refused) for impl in epilogue.IMPLS]
+    out, err = capsys.readouterr()
+    assert "\n== epilogue: tiny layers on " in out and "tritongemm unfused ms" in out
+    assert f"wrote {tmp_path / 'epilogue.csv'}" in out
+    for impl in epilogue.IMPLS:
+        assert f"  fp32 {refused.label} {impl.name}: error inputs: MemoryError: no room" in out
+        assert f"fp32 {good.label} {impl.name}:" not in out
+    assert "figures skipped (RuntimeError: no figure); redraw with" in err
+    df = schema.read(tmp_path / "epilogue.csv")
+    assert list(df["status"]) == ["ok"] * 3 + ["error"] * 3
+    sidecar = json.loads((tmp_path / "epilogue.env.json").read_text())
+    assert list(sidecar) == ["environment", "suite", "rounds", "l2_rotation_factor", "gate_reference"]
+    assert (sidecar["suite"], sidecar["rounds"]) == ("epilogue", 2)
