@@ -37,6 +37,31 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 GRAD_TOL = 2
 
 
+@pytest.fixture(autouse=True)
+def fused_at_any_size(monkeypatch):
+    """These shapes are far below ``GatedMLP``'s host-bound threshold: test the gated kernel's path."""
+    monkeypatch.setattr(tritongemm.frontend.modules, "FUSED_MIN_MACS", 0)
+
+
+def test_small_gated_mlps_run_their_linears(monkeypatch):
+    """Below ``FUSED_MIN_MACS`` a GatedMLP's forward is its three Linears (their fast paths), above it
+    the gated kernel; both compute the same function."""
+    calls = []
+    real = tritongemm.frontend.modules.gated_linear
+    monkeypatch.setattr(
+        tritongemm.frontend.modules, "gated_linear", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    mlp = tritongemm.nn.GatedMLP(8, 12, activation="silu")
+    x = torch.randn(5, 8)
+    monkeypatch.setattr(tritongemm.frontend.modules, "FUSED_MIN_MACS", 5 * 8 * 12 + 1)
+    small = mlp(x)
+    assert calls == []
+    monkeypatch.setattr(tritongemm.frontend.modules, "FUSED_MIN_MACS", 5 * 8 * 12)
+    fused = mlp(x)
+    assert calls == [1]
+    assert_close(small, fused.double())
+
+
 def torch_form(x, w_gate, w_up, b_gate=None, b_up=None, *, activation="silu"):
     return ACTS[activation](F.linear(x, w_gate, b_gate)) * F.linear(x, w_up, b_up)
 
