@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from .. import launch as _launch  # (the package, for its plan cache: this module loads after it)
 from ..device import device_info, interpreter_enabled
 from ..kernels.gated import gated_kernel
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, gemm_gluon_kernel
@@ -24,10 +25,6 @@ from .gluon import GL_DTYPES, descriptor, max_registers
 from .keys import layout_signature
 
 GATED_ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
-
-#: Launchers by (activation, biases, saved, layouts); bounded like ``launch.Plans``.
-_LAUNCHERS: dict = {}
-_MAX_LAUNCHERS = 1024
 
 _GLUON_RUNTIME = ("a_desc", "b_desc", "b2_desc", "c_desc", "c2_desc", "d_ptr", "r_ptr", "z_ptr")
 
@@ -44,9 +41,10 @@ def gated_gemm(
 ) -> torch.Tensor:
     """``act(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)``.
 
-    x: (M, K); w_gate, w_up: (N, K) as ``nn.Linear`` stores them; b_gate, b_up: (N,) or None; all one dtype (fp16, bf16, fp32), one device.  ``out``: an (M, N) tensor to write (else
-    one is made).  ``save``: two (M, N) tensors that receive the pre-activations ``g`` and ``u`` (for
-    backward).  No checks here: the caller validated the operands.
+    x: (M, K); w_gate, w_up: (N, K) as ``nn.Linear`` stores them; b_gate, b_up: (N,) or None; all one
+    dtype (fp16, bf16, fp32), one device.  ``out``: an (M, N) tensor to write (else one is made).
+    ``save``: two (M, N) tensors that receive the pre-activations ``g`` and ``u`` (for backward).  No
+    checks here: the caller validated the operands.
     """
     if activation not in GATED_ACTIVATIONS:
         raise ValueError(f"gated_gemm: activation must be one of {GATED_ACTIVATIONS}, got {activation!r}")
@@ -63,17 +61,19 @@ def gated_gemm(
     g, u = save if save is not None else (out, out)
     bg, bu = (b_gate, b_up) if b_gate is not None else (out, out)
     key = (
+        "gated",
         activation,
         b_gate is not None,
         save is not None,
         layout_signature(x, w_gate, w_up, out, g, u),
     )
-    launcher = _LAUNCHERS.get(key)
+    launchers = _launch.PLANS.launchers  # the one cache of launchers (``clear_plan_cache`` empties it)
+    launcher = launchers.get(key)
     if launcher is None:
-        if len(_LAUNCHERS) >= _MAX_LAUNCHERS:
-            _LAUNCHERS.clear()
+        if len(launchers) >= _launch.Plans.MAX_LAUNCHERS:
+            launchers.clear()
         kind = GluonGated if gluon_eligible(x, w_gate, w_up, out, save) else PointerGated
-        launcher = _LAUNCHERS[key] = kind(
+        launcher = launchers[key] = kind(
             x, w_gate, w_up, out, activation, b_gate is not None, save is not None
         )
     launcher(x, w_gate, w_up, out, bg, bu, g, u)
