@@ -446,6 +446,26 @@ def test_autograd_backward_in_fresh_threads():
 
 
 @pytest.mark.gpu
+def test_gated_mlp_backward_in_fresh_threads():
+    """The gated MLP's backward starts with its elementwise kernel: that launch, too, must find a context."""
+    x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w_gate, w_up = (torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16) * 0.05 for _ in range(2))
+    g = torch.randn(512, 2048, device="cuda", dtype=torch.bfloat16)
+    tritongemm.gated_linear(x, w_gate, w_up).backward(g)
+    want = x.grad.clone()
+
+    def step():
+        assert context.current_context() == 0
+        x.grad = None
+        tritongemm.gated_linear(x, w_gate, w_up).backward(g)
+        torch.cuda.synchronize()
+        return x.grad.clone()
+
+    for _ in range(2):
+        assert torch.equal(_in_new_thread(step), want)
+
+
+@pytest.mark.gpu
 def test_eight_threads_on_one_gpu():
     shapes = [(m, n, k) for m in (1, 64, 700, 2048) for n, k in ((1024, 4096), (4096, 1024))]
     operands = _gpu_operands(shapes)

@@ -149,13 +149,17 @@ def gemm(
     launcher = launcher_for(call, a, b, out, addend, residual, preact)
     ep = call.epilogue
     d, r, z = stand_ins(out, addend, residual, preact)
-    device = a.device
+    run_on(a.device, launcher, a, b, out, d, r, z, ep.alpha, ep.beta, *scales)
+    return out
+
+
+def run_on(device: torch.device, launcher, *args) -> None:
+    """``launcher(*args)`` with ``device`` current: a tensor on another GPU than torch's current one."""
     if device.type == "cuda" and device.index != _current_device():
         with torch.cuda.device(device):
-            launcher(a, b, out, d, r, z, ep.alpha, ep.beta, *scales)
+            launcher(*args)
     else:
-        launcher(a, b, out, d, r, z, ep.alpha, ep.beta, *scales)
-    return out
+        launcher(*args)
 
 
 #: The kernels whose launches a compiled graph can make itself (``traced_gemm``): those that read
@@ -241,13 +245,9 @@ def launcher_for(call: GemmCall, a, b, out, addend=None, residual=None, preact=N
     tensor over the same memory, e.g. ``w`` in place of the planned ``w.mT``.
     """
     key = (call, layout_signature(a, b, out, addend, residual, preact))
-    launchers = PLANS.launchers
-    launcher = launchers.get(key)
+    launcher = PLANS.launchers.get(key)
     if launcher is None:
-        launcher = _build(call, a, b, out, addend, residual, preact)
-        if len(launchers) >= Plans.MAX_LAUNCHERS:
-            launchers.clear()
-        launchers[key] = launcher
+        launcher = PLANS.keep(key, _build(call, a, b, out, addend, residual, preact))
     return launcher
 
 
@@ -296,6 +296,14 @@ class Plans:
     def __init__(self) -> None:
         self.launchers: dict = {}
         self.entries: dict = {}
+
+    def keep(self, key, launcher):
+        """Keep a launcher under ``key`` (``launcher_for``'s, or another launch module's own key) and
+        return it."""
+        if len(self.launchers) >= self.MAX_LAUNCHERS:
+            self.launchers.clear()
+        self.launchers[key] = launcher
+        return launcher
 
     def remember(self, key, entry) -> None:
         """Keep a door's entry (None: the signature has none, so its calls take the whole way)."""

@@ -21,7 +21,7 @@ from ..device import device_info, interpreter_enabled
 from ..kernels.gated import gated_kernel
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, gemm_gluon_kernel
 from .common import KernelArgs, Launch
-from .gluon import GL_DTYPES, descriptor, max_registers
+from .gluon import descriptor, max_registers
 from .keys import layout_signature
 
 GATED_ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
@@ -67,16 +67,15 @@ def gated_gemm(
         save is not None,
         layout_signature(x, w_gate, w_up, out, g, u),
     )
-    launchers = _launch.PLANS.launchers  # the one cache of launchers (``clear_plan_cache`` empties it)
-    launcher = launchers.get(key)
+    launcher = _launch.PLANS.launchers.get(key)  # the one cache of launchers (``clear_plan_cache``)
     if launcher is None:
-        if len(launchers) >= _launch.Plans.MAX_LAUNCHERS:
-            launchers.clear()
+        if save is not None and not (g.stride() == u.stride() == out.stride()):
+            raise ValueError("gated_gemm: the saved pre-activations must have the output's strides")
         kind = GluonGated if gluon_eligible(x, w_gate, w_up, out, save) else PointerGated
-        launcher = launchers[key] = kind(
-            x, w_gate, w_up, out, activation, b_gate is not None, save is not None
+        launcher = _launch.PLANS.keep(
+            key, kind(x, w_gate, w_up, out, activation, b_gate is not None, save is not None)
         )
-    launcher(x, w_gate, w_up, out, bg, bu, g, u)
+    _launch.run_on(x.device, launcher, x, w_gate, w_up, out, bg, bu, g, u)
     return out
 
 
@@ -131,11 +130,8 @@ class PointerGated:
             warps,
             stages,
         )
-        self.saved = saved
 
     def __call__(self, x, w_gate, w_up, out, bg, bu, g, u):
-        if self.saved and (g.stride() != out.stride() or u.stride() != out.stride()):
-            raise ValueError("gated_gemm: the saved pre-activations must have the output's strides")
         self.launch(x, w_gate, w_up, out, bg, bu, g, u)
 
 
@@ -218,8 +214,6 @@ class GluonGated:
         self.launch.options["maxnreg"] = max_registers(8)
         for template in (self.a_desc, self.b_desc, self.b2_desc, self.c_desc):
             template.base = None
-        self.saved = saved
-        self.dtype = GL_DTYPES[x.dtype]
 
     def __call__(self, x, w_gate, w_up, out, bg, bu, g, u):
         # Descriptors are rebased per call; the weights' boxes read W^T (K-major B), as for nn.Linear.

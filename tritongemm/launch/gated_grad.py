@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..device import interpreter_enabled
+from .. import launch as _launch  # (the package, for its plan cache: this module loads after it)
 from ..kernels import gated_grad_kernel
-from .common import _INTERPRETER_LOCK
+from .common import KernelArgs, Launch
+from .keys import layout_signature
 
 #: Elements a program holds, and the widest row slice it takes.  Chosen, not swept: an elementwise
 #: pass runs at DRAM bandwidth once each SM has a few such tiles in flight, and 1024 columns keep
@@ -46,20 +47,34 @@ def gated_grad(
         du = torch.empty((m, n), dtype=dh.dtype, device=dh.device)
     if m == 0 or n == 0:
         return dg, du
+    key = ("gated_grad", activation, layout_signature(dh, g, u, dg, du))
+    launch = _launch.PLANS.launchers.get(key)  # the one cache of launchers (``clear_plan_cache``)
+    if launch is None:
+        launch = _launch.PLANS.keep(key, _build(m, n, dh, g, u, dg, du, activation))
+    _launch.run_on(dh.device, launch, dh, g, u, dg, du)
+    return dg, du
+
+
+def _build(m, n, dh, g, u, dg, du, activation: str) -> Launch:
+    """The launch for these shapes and strides (through ``common.Launch``: a thread's first launch makes a
+    CUDA context current, as backward on autograd's device thread needs)."""
     block_n = min(MAX_BLOCK_N, triton.next_power_of_2(n))
     block_m = max(1, TILE_ELEMENTS // block_n)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    args = (dh, g, u, dg, du, m, n, dh.stride(0), g.stride(0), u.stride(0), dg.stride(0), du.stride(0))
-    options = dict(ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=NUM_WARPS)
-    if interpreter_enabled():
-        with _INTERPRETER_LOCK:  # the interpreter's global state is not thread-safe (``common``)
-            gated_grad_kernel[grid](*args, **options)
-    elif dh.device.index is not None and dh.device.index != torch.cuda.current_device():
-        with torch.cuda.device(dh.device):
-            gated_grad_kernel[grid](*args, **options)
-    else:
-        gated_grad_kernel[grid](*args, **options)
-    return dg, du
+    args = KernelArgs(
+        gated_grad_kernel,
+        ("dh_ptr", "g_ptr", "u_ptr", "dg_ptr", "du_ptr"),
+        M=m,
+        N=n,
+        stride_dh=dh.stride(0),
+        stride_g=g.stride(0),
+        stride_u=u.stride(0),
+        stride_dg=dg.stride(0),
+        stride_du=du.stride(0),
+        ACTIVATION=activation,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+    )
+    return Launch(args, (triton.cdiv(m, block_m), triton.cdiv(n, block_n)), NUM_WARPS, 1)
 
 
 __all__ = ["gated_grad"]

@@ -125,6 +125,7 @@ class GluonLauncher:
         self.b2_desc = descriptor(b2, cfg.block_k, bn2, b_cga)[0] if split else self.b_desc
         self.c2_desc = descriptor(c2, block_m, bn2, c_cga)[0] if split else self.c_desc
         consumers = 2 if cfg.pingpong else 1
+        finishers = epilogue_warps(call, cfg)
         tiles = triton.cdiv(M, block_m) * triton.cdiv(N, bn + bn2)
         programs = max(1, min(plan.device.sm_count // ctas, tiles))  # (clusters, in a cluster)
         dp_tiles, iters_per_program, tile_span = tiles, 0, 0
@@ -164,7 +165,7 @@ class GluonLauncher:
                 CLUSTER_M=cm,
                 CLUSTER_N=cn,
                 GATED="",
-                EPILOGUE_WARPS=epilogue_warps(call, cfg),
+                EPILOGUE_WARPS=finishers,
                 **epilogue_constexprs(call, d2),
                 **scaling,
             ),
@@ -179,7 +180,7 @@ class GluonLauncher:
                 c2_desc=self.c2_desc,
             ),
         )
-        self.main.options["maxnreg"] = max_registers(cfg.num_warps * consumers + epilogue_warps(call, cfg))
+        self.main.options["maxnreg"] = max_registers(cfg.num_warps * consumers + finishers)
         if ctas > 1:
             self.main.options["num_ctas"] = ctas
         # The templates need no tensor: every launch rebases them (a cached launcher keeps no operand alive).
