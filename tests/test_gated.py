@@ -552,6 +552,25 @@ def test_compiled_converted_mlp_keeps_the_gated_op(device):
     assert_close(gx, x.grad.double(), tol=2 * tolerance(torch.float32, device))
 
 
+def test_compiled_small_mlp_traces_its_linears(device, monkeypatch):
+    """Below ``FUSED_MIN_MACS`` a compiled GatedMLP is its three Linears, as in eager: in a compiled graph
+    they become the ops Inductor fuses around, where the gated op would be one opaque call."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    monkeypatch.setattr(tritongemm.frontend.modules, "FUSED_MIN_MACS", 3 * HIDDEN * INTER + 1)
+    torch._dynamo.reset()
+    model = tritongemm.nn.convert(nn.Sequential(LlamaMLP(HIDDEN, INTER, bias=True))).to(device)
+    assert type(model[0]) is tritongemm.nn.GatedMLP
+    x = random_tensor((3, HIDDEN), torch.float32, device)
+    out = torch.compile(model, backend=backend, fullgraph=True)(x)
+    assert seen and not any("gated" in t for t in seen), seen
+    assert_close(out, model(x).double(), tol=2 * tolerance(torch.float32, device))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 def test_inductor_compiles_a_converted_mlp_fullgraph(activation):

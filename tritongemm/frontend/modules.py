@@ -161,7 +161,8 @@ class Float8Linear(Linear):
 #: intermediate width), ``GatedMLP`` runs its three Linears instead of the gated kernel: the GEMMs
 #: then take about as long as the fused path's extra host time per call (H100, eager, the models
 #: suite's small Llama, 512 x 1408 x 512: 0.95 of stock fused; Llama-3-8B layers, 4096 x 14336 x
-#: 4096: 1.05).  Under CUDA graph capture host time is not replayed: fused at any size.
+#: 4096: 1.05).  Under CUDA graph capture host time is not replayed: fused at any size.  A compiled
+#: graph keeps the same threshold (its mode, and so whether CUDA graphs replay it, is not known while tracing).
 FUSED_MIN_MACS = 2**32
 
 
@@ -204,16 +205,20 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj, self.up_proj
-        if not is_tracing(x) or is_dtensor(x):
+        traced = is_tracing(x) and not is_dtensor(x)
+        if not traced:
             tensors = tuple(t for t in (x, gate.weight, up.weight, gate.bias, up.bias) if t is not None)
             reason = torch_reason(*tensors)
             if reason is not None:
                 return self._torch_forward(x, reason)
-            small = x.numel() * gate.out_features < FUSED_MIN_MACS
-            if small and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-                # Host-bound: the Linears' fast paths (C++ key and backward node) cost less per call.
-                act = ACTIVATIONS[self.activation]
-                return self.down_proj(act(gate(x)) * up(x))
+        if x.numel() * gate.out_features < FUSED_MIN_MACS and (
+            traced or not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+        ):
+            # Host-bound: the Linears' fast paths (C++ key and backward node) cost less per call.  In a
+            # compiled graph they are the stock model's ops (an aligned Linear traces to aten), which
+            # Inductor fuses around, where the gated op would be one opaque call with host time of its own.
+            act = ACTIVATIONS[self.activation]
+            return self.down_proj(act(gate(x)) * up(x))
         return self.down_proj(
             gated_linear(x, gate.weight, up.weight, gate.bias, up.bias, activation=self.activation)
         )
