@@ -63,6 +63,20 @@ class _Cases:
             return gemm(*args, **kwargs)
 
         launch.gemm = counting_gemm  # the autograd op reads launch.gemm at call time
+        # A repeated call runs its fast-path entry and skips launch.gemm: the counts above hold with
+        # the fast path off, and ``mlp_repeated`` turns it on to check the entries' calls on shards.
+        from tritongemm.autograd import fastpath
+
+        self.fastpath = fastpath
+        fastpath.ENABLED = False
+        self.entry_runs = 0
+        entry_run = fastpath.Entry.run
+
+        def counting_run(entry, *args):
+            self.entry_runs += 1
+            return entry_run(entry, *args)
+
+        fastpath.Entry.run = counting_run
 
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -147,6 +161,24 @@ class _Cases:
         tg = parallelize_module(self.tg.nn.convert(self.seeded(self.mlp)), self.mesh, plan)
         self.train_step(case, ref, tg, self.input(2, 3, 16))
         self.note(case, "fallbacks", sum(sum(c.values()) for c in self.tg.nn.fallback_counts(tg).values()))
+
+    def mlp_repeated(self, case):
+        """Repeated training steps: the shards' GEMMs run from fast-path entries, as a plain tensor's do."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        ref = parallelize_module(self.seeded(self.mlp), self.mesh, plan)
+        tg = parallelize_module(self.tg.nn.convert(self.seeded(self.mlp)), self.mesh, plan)
+        self.fastpath.ENABLED = True
+        start = self.entry_runs
+        try:
+            for _ in range(3):
+                ref.zero_grad(set_to_none=True)
+                tg.zero_grad(set_to_none=True)
+                self.train_step(case, ref, tg, self.input(2, 3, 16))
+        finally:
+            self.fastpath.ENABLED = False
+        self.note(case, "entry_runs", self.entry_runs - start)
 
     def mlp_fused_epilogue(self, case):
         """Fused activations: GELU in the column-wise layer's epilogue, ReLU after the row-wise layer's reduction."""
@@ -426,6 +458,7 @@ class _Attention(torch.nn.Module):
 
 CASES = [
     "mlp_convert",
+    "mlp_repeated",
     "mlp_fused_epilogue",
     "attention_patch",
     "attention_convert",
@@ -548,6 +581,10 @@ def _check(results, name: str) -> None:
     if name == "mlp_convert":
         # Every GEMM ran on tritongemm: 2 forward, 4 backward (dX and dW per layer), none fell back.
         assert (r["forward_launches"], r["backward_launches"], r["fallbacks"]) == (2, 4, 0), r
+    elif name == "mlp_repeated":
+        # Three steps of two Linears: the later steps' calls ran from entries (a signature may take the
+        # whole way once more when the C++ keys take over from the Python ones).
+        assert r["entry_runs"] >= 2, r
     elif name == "mlp_fused_epilogue":
         assert (r["forward_launches"], r["backward_launches"]) == (2, 4), r
     elif name == "attention_patch":

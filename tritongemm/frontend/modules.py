@@ -11,7 +11,7 @@ from collections import Counter
 import torch
 
 from ..autograd import fastpath
-from ..autograd.distributed import is_dtensor
+from ..autograd.distributed import is_dtensor, linear_on_shards
 from ..autograd.function import is_tracing
 from ..request.fallback import torch_reason, warn_device_fallback
 from ..semantics import ACTIVATIONS, autocast_dtype
@@ -57,24 +57,31 @@ class Linear(torch.nn.Linear):
         return super().extra_repr() + act + ", backend=tritongemm"
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if is_dtensor(input):  # tensor parallelism: one GEMM of the shards where no redistribution is needed
+            y = linear_on_shards(self._linear, input, self.weight, self.bias, self.activation)
+            if y is not None:
+                return y
+        return self._linear(input, self.weight, self.bias)
+
+    def _linear(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """This layer's function of ``input`` with these parameters (its own, or a DTensor's shards of them)."""
         if self.activation == "none":  # a repeated call: its entry was made by a call that passed every check
-            _, y = fastpath.lookup("linear", input, self.weight, self.bias)
+            _, y = fastpath.lookup("linear", input, weight, bias)
             if y is not None:
                 return y
         if not is_tracing(input) or is_dtensor(input):
-            tensors = (input, self.weight) if self.bias is None else (input, self.weight, self.bias)
-            reason = torch_reason(*tensors)
+            reason = torch_reason(input, weight) if bias is None else torch_reason(input, weight, bias)
             if reason is not None:
-                return self._torch_forward(input, reason)
-        return api.linear(input, self.weight, self.bias, activation=self.activation)
+                return self._torch_forward(input, weight, bias, reason)
+        return api.linear(input, weight, bias, activation=self.activation)
 
-    def _torch_forward(self, input: torch.Tensor, reason: str) -> torch.Tensor:
+    def _torch_forward(self, input: torch.Tensor, weight, bias, reason: str) -> torch.Tensor:
         with _counts_lock:
             self.fallbacks[reason] += 1
             Linear.fallbacks[reason] += 1
         if isinstance(input, torch.Tensor):
             warn_device_fallback("tritongemm.nn.Linear", reason, input.device)
-        y = torch.nn.functional.linear(input, self.weight, self.bias)
+        y = torch.nn.functional.linear(input, weight, bias)
         return ACTIVATIONS[self.activation](y)
 
     def __setstate__(self, state: dict) -> None:
@@ -135,7 +142,7 @@ class Float8Linear(Linear):
         if not is_tracing(input) or is_dtensor(input):
             reason = torch_reason(*tensors)
             if reason is not None:
-                return self._torch_forward(input, reason)
+                return self._torch_forward(input, self.weight, self.bias, reason)
         if float8_unsupported_reason(input, self.weight) is not None:
             return super().forward(input)
         out_dtype = autocast_dtype(input.device) or input.dtype
