@@ -180,6 +180,28 @@ class _Cases:
             self.fastpath.ENABLED = False
         self.note(case, "entry_runs", self.entry_runs - start)
 
+    def gated_mlp_convert(self, case):
+        """A Llama MLP fused by convert, then parallelized: the projections' hooks run, each on its shards."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        class LlamaMLP(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gate_proj = torch.nn.Linear(16, 32, bias=False)
+                self.up_proj = torch.nn.Linear(16, 32, bias=False)
+                self.down_proj = torch.nn.Linear(32, 16, bias=False)
+                self.act_fn = torch.nn.SiLU()
+
+            def forward(self, x):
+                return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+        plan = {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": RowwiseParallel()}
+        ref = parallelize_module(self.seeded(LlamaMLP), self.mesh, plan)
+        converted = self.tg.nn.convert(self.seeded(LlamaMLP))
+        self.note(case, "fused", type(converted).__name__)
+        tg = parallelize_module(converted, self.mesh, plan)
+        self.train_step(case, ref, tg, self.input(2, 3, 16))
+
     def mlp_fused_epilogue(self, case):
         """Fused activations: GELU in the column-wise layer's epilogue, ReLU after the row-wise layer's reduction."""
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -459,6 +481,7 @@ class _Attention(torch.nn.Module):
 CASES = [
     "mlp_convert",
     "mlp_repeated",
+    "gated_mlp_convert",
     "mlp_fused_epilogue",
     "attention_patch",
     "attention_convert",
@@ -585,6 +608,8 @@ def _check(results, name: str) -> None:
         # Three steps of two Linears: the later steps' calls ran from entries (a signature may take the
         # whole way once more when the C++ keys take over from the Python ones).
         assert r["entry_runs"] >= 2, r
+    elif name == "gated_mlp_convert":
+        assert r["fused"] == "GatedMLP" and r["forward_launches"] == 3 and r["backward_launches"] == 6, r
     elif name == "mlp_fused_epilogue":
         assert (r["forward_launches"], r["backward_launches"]) == (2, 4), r
     elif name == "attention_patch":

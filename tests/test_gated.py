@@ -62,6 +62,22 @@ def test_small_gated_mlps_run_their_linears(monkeypatch):
     assert_close(small, fused.double())
 
 
+def test_hooks_added_after_convert_run(device):
+    """A hook put on ``gate_proj`` or ``up_proj`` after convert (``parallelize_module`` does) runs: the
+    projections are then called as modules, and compute the same function."""
+    model = tritongemm.nn.convert(nn.Sequential(LlamaMLP(HIDDEN, INTER))).to(device)
+    mlp = model[0]
+    assert type(mlp) is tritongemm.nn.GatedMLP
+    x = random_tensor((3, HIDDEN), torch.float32, device)
+    fused = model(x)
+    seen = []
+    handle = mlp.up_proj.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape))
+    hooked = model(x)
+    handle.remove()
+    assert seen == [x.shape]
+    assert_close(hooked, fused.double(), tol=2 * tolerance(torch.float32, device))
+
+
 def torch_form(x, w_gate, w_up, b_gate=None, b_up=None, *, activation="silu"):
     return ACTS[activation](F.linear(x, w_gate, b_gate)) * F.linear(x, w_up, b_up)
 

@@ -173,6 +173,16 @@ class Float8Linear(Linear):
 FUSED_MIN_MACS = 2**32
 
 
+def _hooked(module: torch.nn.Module) -> bool:
+    """Has ``module`` hooks that run when it is called?"""
+    return bool(
+        module._forward_pre_hooks
+        or module._forward_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+    )
+
+
 class GatedMLP(torch.nn.Module):
     """A GLU MLP, ``down_proj(act(gate_proj(x)) * up_proj(x))``, its first half in one kernel.
 
@@ -212,6 +222,10 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj, self.up_proj
+        if _hooked(gate) or _hooked(up):
+            # Hooks added after convert (``parallelize_module``'s, which make the inputs DTensors) run
+            # only when the projections are called: call them.
+            return self.down_proj(ACTIVATIONS[self.activation](gate(x)) * up(x))
         traced = is_tracing(x) and not is_dtensor(x)
         if not traced:
             tensors = tuple(t for t in (x, gate.weight, up.weight, gate.bias, up.bias) if t is not None)
