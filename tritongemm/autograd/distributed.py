@@ -259,10 +259,17 @@ def linear_on_shards(local_linear, x, w, bias, activation: str):
             reduced = True
         else:
             return None
-    x_local = x.to_local(grad_placements=tuple(grad_x))
-    w_local = w.to_local(grad_placements=tuple(grad_w))
     add_bias_after = reduced and bias is not None
-    b_local = None if bias is None or add_bias_after else bias.to_local()
+    b_local = None if bias is None or add_bias_after else bias
+    if torch.is_grad_enabled() and (
+        x.requires_grad or w.requires_grad or (b_local is not None and b_local.requires_grad)
+    ):
+        x_local = x.to_local(grad_placements=tuple(grad_x))
+        w_local = w.to_local(grad_placements=tuple(grad_w))
+        b_local = None if b_local is None else b_local.to_local()
+    else:  # nothing to differentiate: the shards themselves, without to_local's autograd node
+        x_local, w_local = x._local_tensor, w._local_tensor
+        b_local = None if b_local is None else b_local._local_tensor
     y = local_linear(x_local, w_local, b_local)
     shape = (*x.shape[:-1], w.shape[0])
     stride = tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
