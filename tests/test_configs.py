@@ -298,8 +298,26 @@ GPU_SHAPES = [
     (128, 8192, 8192),
     (896, 2432, 4096),
     (512, 512, 65536),
+    (256, 256, 131072),
+    (1024, 1024, 32768),
     (4096, 4096, 4096),
 ]
+
+
+@pytest.mark.parametrize(
+    ("shape", "layout", "expected"),
+    [
+        ((256, 256, 131072), "NN", "64x64x128 g8 w4 s5 splitk8i"),  # 4 tiles of 128x128: small tiles, 8 slices
+        ((256, 256, 65536), "NT", "64x64x128 g8 w4 s5 splitk8i"),
+        ((1024, 1024, 32768), "NN", "128x128x64 g8 w8 s6 splitk2i"),  # B row-major: the pointer kernel's split
+        ((1024, 1024, 32768), "NT", "128x128x64 g8 w4 s4 tma+persistent+ws+streamk"),  # B column-major
+        ((512, 512, 65536), "NT", "128x128x64 g8 w8 s6 splitk8i"),
+    ],
+)
+def test_long_k_rules_on_the_h100(shape, layout, expected):
+    """Long K over few tiles picks what the sweep measured best (sweeps/longk_sweep.json)."""
+    problem = GemmProblem(*shape, dtype="bfloat16", layout=layout)
+    assert tritongemm.heuristic_config(problem, GPUS["h100"]).short() == expected
 
 
 @pytest.mark.parametrize("gpu", GPUS)

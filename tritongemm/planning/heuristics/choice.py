@@ -11,6 +11,9 @@ from ..problem import GemmProblem, wave_efficiency
 from .few_rows import choose_gemv_tile, choose_skinny_tile, is_gemv, is_skinny, prompt_config
 from .fp8 import fp8_choice
 from .tiles import (
+    LONG_K_FEW_TILES,
+    LONG_K_FEW_TILES_MAX,
+    LONG_K_WS_MIN_TILES,
     SMALL_MAX_K,
     choose_cta_tile,
     choose_long_k_tile,
@@ -101,6 +104,22 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
         cfg = replace(cfg, num_stages=choose_num_stages(cfg, problem, device, tile.stages))
         return cfg, f"skinny (M = {problem.m}): narrow tiles with a long K step, split-K to fill the SMs"
     if problem.elem_size <= 4 and is_long_k(problem, device):
+        tiles = tiles_of(problem, 128, 128)
+        if problem.elem_size == 2 and tiles <= LONG_K_FEW_TILES_MAX:
+            return (
+                split_k_config(LONG_K_FEW_TILES, problem, device),
+                f"long K over {tiles} tiles of 128x128: 64x64 tiles, a K step of 128, split-K",
+            )
+        if (
+            problem.layout[1] == "T"
+            and tiles >= LONG_K_WS_MIN_TILES
+            and warp_specialized_fits(problem, device)
+        ):
+            ws = WS_DEEP_TILE._replace(stages=4)  # (the sweep's best ring here; 6 was within 1%)
+            return ws.config(tma=True, persistent=True, warp_specialize=True, stream_k=True), (
+                "long K over few tiles, B column-major: the warp-specialized kernel with each tile's K in "
+                "chunks over the SMs (Stream-K)"
+            )
         return (
             split_k_config(choose_long_k_tile(problem), problem, device),
             "long K over few tiles: 128x128 tiles with split-K",

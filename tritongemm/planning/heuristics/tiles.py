@@ -88,6 +88,17 @@ def choose_long_k_tile(problem: GemmProblem) -> Tile:
     return next(t for t in TILE_MENU[problem.elem_size] if (t.block_m, t.block_n) == (128, 128))
 
 
+# Long K over very few tiles (sweeps/longk_sweep.json: H100, bf16, 8 shapes x NN/NT, ~100 configs
+# each, against cuBLAS): at most 4 tiles of 128x128 (256x256, K 64k-131k), 64x64 tiles with a K step
+# of 128, 5 stages, 8 slices reduced in the launch read 0.89-0.94 of cuBLAS where 128x128 tiles in
+# 33 slices read 0.50-0.76.  With B column-major (F.linear's weight) and a full half wave of tiles
+# (1024x1024), the warp-specialized kernel's Stream-K (K chunks per SM) reads 0.90-0.91 where the
+# pointer kernel's split read 0.72-0.77; row-major B keeps the pointer split (0.99-1.00).
+LONG_K_FEW_TILES = Tile(64, 64, 128, 4, 5)
+LONG_K_FEW_TILES_MAX = 4
+LONG_K_WS_MIN_TILES = 32
+
+
 def choose_num_stages(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo, most: int = 4) -> int:
     """As many stages as shared memory holds, at most ``most``, at least 2."""
     stage_size = (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * problem.elem_size
