@@ -147,6 +147,14 @@ def test_compiled_reason_keeps_kernels_only_where_they_have_an_edge():
     assert "unaligned" in compiled_reason(unaligned, Request(), torch.bfloat16, torch.bfloat16)
     assert "compile: this kernel (unaligned" in unaligned.describe()
     assert "asked for" in tritongemm.explain(x, w.mT, device="h100", pipeline="multi_stage").compiled
+    # An unaligned size (a 50257-wide vocabulary head): Inductor pads it for cuBLAS (shape_padding).
+    from torch._inductor import config as inductor_config
+    head = tritongemm.explain(
+        x, torch.empty(50257, 1024, dtype=torch.bfloat16, device="meta").mT, device="h100"
+    )
+    assert head.alignment is not None and head.compiled is None
+    with inductor_config.patch(shape_padding=False):
+        assert "unaligned" in compiled_reason(head, Request(), torch.bfloat16, torch.bfloat16)
     # No plan (symbolic sizes): the request and the dtypes still decide.
     assert compiled_reason(None, Request(), torch.bfloat16, torch.bfloat16) is None
     assert "asked for" in compiled_reason(

@@ -307,9 +307,17 @@ GPU_SHAPES = [
 @pytest.mark.parametrize(
     ("shape", "layout", "expected"),
     [
-        ((256, 256, 131072), "NN", "64x64x128 g8 w4 s5 splitk8i"),  # 4 tiles of 128x128: small tiles, 8 slices
+        (
+            (256, 256, 131072),
+            "NN",
+            "64x64x128 g8 w4 s5 splitk8i",
+        ),  # 4 tiles of 128x128: small tiles, 8 slices
         ((256, 256, 65536), "NT", "64x64x128 g8 w4 s5 splitk8i"),
-        ((1024, 1024, 32768), "NN", "128x128x64 g8 w8 s6 splitk2i"),  # B row-major: the pointer kernel's split
+        (
+            (1024, 1024, 32768),
+            "NN",
+            "128x128x64 g8 w8 s6 splitk2i",
+        ),  # B row-major: the pointer kernel's split
         ((1024, 1024, 32768), "NT", "128x128x64 g8 w4 s4 tma+persistent+ws+streamk"),  # B column-major
         ((512, 512, 65536), "NT", "128x128x64 g8 w8 s6 splitk8i"),
     ],
