@@ -201,8 +201,8 @@ print(((y - ref).norm() / ref.norm()).item())
 @pytest.mark.heavy
 @pytest.mark.xfail(
     strict=True,
-    reason="the package builds, but loading it crashes (SIGSEGV in torch's _load_aoti, torch 2.11 on the "
-    "H100); a converted model does not run under AOTInductor yet",
+    reason="the package builds, but loading it crashes (SIGSEGV in torch's _load_aoti, torch 2.11.0+cu130 on "
+    "the H100), a stock model's package too (benchmarks/results/h100/sweeps/aoti_load.txt)",
 )
 def test_aoti_package_of_a_converted_model_runs_without_tritongemm(tmp_path):
     """``torch.export`` then AOTInductor: the package runs in a process that never imports tritongemm
