@@ -149,6 +149,7 @@ def test_compiled_reason_keeps_kernels_only_where_they_have_an_edge():
     assert "asked for" in tritongemm.explain(x, w.mT, device="h100", pipeline="multi_stage").compiled
     # An unaligned size (a 50257-wide vocabulary head): Inductor pads it for cuBLAS (shape_padding).
     from torch._inductor import config as inductor_config
+
     head = tritongemm.explain(
         x, torch.empty(50257, 1024, dtype=torch.bfloat16, device="meta").mT, device="h100"
     )
