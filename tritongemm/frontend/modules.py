@@ -55,20 +55,20 @@ class Linear(torch.nn.Linear):
         return super().extra_repr() + act + ", backend=tritongemm"
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if is_dtensor(input):  # tensor parallelism: one GEMM of the shards where no redistribution is needed
-            y = linear_on_shards(self._linear, input, self.weight, self.bias, self.activation)
-            if y is not None:
-                return y
         return self._linear(input, self.weight, self.bias)
 
     def _linear(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """This layer's function of ``input`` with these parameters (its own, or a DTensor's shards of them)."""
         if self.activation == "none":  # a repeated call: its entry was made by a call that passed every check
-            key, y = fastpath.lookup("linear", input, weight, bias)
+            key, y = fastpath.lookup("linear", input, weight, bias)  # (None, None) at once for a DTensor
             if y is not None:
                 return y
         else:
             key = None
+        if is_dtensor(input):  # tensor parallelism: one GEMM of the shards where no redistribution is needed
+            y = linear_on_shards(self._linear, input, weight, bias, self.activation)
+            if y is not None:
+                return y
         if not is_tracing(input) or is_dtensor(input):
             reason = torch_reason(input, weight) if bias is None else torch_reason(input, weight, bias)
             if reason is not None:
