@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import tritongemm
-from tritongemm import ConfigError, TileConfig, UnsupportedInputError, semantics
+from tritongemm import ConfigError, TileConfig, UnsupportedInputError
+from tritongemm.request import fallback
 from tritongemm.testing import random_tensor
 
 F32 = torch.float32
@@ -158,17 +159,17 @@ def test_device_tritongemm_does_not_drive(device):
 @pytest.mark.parametrize("interpreting", [True, False], ids=["interpreter", "compiled"])
 def test_unsupported_reason_by_mode(interpreting, monkeypatch):
     """The rule behind the test above, on any machine: which device each mode can drive."""
-    monkeypatch.setattr(semantics, "interpreter_enabled", lambda: interpreting)
+    monkeypatch.setattr(fallback, "interpreter_enabled", lambda: interpreting)
     cpu = torch.ones(2, 2)
-    reason = semantics.unsupported_reason(cpu, cpu)
+    reason = fallback.unsupported_reason(cpu, cpu)
     if interpreting:
         assert reason is None
     else:
         assert "CPU tensor" in reason and "TRITON_INTERPRET" in reason
-    assert "meta" in semantics.unsupported_reason(torch.ones(2, 2, device="meta"))
-    assert "dtype" in semantics.unsupported_reason(cpu.int(), cpu.int())
-    assert "mixed dtypes" in semantics.unsupported_reason(cpu, cpu.double())
-    assert "non-tensor" in semantics.unsupported_reason(cpu, 3.0)
+    assert "meta" in fallback.unsupported_reason(torch.ones(2, 2, device="meta"))
+    assert "dtype" in fallback.unsupported_reason(cpu.int(), cpu.int())
+    assert "mixed dtypes" in fallback.unsupported_reason(cpu, cpu.double())
+    assert "non-tensor" in fallback.unsupported_reason(cpu, 3.0)
 
 
 def test_non_tensor_arguments(t):

@@ -15,7 +15,8 @@ from conftest import grad_fn_name
 import tritongemm
 from tritongemm import launch, semantics
 from tritongemm.autograd import fastpath
-from tritongemm.frontend import api
+from tritongemm.request import calls
+from tritongemm.request import fastpath as door
 from tritongemm.testing import (
     TF32_TOLERANCE,
     assert_close,
@@ -36,18 +37,18 @@ def _fresh_entries():
 
 
 class _WholeWayCounter:
-    """Counts calls that take the whole way (``api._linear`` / ``_matmul`` / ``_mm``)."""
+    """Counts calls that take the whole way (``calls.linear`` / ``matmul`` / ``mm``)."""
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        for name in ("_linear", "_matmul", "_mm"):
-            real = getattr(api, name)
+        for name in ("linear", "matmul", "mm"):
+            real = getattr(calls, name)
 
             def counted(*args, _real=real, **kwargs):
                 self.calls += 1
                 return _real(*args, **kwargs)
 
-            monkeypatch.setattr(api, name, counted)
+            monkeypatch.setattr(calls, name, counted)
 
 
 #: the grad_fn an entry's output gets, per ``grad_node`` (conftest)
@@ -79,7 +80,7 @@ def test_entry_result_is_bitwise_the_whole_ways(device):
     x = random_tensor((2, 9, 32), torch.float16, device)
     w = random_tensor((24, 32), torch.float16, device)
     b = random_tensor((24,), torch.float16, device)
-    whole = api._linear(x, w, b, None, None, None, None, None, None)
+    whole = calls.linear(x, w, b, None, None, None, None, None, None)
     tritongemm.linear(x, w, b)  # makes the entry
     assert len(launch.PLANS.entries) == 1
     fast = tritongemm.linear(x, w, b)
@@ -208,11 +209,11 @@ def test_tf32_switch_keys_fp32_entries_but_not_autocast_ones(device, restore_tf3
     costs ~2 us a call) and flipping it keeps the one entry."""
     reads = []
 
-    def counting_precision(dtype):
-        reads.append(dtype)
-        return semantics.dot_precision(dtype)
+    def counting_precision():  # the TF32 switch, read for float32 operands (the key's and the entry's)
+        reads.append(torch.float32)
+        return semantics.fp32_precision()
 
-    monkeypatch.setattr(fastpath, "dot_precision", counting_precision)
+    monkeypatch.setattr(door, "fp32_precision", counting_precision)
     matmul = torch.backends.cuda.matmul
     w = random_tensor((8, 16), torch.float32, device)
     x = random_tensor((4, 16), torch.float32, device)

@@ -23,7 +23,8 @@ from conftest import grad_fn_name, require_native
 import tritongemm
 from tritongemm import launch
 from tritongemm.autograd import fastpath
-from tritongemm.launch import keys, native
+from tritongemm.launch import native
+from tritongemm.request import fastpath as door
 from tritongemm.testing import assert_close, random_tensor, tolerance
 
 NODE = "TritongemmEntryBackward"
@@ -282,9 +283,9 @@ def _key_cases(device):
 
 def test_packed_keys_tell_apart_exactly_what_python_keys_do(device, monkeypatch):
     cases = _key_cases(device)
-    packed = [keys.signature(*case) for case in cases]
+    packed = [door.signature(*case) for case in cases]
     monkeypatch.setattr(native, "SIGNATURE", None)
-    python = [keys.signature(*case) for case in cases]
+    python = [door.signature(*case) for case in cases]
     assert all(type(k) is tuple and len(k) == 3 for k in packed)  # the C++ form ran
     assert all(len(k) > 3 for k in python)
     for i in range(len(cases)):

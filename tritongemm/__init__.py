@@ -18,16 +18,17 @@ Where things live, top down (each folder imports only from folders below it)::
                 nn.py presents modules.py (Linear, GatedMLP) and convert.py (fusion.py: which
                 MLPs it fuses),
                 patch.py, scaled.py (fp8 scaled_mm), float8.py (fp8 training), explain.py
-    request/    a call made valid: torch's argument checks, same-batch views, torch or here
-    autograd/   the differentiable op: eager Function, torch.library ops for compile,
-                DTensor's sharding rule, the repeated-call fast path
+    request/    a call made valid: autocast, torch's argument checks, same-batch views, torch or
+                here (every reason), the repeated-call key and its entries' lookup
+    autograd/   the differentiable op: eager Function (or a direct launch), torch.library ops
+                for compile, DTensor's sharding rule, the repeated-call entries
     launch/     the launch cache and one launcher per kernel (native.py: the C++ helpers)
     planning/   what runs: configs (the tiling hierarchy), heuristics/, selection, eligibility,
                 plan (config + kernel + why), problem and call values
     kernels/    Triton and Gluon code only
     tuning/     the autotuner and its persistent cache (a config source for planning)
     cli/        ``tritongemm tune|explain|cache``
-    semantics.py, device.py   torch's rules (dtypes, TF32, autocast, activations); device facts
+    semantics.py, device.py   torch's rules every layer reads (dtypes, TF32, activations); device facts
 """
 
 import os as _os

@@ -1,4 +1,4 @@
 """The differentiable GEMM: the eager ``autograd.Function`` and its backward (``function``), the
 ``torch.library`` ops ``torch.compile`` and ``torch.export`` trace (``ops``), DTensor's sharding
-rule (``distributed``), the repeated-call fast path (``fastpath``), and the gated GEMM of GLU MLPs
+rule (``distributed``), the repeated-call entries (``fastpath``), and the gated GEMM of GLU MLPs
 with its two doors (``gated``)."""

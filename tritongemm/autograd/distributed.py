@@ -57,34 +57,6 @@ def any_dtensor(*tensors) -> bool:
     return mod is not None and any(isinstance(t, mod.DTensor) for t in tensors)
 
 
-def dtensor_reason(*tensors) -> str | None:
-    """Why a call with DTensor operands must go to torch instead (None when tritongemm serves it).
-
-    Plain-tensor calls get None.  The dtype and device are those of the local
-    shards, which ``fallback.torch_reason`` reads through the DTensor before it asks here.
-    """
-    mod = sys.modules.get("torch.distributed.tensor")
-    if mod is None:
-        return None
-    dtensors = [t for t in tensors if isinstance(t, mod.DTensor)]
-    if not dtensors:
-        return None
-    if len(dtensors) != len([t for t in tensors if isinstance(t, torch.Tensor)]):
-        # torch raises for this too ("mixed torch.Tensor and DTensor"): let it say so.
-        return "DTensor mixed with plain torch.Tensor operands"
-    error = registration_error()
-    if error is not None:
-        return error
-    mesh = dtensors[0].device_mesh
-    for t in dtensors:
-        if t.device_mesh != mesh:
-            return "DTensor operands on different device meshes"
-        for p in t.placements:
-            if not isinstance(p, (mod.Shard, mod.Replicate, mod.Partial)):
-                return f"unsupported DTensor placement {p}"
-    return None
-
-
 # ----------------------------------------------------------------------------------
 # The sharding rule
 # ----------------------------------------------------------------------------------
@@ -287,4 +259,4 @@ def is_tracing_dtensor(t) -> bool:
     return isinstance(t._local_tensor, (FakeTensor, FunctionalTensor))
 
 
-__all__ = ["is_dtensor", "any_dtensor", "dtensor_reason", "registration_error", "gemm", "linear_on_shards"]
+__all__ = ["is_dtensor", "any_dtensor", "registration_error", "gemm", "linear_on_shards"]

@@ -1,33 +1,19 @@
-"""Repeated calls: from a cheap signature of the arguments straight to the launch.
+"""Repeated calls: the entries that run them, forward and backward.
 
 A model calls the same few GEMMs over and over with the same shapes.  The
-first call of each goes the whole way (``api``: checks, views, the autograd
-op; ``launch``: plan, launcher); afterwards this module remembers, per
-argument signature, the launcher that call used and what to allocate, so
-the next identical call costs a dictionary lookup, one ``torch.empty`` and
-the launch (host time within 1.2x of torch's).
-
-The signature holds everything the first call's checks and decisions read
-from the tensors: shapes, strides, dtypes, devices, 16-byte alignment, the
-negation bit, the tensor type, and for float32 torch's TF32 setting.  Under
-``torch.autocast`` it also holds the autocast dtype, and an entry runs on the
-operands as autocast casts them, so a mixed-precision model's repeated
-calls use entries too: through torch's own ``cached_cast`` once ``native``
-is built (its weight cache included, as for torch's ops), until then
-``semantics.autocast_cast`` (the differentiable ``.to`` the whole way makes).
-What cannot be part of it (``torch.func`` transforms, a ``torch.compile``
-trace) makes the call take the whole way.  Only the
-common forms have entries: ``linear(x, w[, bias])`` and ``matmul``/``mm``
-of a (*, M, K) and a (K, N) matrix, with none of the optional arguments;
-everything else takes the whole way.
+first call of each goes the whole way (``request``: checks, views; the
+autograd op; ``launch``: plan, launcher); the door then remembers, keyed by
+the call's signature (``request.fastpath``), an ``Entry``: the launcher that
+call's views got and what to allocate, so the next identical call costs a
+dictionary lookup, one ``torch.empty`` and the launch (host time within 1.2x
+of torch's).  Only the common forms have entries: ``linear(x, w[, bias])``
+and ``matmul``/``mm`` of a (*, M, K) and a (K, N) matrix, with none of the
+optional arguments; everything else takes the whole way.
 
 Entries launch with the tensors the user passed (``x``, ``w``, ``bias``):
 their data pointers are those of the views the first call planned with
 (``x.view(-1, K)``, ``w.mT``, ``bias.expand(M, N)``), and launchers that
 read only pointers (``takes_bases``) are the only ones remembered.
-
-Once ``native`` is loaded, keys are packed in C++ (another form than the
-Python tuples before it): each signature then takes the whole way once more.
 
 With autograd an entry launches as without, and its output gets a C++
 ``grad_fn`` (``native``: ~0.5 us where an ``autograd.Function`` costs ~3.5);
@@ -42,57 +28,16 @@ own layout) as the whole way, which backward still takes under
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .. import launch
 from ..launch import native
-from ..launch.keys import signature
-from ..planning.call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall, Request
-from ..semantics import SUPPORTED_DTYPES, autocast_cast, autocast_dtype, dot_precision
+from ..planning.call import Epilogue, GemmCall, Request
 from .function import alloc_out, backward_gemms, gradient_gemm, is_transposed_view, operand_view
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
-_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
 _functorch_active = torch._C._are_functorch_transforms_active
-_is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
-_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-
-BIAS_EPILOGUE = Epilogue(beta=1.0, addend=True)
-
-#: TRITONGEMM_FASTPATH=0 sends every call the whole way (to rule the fast path out while debugging).
-ENABLED = os.environ.get("TRITONGEMM_FASTPATH", "1") != "0"
-
-
-def lookup(kind: str, x, w, bias) -> tuple:
-    """``(None, result)`` when an entry ran ``kind(x, w, bias)``; else ``(key, None)``, where a key
-    means: take the whole way, then ``build(kind, key, x, w, bias)``."""
-    if not ENABLED or _functorch_active() or _is_compiling():
-        return None, None
-    if type(x) not in _PLAIN_TYPES:
-        return None, None
-    # The casts' layouts follow from the operands' (``.to`` keeps dense strides; a fresh
-    # allocation is aligned), so the operands' signature and the autocast dtype key their entry.
-    amp = _any_autocast() and autocast_dtype(x.device)
-    key = signature(kind, x, w, bias, amp)
-    if key is None:
-        return None, None
-    entry = launch.PLANS.entries.get(key, _MISSING)  # an Entry, or None: this signature has none
-    if entry is _MISSING:
-        return key, None
-    if entry is None:
-        return None, None
-    if amp:  # cast only for an entry that will run: a call without one casts in the whole way
-        # In C++ with torch's own weight cache once ``native`` is loaded (``build`` started it).
-        x, w, bias = (native.CAST or autocast_cast)(amp, x, w, bias)
-    if entry.cuda_index is not None and entry.cuda_index != _current_device():
-        # The kernel was loaded for, and runs on, the tensors' GPU.
-        with torch.cuda.device(entry.cuda_index):
-            return None, entry.run(x, w, bias)
-    return None, entry.run(x, w, bias)
-
 
 _MISSING = object()
 
@@ -120,8 +65,9 @@ class Entry:
         "b_transposed",
     )
 
-    def __init__(self, launcher, call: GemmCall, x, a, b, out_shape, fold, transposed: bool):
-        self.launcher = launcher
+    def __init__(self, call: GemmCall, x, a, b, out, addend, out_shape, fold, transposed: bool):
+        """The entry of ``x``'s call, planned on its views ``a`` and ``b`` (``out`` and ``addend``
+        (None: no bias) as the launch will see them); ``launcher`` is the one those views get."""
         self.call = call
         self.out_shape = out_shape
         self.mn = (a.shape[0], b.shape[1])
@@ -138,6 +84,7 @@ class Entry:
         self.grad_call = GemmCall(Epilogue(), Request(), None, call.precision)
         self.grad_launches: dict = {}  # (grad strides, grad aligned, needs) -> [grad x, grad w] launches
         self.bias_dims = tuple(range(len(out_shape) - 1))
+        self.launcher = launch.launcher_for(call, a, b, out, addend)
 
     def run(self, x, w, bias) -> torch.Tensor:
         """The entry's launch on (x, w, bias), through ``EntryFunction`` where autograd records it."""
@@ -321,49 +268,4 @@ def _plan_grad_launches(entry: Entry, needs, g2, a, b, g):
     return grads
 
 
-def build(kind: str, key, x, w, bias) -> None:
-    """Remember an entry for ``key`` (after the whole way ran ``kind(x, w, bias)`` without error)."""
-    native.start()  # the C++ keys, casts and node (once per process; loads a built one at once)
-    amp = _any_autocast() and autocast_dtype(x.device)
-    if amp:  # plan on the casts, as the entry will run on them
-        x, w, bias = autocast_cast(amp, x, w, bias)
-    launch.PLANS.remember(key, _entry(kind, x, w, bias))
-
-
-def _entry(kind: str, x, w, bias) -> Entry | None:
-    if (
-        x.dim() < 2
-        or w.dim() != 2
-        or x.shape[-1] == 0
-        or x.dtype not in SUPPORTED_DTYPES
-        or x.is_neg()
-        or w.is_neg()
-    ):
-        return None
-    transposed = kind == "linear"
-    b = w.mT if transposed else w
-    k, n = b.shape
-    if x.shape[-1] != k or (bias is not None and (bias.dim() != 1 or bias.shape[0] != n or bias.is_neg())):
-        return None
-    if x.dim() == 2:
-        a, fold = x, None
-    else:
-        try:
-            a = x.view(-1, k)
-        except RuntimeError:
-            return None  # strides that do not fold: the whole way copies nothing either, it batches
-        fold = tuple(a.shape)
-    m = a.shape[0]
-    if m == 0 or n == 0:
-        return None
-    epilogue = PLAIN_EPILOGUE if bias is None else BIAS_EPILOGUE
-    call = GemmCall(epilogue, NO_REQUEST, None, dot_precision(x.dtype))
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    d = None if bias is None else bias.expand(m, n)
-    launcher = launch.launcher_for(call, a, b, out, d)
-    if not getattr(launcher, "takes_bases", False):
-        return None
-    return Entry(launcher, call, x, a, b, (*x.shape[:-1], n), fold, transposed)
-
-
-__all__ = ["Entry", "EntryFunction", "build", "lookup", "signature"]
+__all__ = ["Entry", "EntryFunction"]

@@ -65,13 +65,28 @@ def run_gemm(
     preact: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Allocate (or take ``out``) and launch, without autograd."""
-    if out is not None and distributed.any_dtensor(
-        a, out
-    ):  # out= with DTensors: DTensor copies the result in
-        return out.copy_(gemm_op(call, a, b, addend, residual))
     if out is None:
         out = _alloc_out(a, b, call.out_dtype or a.dtype)
     return launch.gemm(call, a, b, out, addend, residual, preact)
+
+
+def run(call: GemmCall, a, b, addend=None, residual=None, out=None) -> torch.Tensor:
+    """The request's GEMM: launched directly when nothing needs autograd (microseconds a call), else
+    through the autograd op.
+
+    ``addend`` may be given while the epilogue does not read it (beta = 0): the
+    autograd op still takes it, so its gradient is a zero tensor, as torch's.
+    """
+    if out is None:
+        direct = not needs_autograd(call, a, b, addend, residual)
+    else:  # no autograd with out= (the request refused it), but DTensors take the op (below)
+        direct = not distributed.any_dtensor(a, out)
+    if direct:
+        return run_gemm(call, a, b, addend if call.epilogue.addend else None, residual, out)
+    if out is not None:  # DTensors: DTensor runs the op on the shards; its result is copied into out
+        addend = addend if call.epilogue.addend else None
+    y = gemm_op(call, a, b, addend, residual)
+    return y if out is None else out.copy_(y)
 
 
 def needs_autograd(call: GemmCall, a, b, addend, residual) -> bool:

@@ -20,7 +20,8 @@ from ..planning.eligibility import FP8_DTYPES, Operand
 from ..planning.plan import Plan, layout_letters, plan
 from ..planning.problem import GemmProblem
 from ..request import checks
-from ..semantics import autocast_cast, autocast_dtype, check_activation, dtype_name
+from ..request.autocast import autocast_cast, autocast_dtype
+from ..semantics import check_activation, dtype_name
 from .scaled import check_matrices, stored_dtype
 
 

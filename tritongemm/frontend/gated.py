@@ -31,8 +31,9 @@ from ..autograd.function import is_tracing
 from ..autograd.gated import gated_op
 from ..launch.gated import GATED_ACTIVATIONS
 from ..request import checks
+from ..request.autocast import as_torch_sees
 from ..request.fallback import torch_reason, warn_device_fallback
-from ..semantics import ACTIVATIONS, as_torch_sees
+from ..semantics import ACTIVATIONS
 from . import api
 
 _functorch_active = torch._C._are_functorch_transforms_active

@@ -4,22 +4,20 @@ and ``GatedMLP`` (a GLU MLP whose gate and up projections and product are one ke
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections import Counter
 
 import torch
+from torch.nn.functional import linear as torch_linear
 
-from ..autograd import fastpath
 from ..autograd.distributed import is_dtensor, linear_on_shards
 from ..autograd.function import is_tracing
-from ..request.fallback import torch_reason, warn_device_fallback
-from ..semantics import ACTIVATIONS, autocast_dtype
-from . import api
+from ..request import calls, fastpath
+from ..request.autocast import autocast_dtype
+from ..request.fallback import count_fallback, torch_reason
+from ..semantics import ACTIVATIONS
 from .float8 import WeightCache, float8_linear, float8_unsupported_reason
 from .gated import check_gated_activation, gated_linear, torch_gated
-
-_counts_lock = threading.Lock()  # `counter[k] += 1` is a read-modify-write; fallbacks may come from threads
 
 
 class Linear(torch.nn.Linear):
@@ -57,32 +55,31 @@ class Linear(torch.nn.Linear):
         return super().extra_repr() + act + ", backend=tritongemm"
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if is_dtensor(input):  # tensor parallelism: one GEMM of the shards where no redistribution is needed
-            y = linear_on_shards(self._linear, input, self.weight, self.bias, self.activation)
-            if y is not None:
-                return y
         return self._linear(input, self.weight, self.bias)
 
     def _linear(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """This layer's function of ``input`` with these parameters (its own, or a DTensor's shards of them)."""
         if self.activation == "none":  # a repeated call: its entry was made by a call that passed every check
-            _, y = fastpath.lookup("linear", input, weight, bias)
+            key, y = fastpath.lookup("linear", input, weight, bias)  # (None, None) at once for a DTensor
+            if y is not None:
+                return y
+        else:
+            key = None
+        if is_dtensor(input):  # tensor parallelism: one GEMM of the shards where no redistribution is needed
+            y = linear_on_shards(self._linear, input, weight, bias, self.activation)
             if y is not None:
                 return y
         if not is_tracing(input) or is_dtensor(input):
             reason = torch_reason(input, weight) if bias is None else torch_reason(input, weight, bias)
             if reason is not None:
-                return self._torch_forward(input, weight, bias, reason)
-        return api.linear(input, weight, bias, activation=self.activation)
+                count_fallback("tritongemm.nn.Linear", reason, (self.fallbacks, Linear.fallbacks), input)
+                return ACTIVATIONS[self.activation](torch_linear(input, weight, bias))
+        # ``tritongemm.linear``'s whole way (the lookup above was its door's)
+        return calls.linear(input, weight, bias, self.activation, None, None, None, None, None, key)
 
     def _torch_forward(self, input: torch.Tensor, weight, bias, reason: str) -> torch.Tensor:
-        with _counts_lock:
-            self.fallbacks[reason] += 1
-            Linear.fallbacks[reason] += 1
-        if isinstance(input, torch.Tensor):
-            warn_device_fallback("tritongemm.nn.Linear", reason, input.device)
-        y = torch.nn.functional.linear(input, weight, bias)
-        return ACTIVATIONS[self.activation](y)
+        count_fallback("tritongemm.nn.Linear", reason, (self.fallbacks, Linear.fallbacks), input)
+        return ACTIVATIONS[self.activation](torch_linear(input, weight, bias))
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -245,11 +242,7 @@ class GatedMLP(torch.nn.Module):
         )
 
     def _torch_forward(self, x: torch.Tensor, reason: str) -> torch.Tensor:
-        with _counts_lock:
-            self.fallbacks[reason] += 1
-            GatedMLP.fallbacks[reason] += 1
-        if isinstance(x, torch.Tensor):
-            warn_device_fallback("tritongemm.nn.GatedMLP", reason, x.device)
+        count_fallback("tritongemm.nn.GatedMLP", reason, (self.fallbacks, GatedMLP.fallbacks), x)
         gate, up = self.gate_proj, self.up_proj
         h = torch_gated(x, gate.weight, up.weight, gate.bias, up.bias, self.activation)
         return self.down_proj(h)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..autograd import fastpath
+from ..request import fastpath
 from ..request.fallback import torch_reason, warn_device_fallback
 from . import api
 

@@ -65,8 +65,9 @@ def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
 
 def plan_for(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Plan:
     """The plan for these tensors (what ``gemm`` would run)."""
+    problem = problem_of(a, b)
     return plan(
-        problem_of(a, b),
+        problem,
         device_info(a.device),
         call.request,
         Operand.of(a),

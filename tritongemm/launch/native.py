@@ -8,7 +8,7 @@ casts an entry's operands under ``torch.autocast`` through torch's own
 times in one autocast region is cast (and saved for backward) once, as for
 torch's ops (on the H100's host ~9.5 us against ~38 for three ``Tensor.to``
 calls from Python when the weight's cast is cached); and it packs a
-call's key (``fastpath.signature``) in one call.  It is
+call's key (``request.fastpath.signature``) in one call.  It is
 compiled with the machine's C++ compiler against the installed torch's
 headers -- what Triton itself needs at run time to build its launchers --
 and cached per source, torch and Python, so a machine builds it once.
@@ -18,7 +18,7 @@ When it is built, and what happens until then:
 * the first fast-path entry starts the build in a
   background thread (``start()``); calls take the Python ``Function``
   (``fastpath.EntryFunction``) and the Python casts
-  (``semantics.autocast_cast``) and keys until the module is loaded, then its own.
+  (``request.autocast.autocast_cast``) and keys until the module is loaded, then its own.
   Nothing waits for the compiler (~15 s);
 * ``build()`` builds (or loads) it now and raises with the compiler's
   output if that fails -- ``tritongemm native`` on the command line, for an

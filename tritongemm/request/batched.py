@@ -2,9 +2,9 @@
 
     C = act(alpha * A @ B + beta * D) + R
 
-on operands the public function has validated and made same-rank (``api``):
+on operands the public function has validated and made same-rank (``calls``):
 broadcasting by stride views, folding (*, M, K) @ (K, N) into one GEMM, torch's
-exact K = 0 result, and the choice between a direct launch and the autograd op.
+exact K = 0 result; then the autograd layer's ``run`` (a direct launch or the op).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import math
 
 import torch
 
-from ..autograd.function import gemm_op, needs_autograd, run_gemm
+from ..autograd.function import run
 from ..planning.call import PLAIN_EPILOGUE, Epilogue, GemmCall, make_request
 from ..planning.configs import TileConfig
-from ..semantics import dot_precision
+from ..semantics import fp32_precision
 from . import checks
 
 Config = TileConfig | dict | None
@@ -32,7 +32,7 @@ def gemm_call(a: torch.Tensor, epilogue: Epilogue, out_dtype, config, pipeline, 
     if a.dtype is not torch.float32:
         precision = "ieee"  # TF32 concerns float32 only
     else:
-        precision = "auto" if torch.compiler.is_compiling() else dot_precision(a.dtype)
+        precision = "auto" if torch.compiler.is_compiling() else fp32_precision()
     return GemmCall(epilogue, make_request(config, pipeline, decomposition), out_dtype, precision)
 
 
@@ -63,41 +63,62 @@ def batched_gemm(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """a: (*, M, K) with a.dim() >= 2, b: (*, K, N) with b.dim() >= 2."""
-    m, k = a.shape[-2:]
-    n = b.shape[-1]
-    batch = checks.broadcast_batch(fn, a, b)
-    result_shape = (*batch, m, n)
-    addend = checks.expand_to(fn, "input", addend, result_shape)
-    residual = checks.expand_to(fn, "residual", residual, result_shape)
-    extra = [t for t in (addend, residual) if t is not None]
-    out = checks.check_out(fn, out, result_shape, out_dtype or a.dtype, a, b, *extra)
-    if k == 0 and addend is not None and beta != 0 and activation == "none" and residual is None:
-        # An empty sum: torch returns beta * input exactly (a -0.0 stays -0.0, which 0 + -0.0 would not).
-        if out is None and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-            return EmptySum.apply(addend, a, b, beta, out_dtype or a.dtype)
-        c = empty_sum(addend, beta)
-        return out.copy_(c) if out is not None else c.to(out_dtype or a.dtype)
-    call = gemm_call(
-        a, epilogue_of(activation, alpha, beta, addend, residual), out_dtype, config, pipeline, decomposition
-    )
+    if (
+        out is None
+        and addend is None
+        and residual is None
+        and activation == "none"
+        and alpha == 1.0
+        and a.dim() == 2
+        and b.dim() == 2
+    ):  # the common case, kept short: one matrix product, nothing to broadcast, fold or check
+        call = gemm_call(a, PLAIN_EPILOGUE, out_dtype, config, pipeline, decomposition)
+        operands, folded, result_shape = (a, b), False, None
+    else:
+        m, k = a.shape[-2:]
+        n = b.shape[-1]
+        batch = checks.broadcast_batch(fn, a, b)
+        result_shape = (*batch, m, n)
+        addend = checks.expand_to(fn, "input", addend, result_shape)
+        residual = checks.expand_to(fn, "residual", residual, result_shape)
+        extra = [t for t in (addend, residual) if t is not None]
+        out = checks.check_out(fn, out, result_shape, out_dtype or a.dtype, a, b, *extra)
+        if k == 0 and addend is not None and beta != 0 and activation == "none" and residual is None:
+            # An empty sum: torch returns beta * input exactly (a -0.0 stays -0.0, which 0 + -0.0 would not).
+            if out is None and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+                return EmptySum.apply(addend, a, b, beta, out_dtype or a.dtype)
+            c = empty_sum(addend, beta)
+            return out.copy_(c) if out is not None else c.to(out_dtype or a.dtype)
+        call = gemm_call(
+            a,
+            epilogue_of(activation, alpha, beta, addend, residual),
+            out_dtype,
+            config,
+            pipeline,
+            decomposition,
+        )
 
-    # Fold (*, M, K) @ (K, N) into one (prod(*) * M, K) @ (K, N) product when
-    # B carries no batch and A's rows can be viewed as one matrix: a single
-    # large GEMM instead of many small ones (torch.matmul does the same).
-    if a.dim() > 2 and math.prod(b.shape[:-2]) == 1 and math.prod(a.shape[:-2]) == math.prod(batch):
-        a2 = checks.fold_rows(a)
-        d2 = checks.fold_rows(addend) if addend is not None else None
-        r2 = checks.fold_rows(residual) if residual is not None else None
-        if a2 is not None and (addend is None or d2 is not None) and (residual is None or r2 is not None):
-            b2 = b.reshape(k, n)  # size-1 batch dims only: a view
-            o2 = checks.fold_rows(out) if out is not None else None
-            if out is None or o2 is not None:
-                c2 = run(call, a2, b2, d2, r2, o2)
-                return out if out is not None else c2.view(result_shape)
-
-    a_e = a if tuple(a.shape[:-2]) == batch else a.expand((*batch, m, k))
-    b_e = b if tuple(b.shape[:-2]) == batch else b.expand((*batch, k, n))
-    return run(call, a_e, b_e, addend, residual, out)
+        # Fold (*, M, K) @ (K, N) into one (prod(*) * M, K) @ (K, N) product when
+        # B carries no batch and A's rows can be viewed as one matrix: a single
+        # large GEMM instead of many small ones (torch.matmul does the same).
+        folded = False
+        if a.dim() > 2 and math.prod(b.shape[:-2]) == 1 and math.prod(a.shape[:-2]) == math.prod(batch):
+            a2 = checks.fold_rows(a)
+            d2 = checks.fold_rows(addend) if addend is not None else None
+            r2 = checks.fold_rows(residual) if residual is not None else None
+            if a2 is not None and (addend is None or d2 is not None) and (residual is None or r2 is not None):
+                b2 = b.reshape(k, n)  # size-1 batch dims only: a view
+                o2 = checks.fold_rows(out) if out is not None else None
+                if out is None or o2 is not None:
+                    operands, folded = (a2, b2, d2, r2, o2), True
+        if not folded:  # the batched GEMM on the broadcast operands
+            a_e = a if tuple(a.shape[:-2]) == batch else a.expand((*batch, m, k))
+            b_e = b if tuple(b.shape[:-2]) == batch else b.expand((*batch, k, n))
+            operands = (a_e, b_e, addend, residual, out)
+    c = run(call, *operands)
+    if out is not None:
+        return out
+    return c.view(result_shape) if folded else c
 
 
 def empty_sum(addend: torch.Tensor, beta: float) -> torch.Tensor:
@@ -133,15 +154,4 @@ class EmptySum(torch.autograd.Function):
         return grad_addend, zeros_a, torch.zeros(sb, dtype=db, device=vb), None, None
 
 
-def run(call: GemmCall, a, b, addend=None, residual=None, out=None) -> torch.Tensor:
-    """Launch directly when nothing needs autograd (microseconds a call), else through the autograd op.
-
-    ``addend`` may be given while the epilogue does not read it (beta = 0): the
-    autograd op still takes it, so its gradient is a zero tensor, as torch's.
-    """
-    if out is not None or not needs_autograd(call, a, b, addend, residual):
-        return run_gemm(call, a, b, addend if call.epilogue.addend else None, residual, out)
-    return gemm_op(call, a, b, addend, residual)
-
-
-__all__ = ["Config", "EmptySum", "Pipeline", "batched_gemm", "empty_sum", "epilogue_of", "gemm_call", "run"]
+__all__ = ["Config", "EmptySum", "Pipeline", "batched_gemm", "empty_sum", "epilogue_of", "gemm_call"]

@@ -10,7 +10,8 @@ import warnings
 
 import torch
 
-from ..semantics import SUPPORTED_DTYPES, UnsupportedInputError, device_unsupported_reason
+from ..semantics import SUPPORTED_DTYPES, UnsupportedInputError
+from .fallback import device_unsupported_reason
 
 
 # ----------------------------------------------------------------------------------
@@ -168,6 +169,13 @@ def expand_to(fn: str, name: str, t: torch.Tensor | None, shape) -> torch.Tensor
         raise RuntimeError(
             f"{fn}: {name} of shape {shape_str(t)} cannot be broadcast to the result shape {tuple(shape)}"
         ) from None
+
+
+def as_matrix(t: torch.Tensor, column: bool = False) -> torch.Tensor:
+    """A 1-D operand as the matrix torch.matmul makes of it, a row (1, K) or a ``column`` (K, 1); else ``t``."""
+    if t.dim() != 1:
+        return t
+    return t.unsqueeze(-1) if column else t.unsqueeze(0)
 
 
 def fold_rows(a: torch.Tensor) -> torch.Tensor | None:

@@ -1,9 +1,13 @@
-"""When ``nn.Linear`` and ``patch()`` hand a call to torch instead (``torch_reason``), and saying so.
+"""Whether a call runs here or is handed to torch, with every reason in one place (``torch_reason``),
+and saying so.
 
-``semantics.unsupported_reason`` answers for what the kernels cannot run
-(dtype, layout, device).  Code that stands in for torch's own calls needs a
-few more answers, so that it never fails (or is wrong) where torch works:
+``unsupported_reason`` answers for what the kernels cannot run (dtype,
+layout, device; ``checks`` raises torch's errors with the same words).  Code
+that stands in for torch's own calls (``nn.Linear``, ``patch()``) needs a few
+more answers, so that it never fails (or is wrong) where torch works:
 
+* DTensor operands that tritongemm cannot serve (``dtensor_reason``: mixed
+  with plain tensors, several meshes, a placement the sharding rule lacks);
 * tensors with no storage for a kernel to read: the wrappers of
   ``torch.func.vmap`` / ``grad`` / ``jvp`` (torch computes through them at
   the dispatcher level; a Triton kernel needs a data pointer);
@@ -23,8 +27,76 @@ import warnings
 
 import torch
 
-from ..autograd.distributed import dtensor_reason
-from ..semantics import SUPPORTED_DTYPES, autocast_dtype, device_unsupported_reason, unsupported_reason
+from ..autograd.distributed import registration_error
+from ..device import interpreter_enabled
+from ..semantics import SUPPORTED_DTYPES
+from .autocast import autocast_dtype
+
+
+# ----------------------------------------------------------------------------------
+# The reasons
+# ----------------------------------------------------------------------------------
+def unsupported_reason(*tensors: torch.Tensor) -> str | None:
+    """Why tritongemm cannot run these operands, or None when it can."""
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            return f"non-tensor argument of type {type(t).__name__}"
+    for t in tensors:
+        if t.dtype not in SUPPORTED_DTYPES:
+            return f"unsupported dtype {t.dtype}"
+        if t.is_complex() or t.layout != torch.strided:
+            return f"unsupported tensor layout {t.layout}"
+        if t.is_nested:
+            return "nested tensor"
+    if len({t.dtype for t in tensors}) > 1:
+        return "mixed dtypes " + ", ".join(str(t.dtype) for t in tensors)
+    if len({t.device for t in tensors}) > 1:
+        return "tensors on different devices " + ", ".join(str(t.device) for t in tensors)
+    return device_unsupported_reason(tensors[0].device)
+
+
+def device_unsupported_reason(device: torch.device) -> str | None:
+    """Why tritongemm cannot run on ``device`` (None when it can)."""
+    if device.type == "cuda":
+        if interpreter_enabled():
+            return "CUDA tensor while Triton runs on its CPU interpreter (TRITON_INTERPRET=1)"
+        return None
+    if device.type == "cpu":
+        if interpreter_enabled():
+            return None
+        return "CPU tensor without Triton's interpreter (set TRITON_INTERPRET=1 before importing tritongemm)"
+    return f"unsupported device type {device.type!r}"
+
+
+def dtensor_reason(*tensors) -> str | None:
+    """Why a call with DTensor operands must go to torch instead (None when tritongemm serves it).
+
+    Plain-tensor calls get None.  The dtype and device are those of the local
+    shards, which ``torch_reason`` reads through the DTensor before it asks here.
+    ``torch.distributed`` is read from ``sys.modules``: a DTensor cannot exist
+    before ``torch.distributed.tensor`` is imported.
+    """
+    mod = sys.modules.get("torch.distributed.tensor")
+    if mod is None:
+        return None
+    dtensors = [t for t in tensors if isinstance(t, mod.DTensor)]
+    if not dtensors:
+        return None
+    if len(dtensors) != len([t for t in tensors if isinstance(t, torch.Tensor)]):
+        # torch raises for this too ("mixed torch.Tensor and DTensor"): let it say so.
+        return "DTensor mixed with plain torch.Tensor operands"
+    error = registration_error()
+    if error is not None:
+        return error
+    mesh = dtensors[0].device_mesh
+    for t in dtensors:
+        if t.device_mesh != mesh:
+            return "DTensor operands on different device meshes"
+        for p in t.placements:
+            if not isinstance(p, (mod.Shard, mod.Replicate, mod.Partial)):
+                return f"unsupported DTensor placement {p}"
+    return None
+
 
 _is_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
 _has_storage = getattr(torch._C, "_has_storage", None)
@@ -80,9 +152,8 @@ def torch_reason(*tensors: torch.Tensor) -> str | None:
     """Why this call must go to torch, or None when tritongemm can serve it: the one place the
     doors that stand in for torch (``nn.Linear``, ``patch()``) ask.
 
-    In order: what the kernels cannot run (dtype, layout, device; ``semantics``), what DTensor
-    operands need (``distributed.dtensor_reason``), what no kernel may read (no storage, a lazy
-    negation)."""
+    In order: what the kernels cannot run (dtype, layout, device), what DTensor operands need
+    (``dtensor_reason``), what no kernel may read (no storage, a lazy negation)."""
     if _plainly_runnable(tensors):
         return None
     reason = unsupported_reason(*tensors)
@@ -99,6 +170,22 @@ def torch_reason(*tensors: torch.Tensor) -> str | None:
     if isinstance(tensors[0], torch.Tensor) and device_unsupported_reason(tensors[0].device) is None:
         _RUNNABLE.add(tensors[0].device)
     return None
+
+
+# ----------------------------------------------------------------------------------
+# Saying so
+# ----------------------------------------------------------------------------------
+_counts_lock = threading.Lock()  # `counter[k] += 1` is a read-modify-write; fallbacks may come from threads
+
+
+def count_fallback(where: str, reason: str, counters, first) -> None:
+    """Count a call handed to torch under ``reason`` in each of ``counters`` (``Counter`` objects),
+    and warn once where the reason is ``first``'s device (``warn_device_fallback``)."""
+    with _counts_lock:
+        for counter in counters:
+            counter[reason] += 1
+    if isinstance(first, torch.Tensor):
+        warn_device_fallback(where, reason, first.device)
 
 
 _warned: set = set()
