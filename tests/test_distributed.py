@@ -407,6 +407,10 @@ class _Cases:
         )
         for (name, p_ref), (_, p_tg) in zip(ref.named_parameters(), tg.named_parameters()):
             self.compare(case, f"{name}.grad", p_tg.grad, p_ref.grad)
+        # On a GPU the aligned GEMMs of a compiled graph become aten ops (launch.COMPILED_GEMMS "auto").
+        from tritongemm import launch
+
+        self.note(case, "aten_route", self.device.type == "cuda" and launch.COMPILED_GEMMS == "auto")
 
     def tp_benchmark(self, case):
         """benchmarks/tp.py's measurement on tiny sizes: it runs, and both variants pass its gate."""
@@ -640,7 +644,8 @@ def _check(results, name: str) -> None:
             assert set(rr["errors"]) == {"patch", "nn", "torch"}, rr["errors"]
             assert rr["errors"]["patch"] == rr["errors"]["torch"] == rr["errors"]["nn"], rr["errors"]
     elif name == "compiled":
-        assert r["forward_launches"] >= 2 and r["backward_launches"] >= 4, r
+        if not r["aten_route"]:
+            assert r["forward_launches"] >= 2 and r["backward_launches"] >= 4, r
     elif name == "tp_benchmark":
         expected = {
             (g, i)
