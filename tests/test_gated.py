@@ -43,7 +43,7 @@ def fused_at_any_size(monkeypatch):
     monkeypatch.setattr(tritongemm.frontend.modules, "FUSED_MIN_MACS", 0)
 
 
-def test_small_gated_mlps_run_their_linears(monkeypatch):
+def test_small_gated_mlps_run_their_linears(device, monkeypatch):
     """Below ``FUSED_MIN_MACS`` a GatedMLP's forward is its three Linears (their fast paths), above it
     the gated kernel; both compute the same function."""
     calls = []
@@ -51,8 +51,8 @@ def test_small_gated_mlps_run_their_linears(monkeypatch):
     monkeypatch.setattr(
         tritongemm.frontend.modules, "gated_linear", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
-    mlp = tritongemm.nn.GatedMLP(8, 12, activation="silu")
-    x = torch.randn(5, 8)
+    mlp = tritongemm.nn.GatedMLP(8, 12, activation="silu", device=device)
+    x = random_tensor((5, 8), torch.float32, device)
     monkeypatch.setattr(tritongemm.frontend.modules, "FUSED_MIN_MACS", 5 * 8 * 12 + 1)
     small = mlp(x)
     assert calls == []
