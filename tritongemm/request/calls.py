@@ -47,18 +47,20 @@ def linear(input, weight, bias, activation, residual, out_dtype, config, pipelin
     return y
 
 
-def _matmul(a, b, out_dtype, config, pipeline, decomposition, out, bias, activation, residual):
+def _operands(fn, a, b, b_name, bias, residual, out_dtype):
+    """The operands as torch sees them (autocast's casts), checked as torch checks them."""
     a, b, bias, residual = as_torch_sees(a, b, bias, residual)
     if bias is None and residual is None:
-        checks.check_pair("matmul", a, b, "other")
+        checks.check_pair(fn, a, b, b_name)
     else:
-        checks.check_tensors(
-            "matmul",
-            input=a,
-            other=b,
-            **{n: t for n, t in (("bias", bias), ("residual", residual)) if t is not None},
-        )
-    checks.check_out_dtype("matmul", out_dtype)
+        extra = {n: t for n, t in (("bias", bias), ("residual", residual)) if t is not None}
+        checks.check_tensors(fn, input=a, **{b_name: b}, **extra)
+    checks.check_out_dtype(fn, out_dtype)
+    return a, b, bias, residual
+
+
+def _matmul(a, b, out_dtype, config, pipeline, decomposition, out, bias, activation, residual):
+    a, b, bias, residual = _operands("matmul", a, b, "other", bias, residual, out_dtype)
     if a.dim() == 0 or b.dim() == 0:
         raise RuntimeError(
             f"matmul: both arguments to matmul need to be at least 1D, but they are {a.dim()}D and {b.dim()}D"
@@ -171,17 +173,7 @@ def baddbmm(input, batch1, batch2, beta, alpha, config, pipeline, decomposition,
 
 
 def _linear(input, weight, bias, activation, residual, out_dtype, config, pipeline, decomposition):
-    input, weight, bias, residual = as_torch_sees(input, weight, bias, residual)
-    if bias is None and residual is None:
-        checks.check_pair("linear", input, weight, "weight")
-    else:
-        checks.check_tensors(
-            "linear",
-            input=input,
-            weight=weight,
-            **{n: t for n, t in (("bias", bias), ("residual", residual)) if t is not None},
-        )
-    checks.check_out_dtype("linear", out_dtype)
+    input, weight, bias, residual = _operands("linear", input, weight, "weight", bias, residual, out_dtype)
     activation = check_activation("linear", activation)
     if input.dim() == 0 or weight.dim() == 0:
         raise RuntimeError(
