@@ -73,6 +73,26 @@ def test_functionalized_op_runs_its_body(device, monkeypatch):
     assert relative_error(out, ref) <= tolerance(torch.float32, device)
 
 
+def test_the_route_is_part_of_the_traced_graph(monkeypatch):
+    """torch.compile's caches key on the traced graph, not on the op's body: the route (aten or the
+    kernel, ``launch.COMPILED_GEMMS``) is an argument of the op, so a graph traced under another route
+    is another graph, and no cached artifact of one serves the other."""
+    routes = []
+
+    def backend(gm, example_inputs):
+        ops = ("tritongemm.gemm", "tritongemm.gemm.default")
+        routes.extend(n.args[-1] for n in gm.graph.nodes if str(n.target) in ops)
+        return gm.forward
+
+    model = _mlp(16, 24, "cpu", torch.float32)
+    x = random_tensor((5, 16), torch.float32, "cpu")
+    for route in ("auto", "always"):
+        monkeypatch.setattr(launch, "COMPILED_GEMMS", route)
+        torch._dynamo.reset()
+        torch.compile(model, backend=backend, fullgraph=True)(x)
+    assert routes == ["auto", "auto", "always", "always"], routes
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
 def test_inductor_launches_pointer_kernels_itself(mode, monkeypatch):

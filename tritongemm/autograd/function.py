@@ -308,4 +308,4 @@ class GemmTransformFunction(torch.autograd.Function):
 
 def _traceable_gemm(call: GemmCall, a, b, addend, residual):
     """The GEMM as the op ``torch.ops.tritongemm.gemm`` (``ops.py``), which traces and exports."""
-    return torch.ops.tritongemm.gemm(*op_args(call, a, b, addend, residual))[0]
+    return torch.ops.tritongemm.gemm(*op_args(call, a, b, addend, residual), launch.COMPILED_GEMMS)[0]

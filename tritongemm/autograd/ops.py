@@ -73,6 +73,7 @@ def _gemm(
     decomposition: str | None,
     config_json: str | None,
     precision: str = "ieee",
+    route: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``tritongemm::gemm``: (act(alpha a@b + beta addend) + residual, pre-activation or an empty tensor).
 
@@ -82,27 +83,30 @@ def _gemm(
     (``launch.traced_gemm``), so a compiled graph launches them with no Python of ours per call;
     elsewhere the graph holds the opaque ``gemm_extern``.  On real tensors (eager, or DTensor's
     local shards) it launches directly.
+
+    ``route`` is ``launch.COMPILED_GEMMS`` as the call was traced: an argument, so that it is part of
+    the graph torch.compile caches (its caches key on the graph, not on this op's body).
     """
     args = (a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json,
-            precision)  # fmt: skip
+            precision, route)  # fmt: skip
     if type(a) in (torch.Tensor, torch.nn.Parameter):
         return _gemm_extern(*args)
     call, a, b, out, d, residual, preact, preact_out = _prepared(args)
     chosen = launch.traced_plan(call, a, b, out)
-    if _hand_to_aten(chosen, call, a):
+    if _hand_to_aten(chosen, call, a, route):
         return _aten_gemm(call, a, b, addend, residual)
     if chosen is not None and launch.traced_gemm(chosen, call, a, b, out, d, residual, preact):
         return out, preact_out
     return torch.ops.tritongemm.gemm_extern(*args)
 
 
-def _hand_to_aten(chosen, call: GemmCall, a: torch.Tensor) -> bool:
-    """Does this traced GEMM become aten ops (``launch.COMPILED_GEMMS``, ``plan.compiled_reason``)?
+def _hand_to_aten(chosen, call: GemmCall, a: torch.Tensor, route: str) -> bool:
+    """Does this traced GEMM become aten ops (``route``: ``launch.COMPILED_GEMMS``; ``plan.compiled_reason``)?
 
     Only on a GPU with compiled kernels: the interpreter keeps tritongemm's kernels, which is
     what it is for.  Sizes a plan cannot be made for (dynamic shapes, ``chosen`` None) go to aten
     too unless the request or the dtypes say otherwise."""
-    if launch.COMPILED_GEMMS != "auto" or a.device.type != "cuda" or interpreter_enabled():
+    if route != "auto" or a.device.type != "cuda" or interpreter_enabled():
         return False
     return compiled_reason(chosen, call.request, a.dtype, call.out_dtype or a.dtype) is None
 
@@ -131,7 +135,7 @@ def _setup_context(ctx, inputs, output):
 
 def _op_backward(ctx, grad_out, grad_preact):
     a, b, z = ctx.saved_tensors
-    return (*backward_gemms(ctx, grad_out, a, b, z), *([None] * 8))
+    return (*backward_gemms(ctx, grad_out, a, b, z), *([None] * 9))
 
 
 def _decompose_when_functional(mode, op, types, args, kwargs):
