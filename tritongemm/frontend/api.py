@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..autograd.distributed import is_dtensor, linear_on_shards
 from ..request import calls, fastpath
 from ..request.batched import Config, Pipeline
 
@@ -191,6 +192,12 @@ def linear(
             return y
     else:
         key = None
+    requested = any(x is not None for x in (residual, out_dtype, config, pipeline, decomposition))
+    if not requested and is_dtensor(input):  # tensor parallelism: one GEMM of the shards where it can
+        act = activation or "none"
+        y = linear_on_shards(lambda x, w, b: linear(x, w, b, activation=act), input, weight, bias, act)
+        if y is not None:
+            return y
     return calls.linear(
         input, weight, bias, activation, residual, out_dtype, config, pipeline, decomposition, key
     )
