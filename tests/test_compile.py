@@ -73,7 +73,7 @@ def test_functionalized_op_runs_its_body(device, monkeypatch):
     assert relative_error(out, ref) <= tolerance(torch.float32, device)
 
 
-def test_the_route_is_part_of_the_traced_graph(monkeypatch):
+def test_the_route_is_part_of_the_traced_graph(device, monkeypatch):
     """torch.compile's caches key on the traced graph, not on the op's body: the route (aten or the
     kernel, ``launch.COMPILED_GEMMS``) is an argument of the op, so a graph traced under another route
     is another graph, and no cached artifact of one serves the other."""
@@ -84,8 +84,8 @@ def test_the_route_is_part_of_the_traced_graph(monkeypatch):
         routes.extend(n.args[-1] for n in gm.graph.nodes if str(n.target) in ops)
         return gm.forward
 
-    model = _mlp(16, 24, "cpu", torch.float32)
-    x = random_tensor((5, 16), torch.float32, "cpu")
+    model = _mlp(16, 24, device, torch.float32)
+    x = random_tensor((5, 16), torch.float32, device)
     for route in ("auto", "always"):
         monkeypatch.setattr(launch, "COMPILED_GEMMS", route)
         torch._dynamo.reset()
