@@ -188,9 +188,11 @@ class GatedMLP(torch.nn.Module):
 
     ``gate_proj``, ``up_proj`` and ``down_proj`` are tritongemm ``Linear`` modules (so ``state_dict``
     keys are those of a Llama-style MLP); ``activation`` is "silu" (SwiGLU), "gelu_tanh" (GeGLU,
-    Gemma's) or "gelu".  Only ``down_proj`` is called as a module: hooks on ``gate_proj`` and
-    ``up_proj`` never fire (``convert`` leaves an MLP with such hooks alone).  Inputs tritongemm
-    cannot run go to torch's ops, counted by reason in ``fallbacks`` as ``Linear`` counts them.
+    Gemma's) or "gelu".  The gated kernel computes ``gate_proj`` and ``up_proj`` without calling
+    them as modules; where either has hooks (put on after ``convert``, which leaves an MLP with such
+    hooks alone: ``parallelize_module``'s, say), the three are called as modules instead, so the
+    hooks run.  Inputs tritongemm cannot run go to torch's ops, counted by reason in ``fallbacks`` as
+    ``Linear`` counts them.
     ``convert`` makes these from the models' own MLPs (``from_module``).
     """
 
