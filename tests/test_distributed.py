@@ -342,6 +342,21 @@ class _Cases:
         for name, got, ref in (("x", x_k, x_ref), ("weight", w_k, w_ref), ("bias", b_r, b_ref)):
             self.compare(case, f"rowwise {name}.grad", got.grad, ref.grad)
 
+        # Rows split over a replicated weight (data or sequence parallel): the weight's and the bias's
+        # gradients are sums over every rank's rows.
+        x_m = dt(x.clone(), Shard(0)).requires_grad_(True)
+        w_r = dt(w.clone(), Replicate()).requires_grad_(True)
+        b_r = dt(bias.clone(), Replicate()).requires_grad_(True)
+        y = self.tg.linear(x_m, w_r, b_r, activation="gelu")
+        placements["rows"] = _describe(y.placements)
+        x_ref, w_ref, b_ref = (t.clone().requires_grad_(True) for t in (x, w, bias))
+        y_ref = F.gelu(F.linear(x_ref, w_ref, b_ref))
+        self.compare(case, "rows linear+gelu", y, y_ref)
+        y.sum().backward()
+        y_ref.sum().backward()
+        for name, got, ref in (("x", x_m, x_ref), ("weight", w_r, w_ref), ("bias", b_r, b_ref)):
+            self.compare(case, f"rows {name}.grad", got.grad, ref.grad)
+
         # Row-wise without an activation: the result stays a partial sum, DTensor reduces it when asked.
         y = self.tg.linear(dt(x, Shard(1)), dt(w, Shard(1)), dt(bias, Replicate()))
         placements["rowwise_linear"] = _describe(y.placements)
@@ -633,6 +648,7 @@ def _check(results, name: str) -> None:
             "colwise": ["Shard(1)"],
             "rowwise_activation": ["Replicate"],  # reduced before the activation
             "rowwise_linear": ["Partial(sum)"],  # a partial sum: DTensor reduces it when needed
+            "rows": ["Shard(0)"],
             "batch": ["Shard(0)"],
         }, r["placements"]
     elif name == "fallbacks":

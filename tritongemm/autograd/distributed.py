@@ -203,7 +203,7 @@ def linear_on_shards(local_linear, x, w, bias, activation: str):
     ):
         return None
     last = x.ndim - 1
-    out, grad_x, grad_w = [], [], []
+    out, grad_x, grad_w, grad_b = [], [], [], []
     reduced = False  # a mesh dimension whose output is a partial sum
     for i, (px, pw) in enumerate(zip(x.placements, w.placements)):
         pb = None if bias is None else bias.placements[i]
@@ -218,16 +218,19 @@ def linear_on_shards(local_linear, x, w, bias, activation: str):
             else:
                 return None
             grad_x.append(px)
+            grad_b.append(grad_w[-1])  # (the bias's gradient sums the same rows)
         elif pw == Shard(0) and isinstance(px, Replicate) and (pb is None or pb == Shard(0)):  # column-wise
             out.append(Shard(last))
             grad_x.append(Partial())  # each rank's columns give part of x's gradient
             grad_w.append(pw)
+            grad_b.append(pw)
         elif pw == Shard(1) and x_k and (pb is None or isinstance(pb, Replicate)):  # row-wise
             if activation != "none":
                 return None  # an activation must wait for the reduction: the op's rule splits it
             out.append(Partial())
             grad_x.append(px)
             grad_w.append(pw)
+            grad_b.append(Replicate())  # (unused: the bias is added to the reduced sum)
             reduced = True
         else:
             return None
@@ -238,7 +241,7 @@ def linear_on_shards(local_linear, x, w, bias, activation: str):
     ):
         x_local = x.to_local(grad_placements=tuple(grad_x))
         w_local = w.to_local(grad_placements=tuple(grad_w))
-        b_local = None if b_local is None else b_local.to_local()
+        b_local = None if b_local is None else b_local.to_local(grad_placements=tuple(grad_b))
     else:  # nothing to differentiate: the shards themselves, without to_local's autograd node
         x_local, w_local = x._local_tensor, w._local_tensor
         b_local = None if b_local is None else b_local._local_tensor
