@@ -206,6 +206,28 @@ def test_quantize_kernels_match_torchs_quantization(recipe, dtype, view, kernels
     assert torch.equal(q.float(), q_ref.float())
 
 
+@pytest.mark.parametrize("kernels", ["one", "two"])
+def test_quantize_launches_are_kept_and_reused(kernels, monkeypatch):
+    """A cast's launches are built once per shape and layout, kept in the plan cache, and the next call
+    of that shape runs them again (no JIT dispatch), with the same result."""
+    from tritongemm import launch
+    from tritongemm.frontend import float8
+    from tritongemm.frontend.float8 import quantize_kernels
+
+    monkeypatch.setattr(float8, "ROWWISE_WAVES", 0 if kernels == "one" else 10**9)
+    launch.clear_plan_cache()
+    device = device_for_kernels()
+    x = _on_the_grid(40, 96, E4M3, "rowwise", device)
+    first = quantize_kernels(x, E4M3, "rowwise")
+    kept = dict(launch.PLANS.launchers)
+    assert len(kept) == 1, kept
+    again = quantize_kernels(x.clone(), E4M3, "rowwise")
+    assert launch.PLANS.launchers == kept
+    assert torch.equal(first[0].float(), again[0].float()) and torch.equal(first[1], again[1])
+    quantize_kernels(x[:20], E4M3, "rowwise")  # another shape: a launch of its own
+    assert len(launch.PLANS.launchers) == 2
+
+
 def test_inference_reuses_the_fp8_weight_until_the_weight_changes():
     device = device_for_kernels()
     layer = tnn.convert(torch.nn.Linear(32, 48).to(device), precision="fp8")

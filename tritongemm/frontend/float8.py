@@ -29,7 +29,7 @@ import torch
 import triton
 
 from ..device import device_info
-from ..kernels import amax_kernel, cast_kernel, rowwise_cast_kernel
+from ..launch.quantize import amax_then_cast, rowwise_cast
 from .scaled import scaled_mm
 
 E4M3 = torch.float8_e4m3fn
@@ -62,9 +62,9 @@ def _scale(amax: torch.Tensor, limit: float) -> torch.Tensor:
 
 
 def quantize_kernels(x: torch.Tensor, dtype: torch.dtype, recipe: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize`` by ``kernels.quantize``: rowwise in one kernel where blocks of rows fill the GPU,
-    else (tensorwise, a transposed view, few rows) the maxima then the cast.  ``x`` is read through
-    its strides and the result written row-major."""
+    """``quantize`` by ``kernels.quantize`` (launched by ``launch.quantize``): rowwise in one kernel where
+    blocks of rows fill the GPU, else (tensorwise, a transposed view, few rows) the maxima then the
+    cast.  ``x`` is read through its strides and the result written row-major."""
     limit = FP8_MAX[dtype]
     rows, cols = x.shape
     rowwise = recipe == "rowwise"
@@ -72,17 +72,10 @@ def quantize_kernels(x: torch.Tensor, dtype: torch.dtype, recipe: str) -> tuple[
     scale = torch.empty((rows, 1) if rowwise else (), dtype=torch.float32, device=x.device)
     programs = triton.cdiv(rows, ROWWISE_ROWS)
     if rowwise and x.stride(1) == 1 and programs >= ROWWISE_WAVES * device_info(x.device).sm_count:
-        rowwise_cast_kernel[(programs,)](
-            x, x8, scale, rows, cols, x.stride(0), x.stride(1), limit, ROWWISE_ROWS, ROWWISE_COLS
-        )
+        rowwise_cast(x, x8, scale, limit, ROWWISE_ROWS, ROWWISE_COLS)
         return x8, scale
     amax = torch.zeros(scale.shape, dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(rows, CAST_TILE), triton.cdiv(cols, AMAX_SPAN))
-    amax_kernel[grid](x, amax, rows, cols, x.stride(0), x.stride(1), rowwise, CAST_TILE, CAST_TILE, AMAX_SPAN)
-    grid = (triton.cdiv(rows, CAST_TILE), triton.cdiv(cols, CAST_TILE))
-    cast_kernel[grid](
-        x, x8, amax, scale, rows, cols, x.stride(0), x.stride(1), limit, rowwise, CAST_TILE, CAST_TILE
-    )
+    amax_then_cast(x, x8, amax, scale, limit, rowwise, CAST_TILE, AMAX_SPAN)
     return x8, scale
 
 
