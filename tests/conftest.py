@@ -154,6 +154,24 @@ def _seed(request):
 
 
 @pytest.fixture
+def aot_targets():
+    """(backend, targets): a ``torch.compile`` backend that runs AOTAutograd and records the target of
+    every call in the forward and backward graphs it compiles, and that list of targets."""
+    targets: list[str] = []
+
+    def backend(gm, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def record(g, _):
+            targets.extend(str(n.target) for n in g.graph.nodes if n.op == "call_function")
+            return g.forward
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=record, bw_compiler=record)
+
+    return backend, targets
+
+
+@pytest.fixture
 def plans(monkeypatch):
     """Records every GEMM the library runs, as a dict (config, kernel, M, N, K, dtype).
 

@@ -43,21 +43,12 @@ def test_export_keeps_the_op_whole(device):
     assert relative_error(exported.module()(x), model(x).double()) <= tolerance(torch.float32, device)
 
 
-def test_functionalized_op_runs_its_body(device, monkeypatch):
+def test_functionalized_op_runs_its_body(device, monkeypatch, aot_targets):
     """AOTAutograd (``aot_eager``) replaces ``tritongemm::gemm`` by its body: on the interpreter the
     body records ``gemm_extern`` (no Triton kernel can be recorded there), on a GPU the kernel
     launches of pointer plans (with every GEMM on tritongemm's kernels: see below for "auto")."""
     monkeypatch.setattr(launch, "COMPILED_GEMMS", "always")
-    seen = []
-
-    def backend(gm, example_inputs):
-        from torch._functorch.aot_autograd import aot_module_simplified
-
-        def record(g, _):
-            seen.extend(str(n.target) for n in g.graph.nodes if n.op == "call_function")
-            return g.forward
-
-        return aot_module_simplified(gm, example_inputs, fw_compiler=record, bw_compiler=record)
+    backend, seen = aot_targets
 
     torch._dynamo.reset()
     model = _mlp(16, 24, device, torch.float32)

@@ -540,19 +540,10 @@ def test_transformers_llama_mlp_is_fused(device, hidden_act):
 # ----------------------------------------------------------------------------------
 # torch.compile
 # ----------------------------------------------------------------------------------
-def test_compiled_converted_mlp_keeps_the_gated_op(device):
+def test_compiled_converted_mlp_keeps_the_gated_op(device, aot_targets):
     """aot_eager traces forward and backward through ``tritongemm::gated`` and ``tritongemm::gated_grad``
     (and runs on the CPU interpreter); no graph break."""
-    seen = []
-
-    def backend(gm, example_inputs):
-        from torch._functorch.aot_autograd import aot_module_simplified
-
-        def record(g, _):
-            seen.extend(str(n.target) for n in g.graph.nodes if n.op == "call_function")
-            return g.forward
-
-        return aot_module_simplified(gm, example_inputs, fw_compiler=record, bw_compiler=record)
+    backend, seen = aot_targets
 
     torch._dynamo.reset()
     model = tritongemm.nn.convert(nn.Sequential(LlamaMLP(HIDDEN, INTER, bias=True))).to(device)

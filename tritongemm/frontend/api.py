@@ -192,8 +192,8 @@ def linear(
             return y
     else:
         key = None
-    requested = any(x is not None for x in (residual, out_dtype, config, pipeline, decomposition))
-    if not requested and is_dtensor(input):  # tensor parallelism: one GEMM of the shards where it can
+    if is_dtensor(input) and all(x is None for x in (residual, out_dtype, config, pipeline, decomposition)):
+        # tensor parallelism: one GEMM of the shards where it can
         act = activation or "none"
         y = linear_on_shards(lambda x, w, b: linear(x, w, b, activation=act), input, weight, bias, act)
         if y is not None:
