@@ -3,10 +3,13 @@ GEMMs against float64 products of the same fp8 operands, conversion, autocast, c
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
 import tritongemm
+from tritongemm.frontend import float8
 from tritongemm.frontend import nn as tnn
 from tritongemm.frontend.float8 import E4M3, E5M2, FP8_MAX, float8_linear, quantize
 from tritongemm.testing import relative_error
@@ -67,7 +70,7 @@ def test_float8_linear_forward_and_backward_match_float64_of_the_fp8_operands(re
     x = torch.randn(2, 24, 64, device=device, requires_grad=True)  # M = 48 rows, K = 64
     w = (torch.randn(48, 64, device=device) * 0.1).requires_grad_()
     bias = torch.randn(48, device=device, requires_grad=True) if with_bias else None
-    y = float8_linear(x, w, bias, recipe, torch.float32)
+    y = float8_linear(x, w, bias, recipe, torch.float32, fast_accum=False)
     assert y.shape == (2, 24, 48) and y.dtype == torch.float32
     g = torch.randn_like(y)
     y.backward(g)
@@ -290,3 +293,88 @@ def test_gpu_fp8_layer_replays_in_a_cuda_graph(recipe):
         eager_y.float().square().mean().backward()
         assert torch.equal(graph_y, eager_y)
         assert torch.equal(graph_dw, layer.weight.grad)
+
+
+def _counting_quantize(monkeypatch) -> list[tuple[int, ...]]:
+    """Record the shape of every matrix ``float8`` casts (weights and activations alike)."""
+    shapes: list[tuple[int, ...]] = []
+    real = float8.quantize
+
+    def counting(t, dtype, recipe):
+        shapes.append(tuple(t.shape))
+        return real(t, dtype, recipe)
+
+    monkeypatch.setattr(float8, "quantize", counting)
+    float8.recent_casts().clear()
+    return shapes
+
+
+def test_a_tensor_fed_to_several_layers_is_cast_once_forward_and_backward(monkeypatch):
+    """q, k and v of one hidden state: one cast of it in the forward, one of its transpose in the
+    backward; the outputs and gradients are those of layers given separate copies."""
+    device = device_for_kernels()
+    torch.manual_seed(4)
+    layers = [tnn.convert(torch.nn.Linear(64, 32, bias=False), precision="fp8").to(device) for _ in range(3)]
+    x = torch.randn(2, 8, 64, device=device, requires_grad=True)
+    shapes = _counting_quantize(monkeypatch)
+    ys = [layer(x) for layer in layers]
+    assert shapes.count((16, 64)) == 1 and shapes.count((32, 64)) == 3  # x once, each weight once
+    sum(y.float().square().sum() for y in ys).backward()
+    assert shapes.count((64, 16)) == 1  # x's transpose for the three weight gradients
+    # The same numbers as three independent inputs.
+    copies = [x.detach().clone().requires_grad_() for _ in layers]
+    for layer in layers:
+        layer.weight.grad = None
+    for layer, xc in zip(layers, copies):
+        y = layer(xc)
+        assert torch.equal(y, ys[layers.index(layer)])
+        y.float().square().sum().backward()
+    torch.testing.assert_close(x.grad, sum(c.grad for c in copies), rtol=0, atol=1e-6)
+
+
+def test_a_cast_is_not_reused_after_an_in_place_write_or_for_another_tensor(monkeypatch):
+    device = device_for_kernels()
+    torch.manual_seed(5)
+    layer = tnn.convert(torch.nn.Linear(64, 32, bias=False), precision="fp8").to(device)
+    x = torch.randn(16, 64, device=device)
+    shapes = _counting_quantize(monkeypatch)
+    with torch.no_grad():
+        first = layer(x)
+        assert torch.equal(layer(x), first) and shapes.count((16, 64)) == 1
+        x.mul_(-2.0)  # in place: the cast is stale
+        second = layer(x)
+        assert shapes.count((16, 64)) == 2
+        exact = torch.nn.functional.linear(x.double(), layer.weight.double())
+        assert relative_error(second, exact) < 0.05
+        ref = weakref.ref(x)
+        del x
+        assert ref() is None  # the cache keeps no activation alive
+        y = torch.randn(16, 64, device=device)  # may reuse the freed memory: still cast afresh
+        layer(y)
+        assert shapes.count((16, 64)) == 3
+    assert len(float8.recent_casts().entries) <= float8.recent_casts().size
+
+
+def test_forward_gemm_sums_fast_and_the_gradient_gemms_precisely(monkeypatch):
+    """torchao's split: ``use_fast_accum`` on the forward GEMM, precise sums for the two gradient
+    GEMMs; ``fast_accum=False`` (the layer's attribute, or ``convert``'s) makes the forward precise."""
+    modes: list[bool] = []
+    real = float8.scaled_mm
+
+    def recording(*args, **kwargs):
+        modes.append(kwargs.get("use_fast_accum", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(float8, "scaled_mm", recording)
+    device = device_for_kernels()
+    layer = tnn.convert(torch.nn.Linear(32, 48), precision="fp8").to(device)
+    x = torch.randn(8, 32, device=device, requires_grad=True)
+    layer(x).sum().backward()
+    assert layer.fast_accum is True and modes == [True, False, False]
+    modes.clear()
+    precise = tnn.convert(torch.nn.Linear(32, 48), precision="fp8", fast_accum=False).to(device)
+    assert precise.fast_accum is False and "fast_accum=False" in repr(precise)
+    precise(x).sum().backward()
+    assert modes == [False, False, False]
+    with pytest.raises(TypeError, match="fast_accum"):
+        tnn.convert(torch.nn.Linear(32, 48), precision="fp8", fast_accum="yes")

@@ -43,6 +43,7 @@ def convert(
     recipe: str = "rowwise",
     *,
     fuse_mlp: bool = True,
+    fast_accum: bool = True,
 ) -> torch.nn.Module:
     """Swap every ``torch.nn.Linear`` in ``model`` (in place) for ``tritongemm.nn.Linear``, and every
     gated MLP for ``tritongemm.nn.GatedMLP``.
@@ -63,7 +64,8 @@ def convert(
     ``fusion_summary(model)``.  ``fuse_mlp=False`` fuses nothing.
 
     ``precision="fp8"`` makes ``Float8Linear`` layers instead (fp8 GEMMs in forward and backward,
-    dynamic ``recipe`` scales: "rowwise" or "tensorwise"; see ``tritongemm.frontend.float8``), for every
+    dynamic ``recipe`` scales: "rowwise" or "tensorwise"; the forward GEMM with ``fast_accum``, the
+    gradient GEMMs precise; see ``tritongemm.frontend.float8``), for every
     layer whose in and out features are multiples of 16; the others become ``Linear``.  It fuses no
     MLP: the gated kernel has no fp8 variant, so each projection takes the fp8 path on its own.
 
@@ -75,12 +77,14 @@ def convert(
         raise ValueError(f"convert: precision must be None or 'fp8', got {precision!r}")
     if recipe not in RECIPES:
         raise ValueError(f"convert: recipe must be one of {RECIPES}, got {recipe!r}")
+    if not isinstance(fast_accum, bool):
+        raise TypeError(f"convert: fast_accum must be a bool, got {type(fast_accum).__name__}")
     replaced: dict[int, torch.nn.Module] = {}  # id(a module met) -> what takes its place
     visited: set[int] = set()
 
     def converted(linear: torch.nn.Linear) -> torch.nn.Module:
         if precision == "fp8" and linear.in_features % 16 == 0 and linear.out_features % 16 == 0:
-            return Float8Linear.from_linear(linear, recipe)
+            return Float8Linear.from_linear(linear, recipe, fast_accum)
         return Linear.from_linear(linear)
 
     def replacement(linear: torch.nn.Linear) -> torch.nn.Module:

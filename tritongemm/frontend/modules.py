@@ -125,14 +125,18 @@ class Float8Linear(Linear):
     """A ``Linear`` whose forward and backward GEMMs run in fp8 with dynamic scales (``float8``).
 
     The parameters stay in their dtype; the output is in the input's dtype (autocast's under
-    ``torch.autocast``).  ``recipe``: "rowwise" (default) or "tensorwise" scales.  Made by
-    ``convert(model, precision="fp8")`` for layers whose in and out features are multiples of 16.
+    ``torch.autocast``).  ``recipe``: "rowwise" (default) or "tensorwise" scales.  ``fast_accum``:
+    whether the forward GEMM sums in the tensor cores' accumulator (default, as torchao's; the
+    gradient GEMMs always sum in fp32).  Made by ``convert(model, precision="fp8")`` for layers
+    whose in and out features are multiples of 16.
     """
 
     recipe: str = "rowwise"
+    fast_accum: bool = True
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", precision='fp8', recipe={self.recipe!r}"
+        accum = "" if self.fast_accum else ", fast_accum=False"
+        return super().extra_repr() + f", precision='fp8', recipe={self.recipe!r}" + accum
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         tensors = (input, self.weight) if self.bias is None else (input, self.weight, self.bias)
@@ -143,7 +147,9 @@ class Float8Linear(Linear):
         if float8_unsupported_reason(input, self.weight) is not None:
             return super().forward(input)
         out_dtype = autocast_dtype(input.device) or input.dtype
-        y = float8_linear(input, self.weight, self.bias, self.recipe, out_dtype, self._weight8)
+        y = float8_linear(
+            input, self.weight, self.bias, self.recipe, out_dtype, self._weight8, self.fast_accum
+        )
         return ACTIVATIONS[self.activation](y)
 
     @property
@@ -155,9 +161,12 @@ class Float8Linear(Linear):
         return cache
 
     @classmethod
-    def from_linear(cls, module: torch.nn.Linear, recipe: str = "rowwise") -> Float8Linear:
+    def from_linear(
+        cls, module: torch.nn.Linear, recipe: str = "rowwise", fast_accum: bool = True
+    ) -> Float8Linear:
         new = super().from_linear(module)
         new.__dict__["recipe"] = recipe
+        new.__dict__["fast_accum"] = fast_accum
         return new
 
 
