@@ -34,6 +34,28 @@ def _compiled_code(fn, *args):
     return out, "\n".join(codes)
 
 
+def test_a_converted_model_compiles_once(device, monkeypatch):
+    """A process whose first call is compiled: the tracing must not read state that its own calls
+    then change (a set of devices already checked, say), or Dynamo's guard on it fails at the next
+    call and the model is compiled a second time."""
+    from torch._dynamo.testing import CompileCounter
+
+    from tritongemm.request import checks, fallback
+
+    monkeypatch.setattr(checks, "RUNNABLE_DEVICES", set())
+    monkeypatch.setattr(fallback, "_RUNNABLE", set())
+    torch._dynamo.reset()
+    model = _mlp(16, 24, device, torch.float32)
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    x = random_tensor((5, 16), torch.float32, device)
+    for _ in range(3):
+        out = compiled(x)
+        model(x)  # eager calls between: they fill the caches a trace might have read
+    assert counter.frame_count == 1
+    assert relative_error(out, model(x).double()) <= tolerance(torch.float32, device)
+
+
 def test_export_keeps_the_op_whole(device):
     model = _mlp(16, 24, device, torch.float32)
     x = random_tensor((5, 16), torch.float32, device)

@@ -47,17 +47,24 @@ def check_tensors(fn: str, check_device: bool = True, **named) -> None:
         raise UnsupportedInputError(
             f"{fn}: dtype {first.dtype} is not supported; tritongemm runs float16, bfloat16, float32 and float64"
         )
-    if check_device and first.device not in RUNNABLE_DEVICES:
+    if check_device and not _known_runnable(first.device):
         reason = device_unsupported_reason(first.device)
         if reason is not None:
             raise UnsupportedInputError(f"{fn}: {reason}")
-        RUNNABLE_DEVICES.add(first.device)
+        if not torch.compiler.is_compiling():
+            RUNNABLE_DEVICES.add(first.device)
 
 
 #: Devices that passed ``device_unsupported_reason`` (fixed per process: the
 #: interpreter is chosen when the kernels are decorated), so the common call
 #: skips the device check.
 RUNNABLE_DEVICES: set = set()
+
+
+def _known_runnable(device: torch.device) -> bool:
+    """Has ``device`` passed the device check?  Never while tracing: Dynamo guards on what a traced
+    read of this set found, and as eager calls fill it the guard fails and the model compiles again."""
+    return not torch.compiler.is_compiling() and device in RUNNABLE_DEVICES
 
 
 def check_pair(fn: str, a, b, b_name: str = "other") -> None:
@@ -75,7 +82,7 @@ def check_pair(fn: str, a, b, b_name: str = "other") -> None:
         and not a.is_nested
         and not b.is_nested
         and a.device == b.device
-        and a.device in RUNNABLE_DEVICES
+        and _known_runnable(a.device)
     ):
         check_tensors(fn, **{"input": a, b_name: b})
 
