@@ -56,6 +56,33 @@ def test_a_converted_model_compiles_once(device, monkeypatch):
     assert relative_error(out, model(x).double()) <= tolerance(torch.float32, device)
 
 
+def test_compiled_backward_gives_weight_gradients_in_the_weights_layout(device):
+    """The backward graph's weight gradients come out row-major, as the weights are, so autograd
+    moves them into ``.grad`` without a transposing copy (it copied each one, before)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    strides: list[tuple[int, ...]] = []
+
+    def backend(gm, example_inputs):
+        def record_backward(g, _):
+            (outputs,) = [n.args[0] for n in g.graph.nodes if n.op == "output"]
+            strides.extend(tuple(o.meta["val"].stride()) for o in outputs if o is not None)
+            return g.forward
+
+        return aot_module_simplified(
+            gm, example_inputs, fw_compiler=lambda g, _: g.forward, bw_compiler=record_backward
+        )
+
+    torch._dynamo.reset()
+    model = _mlp(16, 24, device, torch.float32)
+    x = random_tensor((5, 16), torch.float32, device)
+    torch.compile(model, backend=backend, fullgraph=True)(x).sum().backward()
+    weights = {tuple(m.weight.shape): m.weight.stride() for m in model if hasattr(m, "weight")}
+    assert set(weights) == {(24, 16), (16, 24)}
+    got = [s for s in strides if len(s) == 2]
+    assert sorted(got) == sorted(weights.values()), (got, weights)
+
+
 def test_export_keeps_the_op_whole(device):
     model = _mlp(16, 24, device, torch.float32)
     x = random_tensor((5, 16), torch.float32, device)
