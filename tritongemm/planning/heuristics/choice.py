@@ -162,7 +162,7 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
         )
     if prefers_stream_k(problem, device, score):
         return stream_k_config(device), "one wave of 128x128 tiles plus a sliver: Stream-K"
-    tma = tile.tma and device.capability >= (9, 0)
+    tma = tile.tma_kernel and device.capability >= (9, 0)
     if tma and (tile.block_m, tile.block_n) == (128, 256) and prefers_tma_stream_k(problem, device):
         return (
             TMA_STREAM_K_TILE.config(tma=True, persistent=True, stream_k=True),

@@ -24,7 +24,7 @@ STREAM_K_EFFICIENCY = 0.63
 # kernel's above, 1664x1408x4096 0.75 of cuBLAS (0.66-0.70), 512x4608x3584
 # 0.78 (0.73), 512x5120x4096 0.75 (0.74) (sweeps/shape_class_sweep.json);
 # 0.70 lets it take 1664x1408x4096 from 78 tiles of 128x256 (score 0.59).
-TMA_STREAM_K_128 = STREAM_K_TILE._replace(stages=5, tma=True)
+TMA_STREAM_K_128 = STREAM_K_TILE._replace(stages=5, tma_kernel=True)
 TMA_STREAM_K_128_EFFICIENCY = 0.70
 STREAM_K_MIN_STEPS = 32
 # Only for one wave of its tiles plus a sliver: below one wave the sliced-K
