@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from ..device import DeviceInfo
+from .config_rules import MAX_SPLIT_K, check_config, split_width  # noqa: F401  (MAX_SPLIT_K re-exported)
 from .pipelines import (  # noqa: F401  (re-exported: the tiling hierarchy's values in one place)
     MAX_STAGES,
     MIN_STAGES,
@@ -32,45 +33,10 @@ from .pipelines import (  # noqa: F401  (re-exported: the tiling hierarchy's val
 #: Ways to share the K loop among programs (see TileConfig.decomposition).
 DECOMPOSITIONS = ("sliced_k", "split_k", "stream_k")
 
-#: Most K slices split-K may use.
-MAX_SPLIT_K = 64
-
 #: Registers a thread may spend on its accumulator fragment.  A thread has 255
 #: registers; the rest hold addresses, loop counters and the operand fragments
 #: that feed the tensor cores, so we keep about a quarter back.
 ACCUMULATOR_REGISTER_BUDGET = 192
-
-
-_BOOL_FIELDS = (
-    "tma",
-    "persistent",
-    "warp_specialize",
-    "pingpong",
-    "epilogue_subtile",
-    "split_k_inline",
-    "stream_k",
-    "gemv",
-)
-
-
-def _is_pow2(x: int) -> bool:
-    return x > 0 and (x & (x - 1)) == 0
-
-
-def split_width(block_n: int) -> tuple[int, int]:
-    """A tile width as its largest power of two and the rest: 192 -> (128, 64), 128 -> (128, 0).
-
-    Gluon tensors have power-of-two shapes; the warp-specialized kernel runs a
-    width whose rest is a power of two >= 16 (192, 160, 96 ...) as two
-    accumulators and two B / C boxes (``BLOCK_N``, ``BLOCK_N2``).
-    """
-    first = 1 << (block_n.bit_length() - 1) if block_n > 0 else 0
-    return first, block_n - first
-
-
-def _is_split_width(x: int) -> bool:
-    rest = split_width(x)[1]
-    return rest >= 16 and _is_pow2(rest)
 
 
 @dataclass(frozen=True)
@@ -119,81 +85,7 @@ class TileConfig:
     gemv: bool = False
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in _BOOL_FIELDS:
-                if not isinstance(value, bool):
-                    raise ConfigError(f"TileConfig.{f.name} must be a bool, got {value!r}")
-            elif not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"TileConfig.{f.name} must be an int, got {value!r}")
-        for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if self.gemv and name == "block_n" and _is_pow2(value):
-                continue  # no tl.dot in the GEMV kernel: any power of two
-            if name == "block_n" and self.warp_specialize and _is_split_width(value):
-                continue  # two accumulators in the Gluon kernel (split_width)
-            if not _is_pow2(value) or value < 16:
-                raise ConfigError(
-                    f"TileConfig.{name}={value}: tiles must be powers of two >= 16 "
-                    "(tl.dot needs every dimension >= 16"
-                    + (
-                        "; with warp_specialize=True block_n may also be a sum of two powers of two, "
-                        "such as 192 = 128 + 64)"
-                        if name == "block_n"
-                        else ")"
-                    )
-                )
-        if self.group_m < 1:
-            raise ConfigError(f"TileConfig.group_m={self.group_m} must be >= 1")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ConfigError(f"TileConfig.num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
-        for flag in ("persistent", "warp_specialize", "epilogue_subtile"):
-            if getattr(self, flag) and not self.tma:
-                raise ConfigError(f"TileConfig.{flag}=True needs tma=True (only the TMA kernel has it)")
-        if self.pingpong and not (self.warp_specialize and self.num_warps == 4):
-            raise ConfigError(
-                "TileConfig.pingpong=True needs warp_specialize=True and num_warps=4 "
-                f"(a warpgroup per consumer; got warp_specialize={self.warp_specialize}, "
-                f"num_warps={self.num_warps})"
-            )
-        if (self.cluster_m, self.cluster_n) != (1, 1):
-            if (self.cluster_m, self.cluster_n) not in ((2, 1), (1, 2)):
-                raise ConfigError(
-                    f"TileConfig cluster {self.cluster_m}x{self.cluster_n}: a cluster is 2x1 or 1x2 CTAs"
-                )
-            if not self.warp_specialize or self.pingpong or self.stream_k:
-                raise ConfigError(
-                    "TileConfig.cluster_m/cluster_n need warp_specialize=True with one cooperative consumer "
-                    "and no Stream-K"
-                )
-        if not 1 <= self.split_k <= MAX_SPLIT_K:
-            raise ConfigError(f"TileConfig.split_k={self.split_k} must be in [1, {MAX_SPLIT_K}]")
-        if self.split_k_inline and self.split_k == 1:
-            raise ConfigError("TileConfig.split_k_inline=True needs split_k > 1")
-        if self.split_k > 1 and self.tma:
-            raise ConfigError("TileConfig.split_k > 1 runs on the pointer kernel: set tma=False")
-        if self.stream_k and self.split_k > 1:
-            raise ConfigError("TileConfig.stream_k and split_k > 1 are two ways of splitting K: pick one")
-        if self.stream_k and self.tma and not self.persistent:
-            raise ConfigError(
-                "TileConfig.stream_k with tma=True needs persistent=True (Stream-K is a persistent grid)"
-            )
-        if self.epilogue_subtile and self.warp_specialize and (self.stream_k or not _is_pow2(self.block_n)):
-            raise ConfigError(
-                "TileConfig.epilogue_subtile with warp_specialize runs a power-of-two block_n as two halves "
-                f"and has no Stream-K (got block_n={self.block_n}, stream_k={self.stream_k})"
-            )
-        if self.stream_k and (self.pingpong or not _is_pow2(self.block_n)):
-            raise ConfigError(
-                "TileConfig.stream_k with warp_specialize runs one consumer (pingpong=False) on a "
-                f"power-of-two block_n (got block_n={self.block_n}, pingpong={self.pingpong})"
-            )
-        if self.gemv and (self.tma or self.stream_k):
-            raise ConfigError("TileConfig.gemv is its own kernel: set tma=False and stream_k=False")
-        if not MIN_STAGES <= self.num_stages <= MAX_STAGES:
-            raise ConfigError(
-                f"TileConfig.num_stages={self.num_stages} must be in [{MIN_STAGES}, {MAX_STAGES}]"
-            )
+        check_config(self)
 
     # -- the levels of the hierarchy ------------------------------------------------
     @property
