@@ -159,7 +159,7 @@ BAD_CONFIGS = {
     "group_m_2_31": ({**GOOD, "group_m": 2**31}, "group_m=2147483648 is out of bounds"),
     "group_m_huge": ({**GOOD, "group_m": 10**30}, "group_m"),
     "group_m_zero": ({**GOOD, "group_m": 0}, "group_m=0 is out of bounds"),
-    "block_m_huge_gemv": ({**GOOD, "block_m": 2**40, "num_stages": 1, "gemv": True}, "block_m"),
+    "block_m_huge_gemv": ({**GOOD, "block_m": 2**40, "num_stages": 1, "kernel": "gemv"}, "block_m"),
     "block_n_huge": ({**GOOD, "block_n": 2**20}, "block_n"),
     "block_k_negative": ({**GOOD, "block_k": -32}, "block_k"),
     "num_warps_64": ({**GOOD, "num_warps": 64}, "num_warps"),
@@ -172,8 +172,12 @@ BAD_CONFIGS = {
     "block_m_string": ({**GOOD, "block_m": "32"}, "must be an integer"),
     "group_m_bool": ({**GOOD, "group_m": True}, "group_m=True must be an integer"),
     "group_m_null": ({**GOOD, "group_m": None}, "must be an integer"),
+    "kernel_int": ({**GOOD, "kernel": 1}, "kernel=1 must be a string"),
+    "kernel_unknown": ({**GOOD, "kernel": "cutlass"}, "kernel='cutlass' must be one of 'pointer', 'tma'"),
+    # the booleans that named the kernel before (version 1), as TileConfig.from_dict still reads them
     "tma_string": ({**GOOD, "tma": "yes"}, "tma='yes' must be true or false"),
     "gemv_int": ({**GOOD, "gemv": 1}, "gemv=1 must be true or false"),
+    "old_and_new_kernel": ({**GOOD, "tma": True}, "old kernel fields ['tma'] and kernel='pointer' together"),
     "missing_block_m": ({k: v for k, v in GOOD.items() if k != "block_m"}, "lacks block_m"),
     "unknown_field": ({**GOOD, "knob_from_the_future": 2}, "unknown fields"),
     "not_a_pow2": ({**GOOD, "block_m": 48}, "powers of two"),
@@ -181,7 +185,11 @@ BAD_CONFIGS = {
         {"block_m": 256, "block_n": 256, "block_k": 128, "group_m": 8, "num_warps": 8, "num_stages": 6},
         "shared memory",
     ),
-    "broken_rule": ({**GOOD, "persistent": True}, "needs tma=True"),
+    "broken_rule": ({**GOOD, "epilogue_subtile": True}, "needs a TMA kernel"),
+    "broken_old_rule": (
+        {**{k: v for k, v in GOOD.items() if k != "kernel"}, "persistent": True},
+        "persistent=True needs tma=True",
+    ),
     "config_is_a_string": ("garbage", "config is str"),
     "config_is_a_list": ([32, 64, 32], "config is list"),
 }
@@ -242,7 +250,7 @@ def test_matmul_with_a_bad_entry_uses_the_heuristic(cache_dir, config):
 
 
 def test_config_bounds_cover_every_integer_field():
-    ints = {f.name for f in fields(TileConfig) if not isinstance(getattr(TileConfig(), f.name), bool)}
+    ints = {f.name for f in fields(TileConfig) if type(getattr(TileConfig(), f.name)) is int}
     assert set(cache.CONFIG_BOUNDS) == ints
 
 
