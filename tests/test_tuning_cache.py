@@ -302,6 +302,103 @@ def test_save_leaves_no_temporary_files(cache_dir):
 
 
 # ----------------------------------------------------------------------------------
+# Version 1: configs with the booleans that named the kernel, read as version 2
+# ----------------------------------------------------------------------------------
+def old_config(bm, bn, bk, g, warps, stages, **flags) -> dict:
+    """A config as version 1 wrote it: every field, the kernel as four booleans."""
+    old = dict(tma=False, persistent=False, warp_specialize=False, epilogue_subtile=False, pingpong=False)
+    old.update(cluster_m=1, cluster_n=1, split_k=1, split_k_inline=False, stream_k=False, gemv=False)
+    return {
+        **dict(block_m=bm, block_n=bn, block_k=bk, group_m=g, num_warps=warps, num_stages=stages),
+        **old,
+        **flags,
+    }
+
+
+#: (m, the config as version 1 wrote it, the config it is now)
+VERSION_1_ENTRIES = [
+    (16, old_config(32, 64, 32, 8, 4, 2), TileConfig(32, 64, 32, 8, 4, 2)),
+    (
+        32,
+        old_config(32, 64, 32, 8, 4, 2, split_k=4, split_k_inline=True),
+        TileConfig(32, 64, 32, 8, 4, 2, split_k=4, split_k_inline=True),
+    ),
+    (64, old_config(64, 64, 32, 8, 4, 3, stream_k=True), TileConfig(64, 64, 32, 8, 4, 3, stream_k=True)),
+    (
+        128,
+        old_config(64, 128, 64, 8, 4, 3, tma=True, epilogue_subtile=True),
+        TileConfig(64, 128, 64, 8, 4, 3, kernel="tma", epilogue_subtile=True),
+    ),
+    (
+        256,
+        old_config(128, 128, 64, 8, 8, 4, tma=True, persistent=True, stream_k=True),
+        TileConfig(128, 128, 64, 8, 8, 4, kernel="tma_persistent", stream_k=True),
+    ),
+    (
+        512,
+        old_config(64, 128, 64, 8, 4, 4, tma=True, persistent=True, warp_specialize=True, pingpong=True),
+        TileConfig(64, 128, 64, 8, 4, 4, kernel="gluon_ws", pingpong=True),
+    ),
+    (
+        1,
+        old_config(16, 8, 1024, 8, 8, 1, gemv=True, split_k=2, split_k_inline=True),
+        TileConfig(16, 8, 1024, 8, 8, 1, kernel="gemv", split_k=2, split_k_inline=True),
+    ),
+]
+
+
+def write_version_1(path: Path, extra: dict | None = None) -> None:
+    entries = {}
+    for m, old, _ in VERSION_1_ENTRIES:
+        entry = cache.make_entry(problem(m=m), DEVICE, CONFIG, 1.0, 2.0)
+        entries[cache.cache_key(problem(m=m), DEVICE)] = {**entry, "config": old}
+    entries.update(extra or {})
+    path.write_text(json.dumps({"schema": cache.SCHEMA, "version": 1, "entries": entries}))
+
+
+def test_a_version_1_file_loads_the_same_configs_and_is_rewritten_as_version_2(cache_dir):
+    path = cache_file(cache_dir)
+    write_version_1(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not stale: no warning, no backup
+        for m, _, new in VERSION_1_ENTRIES:
+            assert cache.lookup(problem(m=m), DEVICE) == new, m
+        cache.record(problem(m=2048), DEVICE, OTHER_CONFIG, 3.0)  # any save rewrites the whole file
+    assert list(cache_dir.glob(f"{cache.CACHE_FILENAME}.*-*")) == []
+    document = json.loads(path.read_text())
+    assert document["version"] == cache.CACHE_VERSION == 2
+    for m, _, new in VERSION_1_ENTRIES:
+        written = document["entries"][cache.cache_key(problem(m=m), DEVICE)]
+        assert written["config"] == new.to_dict() and written["tflops"] == 1.0, m
+    cache.reload()
+    for m, _, new in VERSION_1_ENTRIES + [(2048, None, OTHER_CONFIG)]:
+        assert cache.lookup(problem(m=m), DEVICE) == new, m
+
+
+def test_a_version_1_entry_that_cannot_be_read_stays_a_miss_with_its_reason(cache_dir):
+    """An entry whose old booleans break a rule is kept as it was; its lookup names the rule."""
+    bad = cache.make_entry(problem(m=4096), DEVICE, CONFIG, 1.0, 1.0)
+    bad["config"] = old_config(32, 64, 32, 8, 4, 2, persistent=True)
+    bad_key = cache.cache_key(problem(m=4096), DEVICE)
+    write_version_1(cache_file(cache_dir), {bad_key: bad})
+    assert cache.lookup(problem(m=16), DEVICE) == VERSION_1_ENTRIES[0][2]
+    with pytest.warns(cache.TuningCacheWarning, match="persistent=True needs tma=True"):
+        assert cache.lookup(problem(m=4096), DEVICE) is None
+    cache.record(problem(m=2048), DEVICE, OTHER_CONFIG, 3.0)
+    assert json.loads(cache_file(cache_dir).read_text())["entries"][bad_key]["config"] == bad["config"]
+
+
+@pytest.mark.parametrize("version", [True, "1", 1.0, [1], 3])
+def test_only_known_integer_versions_are_read(cache_dir, version):
+    path = cache_file(cache_dir)
+    write_version_1(path)
+    document = json.loads(path.read_text())
+    path.write_text(json.dumps({**document, "version": version}))
+    with pytest.warns(cache.TuningCacheWarning, match="stale file, schema version"):
+        assert cache.lookup(problem(m=16), DEVICE) is None
+
+
+# ----------------------------------------------------------------------------------
 # A cache path that is a symbolic link
 # ----------------------------------------------------------------------------------
 @pytest.fixture

@@ -4,7 +4,7 @@ File layout (schema version ``CACHE_VERSION``)::
 
     {
       "schema": "tritongemm-tuning-cache",
-      "version": 1,
+      "version": 2,
       "entries": {
         "NVIDIA H100 80GB HBM3|sm_90|triton-3.5.0|pointer|float16|NT|m=1024|n=4096|k=4096|batch=1": {
           "config": {"block_m": 128, "block_n": 256, ..., "kernel": "pointer", ...},
@@ -23,6 +23,10 @@ Where it lives: ``$TRITONGEMM_CACHE_FILE`` (a file), else
 ``$TRITONGEMM_CACHE_DIR/tuning_cache.json``, else ``tuning_cache.json`` in
 the platform's user cache directory (``platformdirs.user_cache_dir``: on
 Linux ``$XDG_CACHE_HOME/tritongemm``, by default ``~/.cache/tritongemm``).
+
+A version-1 file (configs with the booleans that chose the kernel before
+``TileConfig.kernel``) is read as version 2 (``storage.MIGRATIONS``), and the
+next save rewrites it so.
 
 Reading never raises: a file that cannot be parsed (whatever the parser
 raises), a foreign or a stale file is ignored with one warning per process
@@ -327,8 +331,8 @@ def config_fields_problem(fields: dict) -> str | None:
     missing = [name for name in REQUIRED_FIELDS if name not in fields]
     if missing:
         return f"config lacks {', '.join(missing)}"
-    # (the old kernel booleans too: files written before TileConfig.kernel hold them, and
-    # TileConfig.from_dict reads them)
+    # (the old kernel booleans too: TileConfig.from_dict reads them, the entries of a version-1 file
+    # that could not be migrated have them)
     known = {**TileConfig().to_dict(), **dict.fromkeys(LEGACY_KERNEL_FLAGS, False)}
     unknown = sorted(str(name) for name in fields if name not in known)
     if unknown:
