@@ -141,7 +141,7 @@ def _plan_columns(a: torch.Tensor, b: torch.Tensor) -> dict:
     except Exception as exc:
         return {"kernel": "", "message": "explain: " + harness._short_error(exc)}
     cols = {"kernel": plan.kernel, "config_source": plan.source, "config": plan.config.short()}
-    cols.update({k: v for k, v in plan.config.to_dict().items() if k in harness.COLUMNS})
+    cols.update({k: v for k, v in harness._config_columns(plan.config).items() if k in harness.COLUMNS})
     if plan.fallback:
         cols["kernel_fallback"] = plan.fallback
     return cols

@@ -197,7 +197,7 @@ def host_overhead() -> list[dict]:
             TileConfig(64, 64, 64, 8, 4, 3)
         ),
         "tritongemm tma cfg": (lambda c: lambda: tritongemm.matmul(a, b, config=c))(
-            TileConfig(64, 64, 64, 8, 4, 3, tma=True, persistent=True)
+            TileConfig(64, 64, 64, 8, 4, 3, kernel="tma_persistent")
         ),
     }
     for name, f in cfgs.items():
@@ -253,18 +253,16 @@ def sweep_configs():
         "ptr 128x256x64 s4": T(128, 256, 64, 8, 8, 4),
         "ptr 128x128x64 w4 s4": T(128, 128, 64, 8, 4, 4),
         "ptr 128x128x64 w8 s5": T(128, 128, 64, 8, 8, 5),
-        "tma 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True),
-        "tma 128x256x64 s4 sub": T(128, 256, 64, 8, 8, 4, tma=True, epilogue_subtile=True),
-        "tmaP 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
-        "tmaP 128x256x64 s4 sub": T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True),
-        "tmaP 128x256x64 s3 ws": T(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True),
-        "tmaP 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
-        "tmaP 128x128x64 w4 s4": T(128, 128, 64, 8, 4, 4, tma=True, persistent=True),
-        "tma 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, tma=True),
-        "tmaP 256x128x64 s3 sub": T(256, 128, 64, 8, 8, 3, tma=True, persistent=True, epilogue_subtile=True),
-        "tmaP 128x256x128 s2 sub": T(
-            128, 256, 128, 8, 8, 2, tma=True, persistent=True, epilogue_subtile=True
-        ),
+        "tma 128x256x64 s3": T(128, 256, 64, 8, 8, 3, kernel="tma"),
+        "tma 128x256x64 s4 sub": T(128, 256, 64, 8, 8, 4, kernel="tma", epilogue_subtile=True),
+        "tmaP 128x256x64 s3": T(128, 256, 64, 8, 8, 3, kernel="tma_persistent"),
+        "tmaP 128x256x64 s4 sub": T(128, 256, 64, 8, 8, 4, kernel="tma_persistent", epilogue_subtile=True),
+        "tmaP 128x256x64 s3 ws": T(128, 256, 64, 8, 8, 3, kernel="gluon_ws"),
+        "tmaP 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, kernel="tma_persistent"),
+        "tmaP 128x128x64 w4 s4": T(128, 128, 64, 8, 4, 4, kernel="tma_persistent"),
+        "tma 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, kernel="tma"),
+        "tmaP 256x128x64 s3 sub": T(256, 128, 64, 8, 8, 3, kernel="tma_persistent", epilogue_subtile=True),
+        "tmaP 128x256x128 s2 sub": T(128, 256, 128, 8, 8, 2, kernel="tma_persistent", epilogue_subtile=True),
         "heuristic": None,
     }
 
@@ -283,8 +281,8 @@ def small_sweep_configs():
         (64, 128, 128, 4, 3),
     ]:
         out[f"ptr {bm}x{bn}x{bk} w{w} s{st}"] = T(bm, bn, bk, 8, w, st)
-        out[f"tmaP {bm}x{bn}x{bk} w{w} s{st}"] = T(bm, bn, bk, 8, w, st, tma=True, persistent=True)
-        out[f"tma {bm}x{bn}x{bk} w{w} s{st}"] = T(bm, bn, bk, 8, w, st, tma=True)
+        out[f"tmaP {bm}x{bn}x{bk} w{w} s{st}"] = T(bm, bn, bk, 8, w, st, kernel="tma_persistent")
+        out[f"tma {bm}x{bn}x{bk} w{w} s{st}"] = T(bm, bn, bk, 8, w, st, kernel="tma")
     out["heuristic"] = None
     return out
 
@@ -402,7 +400,7 @@ def main() -> int:
             "ptr 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4),
             "streamk 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4, stream_k=True),
             "streamk 128x256x64 w8 s3": TileConfig(128, 256, 64, 8, 8, 3, stream_k=True),
-            "tmaP 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
+            "tmaP 128x128x64 w8 s4": TileConfig(128, 128, 64, 8, 8, 4, kernel="tma_persistent"),
         }
         for sk in (2, 4, 8, 16):
             cfgs[f"ptr 16x128x64 sk{sk}"] = TileConfig(16, 128, 64, 8, 4, 4, split_k=sk)
@@ -428,14 +426,14 @@ def main() -> int:
         T = TileConfig
         cfgs = {
             "heuristic": None,
-            "tma 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True),
-            "tmaP 128x256x64 s3": T(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
+            "tma 128x256x64 s3": T(128, 256, 64, 8, 8, 3, kernel="tma"),
+            "tmaP 128x256x64 s3": T(128, 256, 64, 8, 8, 3, kernel="tma_persistent"),
             "tmaP 128x256x64 s4 sub": T(
-                128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True
+                128, 256, 64, 8, 8, 4, kernel="tma_persistent", epilogue_subtile=True
             ),
-            "tmaP 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
+            "tmaP 128x128x64 w8 s4": T(128, 128, 64, 8, 8, 4, kernel="tma_persistent"),
             "tmaP 256x128x64 s3 sub": T(
-                256, 128, 64, 8, 8, 3, tma=True, persistent=True, epilogue_subtile=True
+                256, 128, 64, 8, 8, 3, kernel="tma_persistent", epilogue_subtile=True
             ),
             "ptr 128x256x64 s3": T(128, 256, 64, 8, 8, 3),
             "ptr 128x256x64 s4": T(128, 256, 64, 8, 8, 4),

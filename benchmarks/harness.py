@@ -339,10 +339,13 @@ def _base_row(case: Case, dtype: torch.dtype) -> dict:
 
 
 def _config_columns(cfg: Any) -> dict:
-    """The TileConfig's fields as columns (block_m ... num_stages, and any kernel-path flags)."""
+    """The TileConfig's fields as columns (block_m ... num_stages, the options), its kernel as the
+    schema's four kernel columns (``schema.kernel_columns``)."""
     if cfg is None:
         return {}
-    return {"config": cfg.short(), **cfg.to_dict()}
+    fields = cfg.to_dict()
+    kernel = fields.pop("kernel")  # (a row's ``kernel`` column, where a suite has one, is the plan's)
+    return {"config": cfg.short(), **fields, **schema.kernel_columns(kernel)}
 
 
 def _short_error(exc: BaseException) -> str:

@@ -64,11 +64,12 @@ COLUMN_DOCS: tuple[tuple[str, str], ...] = (
     ("split_k", "K split across this many programs (1: none)"),
     ("split_k_inline", "True: split-K partials reduced inside the kernel"),
     ("stream_k", "True: Stream-K decomposition"),
-    ("tma", "True: the TMA kernel"),
-    ("persistent", "True: persistent programs (one per SM)"),
-    ("warp_specialize", "True: warp-specialized mainloop"),
+    # the config's kernel (`TileConfig.kernel`) as four columns (`kernel_columns`)
+    ("tma", "True: a TMA kernel (kernel `tma`, `tma_persistent` or `gluon_ws`)"),
+    ("persistent", "True: persistent programs, one per SM (kernel `tma_persistent` or `gluon_ws`)"),
+    ("warp_specialize", "True: the warp-specialized kernel (`gluon_ws`)"),
     ("epilogue_subtile", "True: the epilogue stores C in halves"),
-    ("gemv", "True: the GEMV kernel (no tensor cores)"),
+    ("gemv", "True: the GEMV kernel (`gemv`, no tensor cores)"),
     # outcome
     (
         "status",
@@ -152,6 +153,17 @@ STATUSES = (OK, FAILED_GATE, INVALID, ERROR)
 
 class SchemaError(ValueError):
     """A file that is not a results CSV of this schema; the message is one line naming the file."""
+
+
+def kernel_columns(kernel: str) -> dict[str, bool]:
+    """A config's kernel (``TileConfig.kernel``) as the columns ``tma``, ``persistent``,
+    ``warp_specialize`` and ``gemv`` (which the schema kept from before that field: files hold them)."""
+    return {
+        "tma": kernel in ("tma", "tma_persistent", "gluon_ws"),
+        "persistent": kernel in ("tma_persistent", "gluon_ws"),
+        "warp_specialize": kernel == "gluon_ws",
+        "gemv": kernel == "gemv",
+    }
 
 
 def conform(df):

@@ -70,7 +70,7 @@ from benchmarks.sweep_skinny import _compile_key, copy_bandwidth  # noqa: E402
 from tritongemm import TileConfig  # noqa: E402
 from tritongemm.device import device_info, interpreter_enabled, named_device  # noqa: E402
 from tritongemm.launch.pointer import SplitK  # noqa: E402
-from tritongemm.planning.configs import ConfigError  # noqa: E402
+from tritongemm.planning.configs import TMA_KERNELS, ConfigError  # noqa: E402
 from tritongemm.planning.schedules import split_tail_schedule, stream_k_schedule  # noqa: E402
 from tritongemm.testing import relative_error  # noqa: E402
 
@@ -146,11 +146,11 @@ def programs_of(m, n, k, cfg, sm) -> int:
     tiles = tiles_of(m, n, cfg)
     k_tiles = -(-k // cfg.block_k)
     if cfg.stream_k:
-        schedule = split_tail_schedule if cfg.warp_specialize else stream_k_schedule
+        schedule = split_tail_schedule if cfg.kernel == "gluon_ws" else stream_k_schedule
         return schedule(tiles, k_tiles, sm).programs
-    if cfg.split_k > 1 and not cfg.tma:
+    if cfg.split_k > 1 and not cfg.uses_tma:
         return tiles * SplitK(cfg, k).splits
-    return min(tiles, sm) if cfg.persistent else tiles
+    return min(tiles, sm) if cfg.kernel in ("tma_persistent", "gluon_ws") else tiles
 
 
 def split_grid(m, n, k, sm, dev, tile, stage_list, extra_splits=()):
@@ -179,13 +179,13 @@ def configs_for(m, n, k, sm, dev, default_cfg):
     out = []
     for tile in SPLIT_TILES:
         out += split_grid(m, n, k, sm, dev, tile, STAGES)
-    if default_cfg is not None and default_cfg.split_k > 1 and not default_cfg.tma:
+    if default_cfg is not None and default_cfg.split_k > 1 and not default_cfg.uses_tma:
         d = default_cfg
         out += split_grid(
             m, n, k, sm, dev, (d.block_m, d.block_n, d.block_k, d.num_warps), (d.num_stages,), (d.split_k,)
         )
-    tma = dict(tma=True, persistent=True)
-    ws = dict(tma=True, persistent=True, warp_specialize=True)
+    tma = dict(kernel="tma_persistent")
+    ws = dict(kernel="gluon_ws")
     out += [
         # Stream-K on the pointer kernel
         Invalid.make(dev, 128, 128, 64, 8, 8, 4, stream_k=True),
@@ -216,9 +216,9 @@ def smoke_configs(dev):
         Invalid.make(dev, 32, 32, 64, 8, 4, 3, split_k=4, split_k_inline=True),
         Invalid.make(dev, 32, 32, 64, 8, 4, 3, split_k=4, split_k_inline=False),
         Invalid.make(dev, 32, 32, 64, 8, 4, 3, stream_k=True),
-        Invalid.make(dev, 64, 64, 64, 8, 4, 3, tma=True, persistent=True),
-        Invalid.make(dev, 64, 64, 64, 8, 4, 2, tma=True, persistent=True, warp_specialize=True),
-        Invalid.make(dev, 64, 64, 64, 8, 4, 2, tma=True, persistent=True, stream_k=True),
+        Invalid.make(dev, 64, 64, 64, 8, 4, 3, kernel="tma_persistent"),
+        Invalid.make(dev, 64, 64, 64, 8, 4, 2, kernel="gluon_ws"),
+        Invalid.make(dev, 64, 64, 64, 8, 4, 2, kernel="tma_persistent", stream_k=True),
         Invalid.make(dev, 32, 32, 64, 8, 4, 3, split_k=128),  # invalid on purpose: counted, skipped
     ]
     return [c for c in cfgs if c is not None]
@@ -248,10 +248,9 @@ def short(cfg) -> str:
     s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
     if cfg.split_k > 1:
         s += f" sk{cfg.split_k}" + ("i" if cfg.split_k_inline else "r")
-    if cfg.tma:
-        s += " ws" if cfg.warp_specialize else (" tma-pers" if cfg.persistent else " tma")
+    s += {"gluon_ws": " ws", "tma_persistent": " tma-pers", "tma": " tma"}.get(cfg.kernel, "")
     if cfg.stream_k:
-        s += " split-tail" if cfg.warp_specialize else " streamk"
+        s += " split-tail" if cfg.kernel == "gluon_ws" else " streamk"
     return s
 
 
@@ -669,7 +668,7 @@ def summarize(records, copy_gbps, sm):
         if r.get("status") != "ok" or r["label"] in ("cublas", "default"):
             continue
         c = r.get("config") or {}
-        if c.get("split_k", 1) > 1 and not c.get("tma"):
+        if c.get("split_k", 1) > 1 and c.get("kernel") not in TMA_KERNELS:
             per_sm = r["programs"] / sm
             bucket = 2 ** round(math.log2(max(per_sm, 0.5)))
             name = (

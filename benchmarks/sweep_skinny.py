@@ -163,31 +163,35 @@ def configs_for(m, n, k, group, sm=132):
                     tiles = -(-n // bn)
                     for s in sorted({1, *(x for x in (2, 4, 8) if tiles * x <= 8 * sm and k // bk >= 2 * x)}):
                         out.append(
-                            TileConfig(16, bn, bk, 8, warps, 1, split_k=s, split_k_inline=s > 1, gemv=True)
+                            TileConfig(
+                                16, bn, bk, 8, warps, 1, kernel="gemv", split_k=s, split_k_inline=s > 1
+                            )
                         )
         out.append(TileConfig(16, 64, 256, 8, 4, 3, split_k=2 if n <= 4096 else 1, split_k_inline=n <= 4096))
         return out
     if group == "tma_streamk":
         T = TileConfig
         return [
-            T(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
-            T(128, 256, 64, 8, 8, 3, tma=True, persistent=True, stream_k=True),
-            T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True, stream_k=True),
-            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
-            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True, stream_k=True),
+            T(128, 256, 64, 8, 8, 3, kernel="tma_persistent"),
+            T(128, 256, 64, 8, 8, 3, kernel="tma_persistent", stream_k=True),
+            T(128, 256, 64, 8, 8, 4, kernel="tma_persistent", epilogue_subtile=True, stream_k=True),
+            T(128, 128, 64, 8, 8, 4, kernel="tma_persistent"),
+            T(128, 128, 64, 8, 8, 4, kernel="tma_persistent", stream_k=True),
             T(128, 128, 64, 8, 8, 4, stream_k=True),
         ]
     if group in ("tail", "backward"):
         T = TileConfig
         return [
-            T(128, 256, 64, g, 8, 3, tma=True, persistent=p) for g in (4, 8, 16) for p in (True, False)
+            T(128, 256, 64, g, 8, 3, kernel=kernel)
+            for g in (4, 8, 16)
+            for kernel in ("tma_persistent", "tma")
         ] + [
-            T(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True),
-            T(256, 128, 64, 8, 8, 3, tma=True, persistent=True, epilogue_subtile=True),
-            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
-            T(128, 128, 64, 8, 8, 4, tma=True),
-            T(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True),
-            T(128, 128, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True),
+            T(128, 256, 64, 8, 8, 4, kernel="tma_persistent", epilogue_subtile=True),
+            T(256, 128, 64, 8, 8, 3, kernel="tma_persistent", epilogue_subtile=True),
+            T(128, 128, 64, 8, 8, 4, kernel="tma_persistent"),
+            T(128, 128, 64, 8, 8, 4, kernel="tma"),
+            T(128, 256, 64, 8, 8, 3, kernel="gluon_ws"),
+            T(128, 128, 64, 8, 8, 4, kernel="gluon_ws"),
         ]
     if group == "wave":
         from dataclasses import replace
@@ -202,8 +206,8 @@ def configs_for(m, n, k, group, sm=132):
             base = TileConfig(bm, bn, bk, 8, warps, stages)
             out += [base, replace(base, stream_k=True)]
         out += [
-            TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True),
-            TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
+            TileConfig(128, 128, 64, 8, 8, 4, kernel="tma_persistent"),
+            TileConfig(128, 256, 64, 8, 8, 3, kernel="tma_persistent"),
         ]
         return out
     if group in ("decode", "prompt"):
@@ -253,7 +257,7 @@ def configs_for(m, n, k, group, sm=132):
                     if group == "small":
                         out.append(TileConfig(bm, bn, bk, 8, warps, stages, stream_k=True))
                         if bm >= 64:
-                            out.append(TileConfig(bm, bn, bk, 8, warps, stages, tma=True, persistent=True))
+                            out.append(TileConfig(bm, bn, bk, 8, warps, stages, kernel="tma_persistent"))
                 elif s * 2 <= -(-k // bk):
                     for inline in (False, True):
                         out.append(TileConfig(bm, bn, bk, 8, warps, stages, split_k=s, split_k_inline=inline))
@@ -288,7 +292,7 @@ def _compile_key(shape, cfg):
     """What Triton specializes a launch on, roughly: the config (split count aside), M == 1, ragged K, layout."""
     m, n, k, layout = shape
     return (
-        cfg.gemv,
+        cfg.kernel,
         cfg.block_m,
         cfg.block_n,
         cfg.block_k,
@@ -297,10 +301,7 @@ def _compile_key(shape, cfg):
         cfg.split_k > 1,
         cfg.split_k_inline,
         cfg.stream_k,
-        cfg.tma,
-        cfg.persistent,
         cfg.group_m,
-        cfg.warp_specialize,
         cfg.epilogue_subtile,
         m == 1,
         k % cfg.block_k == 0,
@@ -471,8 +472,8 @@ def main() -> int:
                     split_k=c.split_k,
                     inline=c.split_k_inline,
                     stream_k=c.stream_k,
-                    tma=c.tma,
-                    gemv=c.gemv,
+                    tma=c.uses_tma,  # (the results schema's columns: benchmarks/schema.py)
+                    gemv=c.kernel == "gemv",
                 )
             )
         timed = [r for r in rows[-len(variants) :] if "ratio" in r] or [dict(ratio=float("nan"), impl="-")]

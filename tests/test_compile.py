@@ -360,7 +360,7 @@ def test_traced_kernels_write_only_their_outputs(case, tmp_path, monkeypatch):
     z = torch.empty(m, 80) if ep.store_preact else None
     config = TileConfig(32, 32, 32, split_k=split_k) if split_k > 1 else None
     if case == "gemv":  # (the interpreter's heuristic plans small pointer tiles)
-        config = TileConfig(16, 16, 32, gemv=True)
+        config = TileConfig(16, 16, 32, kernel="gemv")
     call = GemmCall(ep, Request(config=config))
     launcher = launch.launcher_for(call, a, b, out, d, r, z)
     assert launcher.plan.kernel == ("gemv" if case == "gemv" else "pointer")

@@ -4,14 +4,23 @@ pipeline names, and the candidate space.  No kernels run here.
 """
 
 import dataclasses
+import json
 import re
 
 import pytest
 
 import tritongemm
-from tritongemm import PIPELINES, ConfigError, GemmProblem, TileConfig, candidate_configs
+from tritongemm import PIPELINES, ConfigError, GemmProblem, TileConfig, candidate_configs, launch
 from tritongemm.device import INTERPRETER_DEVICE, DeviceInfo
-from tritongemm.planning.configs import ACCUMULATOR_REGISTER_BUDGET, MAX_STAGES, resolve_pipeline
+from tritongemm.planning.configs import (
+    ACCUMULATOR_REGISTER_BUDGET,
+    KERNELS,
+    MAX_STAGES,
+    SPLIT_K_KERNELS,
+    STREAM_K_KERNELS,
+    TMA_KERNELS,
+    resolve_pipeline,
+)
 
 #: A device with a small shared memory, to see the budget arithmetic at work.
 SMALL_GPU = DeviceInfo(name="small-gpu", capability=(8, 0), sm_count=8, smem_per_block=48 * 1024)
@@ -75,6 +84,209 @@ def test_with_pipeline_keeps_tiles():
     assert cfg.with_pipeline("multi_stage").num_stages == 5  # already multi-stage: kept
     assert TileConfig(num_stages=1).with_pipeline("multi_stage").num_stages == 3
     assert cfg.with_pipeline(2).num_stages == 2
+
+
+# ----------------------------------------------------------------------------------
+# The kernel a config names, its options, and the booleans that named it before
+# ----------------------------------------------------------------------------------
+#: The fields of a dict written before ``TileConfig.kernel``, every kernel boolean off.
+OLD_DICT = dict(
+    block_m=64,
+    block_n=64,
+    block_k=32,
+    group_m=8,
+    num_warps=4,
+    num_stages=3,
+    tma=False,
+    persistent=False,
+    warp_specialize=False,
+    epilogue_subtile=False,
+    pingpong=False,
+    cluster_m=1,
+    cluster_n=1,
+    split_k=1,
+    split_k_inline=False,
+    stream_k=False,
+    gemv=False,
+)
+
+
+@pytest.mark.parametrize(
+    "flags, kernel, launcher, short",
+    [
+        ({}, "pointer", "pointer", "64x64x32 g8 w4 s3"),
+        ({"stream_k": True}, "pointer", "stream_k", "64x64x32 g8 w4 s3 streamk"),
+        ({"split_k": 4, "split_k_inline": True}, "pointer", "pointer", "64x64x32 g8 w4 s3 splitk4i"),
+        ({"tma": True}, "tma", "tma", "64x64x32 g8 w4 s3 tma"),
+        ({"tma": True, "epilogue_subtile": True}, "tma", "tma", "64x64x32 g8 w4 s3 tma+subtile"),
+        (
+            {"tma": True, "persistent": True},
+            "tma_persistent",
+            "tma_persistent",
+            "64x64x32 g8 w4 s3 tma+persistent",
+        ),
+        (
+            {"tma": True, "persistent": True, "stream_k": True},
+            "tma_persistent",
+            "tma_persistent",
+            "64x64x32 g8 w4 s3 tma+persistent+streamk",
+        ),
+        (
+            {"tma": True, "persistent": True, "warp_specialize": True, "pingpong": True},
+            "gluon_ws",
+            "gluon_ws",
+            "64x64x32 g8 w4 s3 tma+persistent+ws+pingpong",
+        ),
+        (
+            {"tma": True, "persistent": True, "warp_specialize": True, "stream_k": True},
+            "gluon_ws",
+            "gluon_ws",
+            "64x64x32 g8 w4 s3 tma+persistent+ws+streamk",
+        ),
+        (
+            {"tma": True, "persistent": True, "warp_specialize": True, "cluster_m": 2},
+            "gluon_ws",
+            "gluon_ws",
+            "64x64x32 g8 w4 s3 tma+persistent+ws+cluster2x1",
+        ),
+        # the Gluon kernel had no other grid: warp_specialize without persistent ran it the same
+        (
+            {"tma": True, "warp_specialize": True},
+            "gluon_ws",
+            "gluon_ws",
+            "64x64x32 g8 w4 s3 tma+persistent+ws",
+        ),
+        (
+            {
+                "gemv": True,
+                "block_m": 16,
+                "block_n": 8,
+                "num_stages": 1,
+                "split_k": 2,
+                "split_k_inline": True,
+            },
+            "gemv",
+            "gemv",
+            "16x8x32 g8 w4 s1 splitk2i+gemv",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_old_kernel_booleans_read_as_one_kernel(flags, kernel, launcher, short):
+    """A dict written with the booleans that chose the kernel reads as that kernel: the same launcher,
+    the same ``short()`` (result CSVs hold it), and it writes the kernel back."""
+    cfg = TileConfig.from_dict({**OLD_DICT, **flags})
+    assert (cfg.kernel, cfg.launcher, cfg.short()) == (kernel, launcher, short)
+    assert cfg.uses_tma == flags.get("tma", False)
+    written = cfg.to_dict()
+    assert written["kernel"] == kernel and not set(written) & {"tma", "persistent", "warp_specialize", "gemv"}
+    assert TileConfig.from_dict(written) == cfg
+    assert TileConfig.from_dict(json.loads(json.dumps(written))) == cfg
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        ({"persistent": True}, "persistent=True needs tma=True"),
+        ({"warp_specialize": True}, "warp_specialize=True needs tma=True"),
+        ({"tma": True, "gemv": True}, "gemv is its own kernel"),
+        ({"tma": "yes"}, "tma must be a bool, got 'yes'"),
+        ({"gemv": 1}, "gemv must be a bool, got 1"),
+        (
+            {"tma": True, "kernel": "tma"},
+            "old kernel fields ['gemv', 'persistent', 'tma', 'warp_specialize'] and kernel='tma'",
+        ),
+        ({"tma": True, "split_k": 2}, "split_k=2 runs on kernel 'pointer', 'gemv', not kernel='tma'"),
+        ({"tma": True, "stream_k": True}, "set kernel='tma_persistent'"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_old_kernel_booleans_keep_their_rules(flags, words):
+    with pytest.raises(ConfigError) as info:
+        TileConfig.from_dict({**OLD_DICT, **flags})
+    assert words in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("kernel", ["cutlass", "TMA", "", True, None])
+def test_rejects_a_kernel_that_does_not_exist(kernel):
+    with pytest.raises(ConfigError) as info:
+        TileConfig(kernel=kernel)
+    message = str(info.value)
+    assert f"kernel={kernel!r}" in message and all(repr(k) in message for k in KERNELS), message
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        (dict(epilogue_subtile=True), ["epilogue_subtile=True needs a TMA kernel", "got kernel='pointer'"]),
+        (dict(kernel="gemv", num_stages=1, epilogue_subtile=True), ["needs a TMA kernel", "kernel='gemv'"]),
+        (dict(kernel="tma", pingpong=True), ["pingpong=True needs kernel='gluon_ws'", "got kernel='tma'"]),
+        (dict(kernel="gluon_ws", num_warps=8, pingpong=True), ["num_warps=4", "num_warps=8"]),
+        (
+            dict(kernel="tma_persistent", cluster_n=2),
+            ["cluster_m/cluster_n need kernel='gluon_ws'", "got kernel='tma_persistent'"],
+        ),
+        (dict(kernel="gluon_ws", cluster_m=2, stream_k=True), ["no Stream-K", "stream_k=True"]),
+        (
+            dict(kernel="tma_persistent", split_k=4),
+            ["split_k=4 runs on kernel 'pointer', 'gemv'", "'tma_persistent'"],
+        ),
+        (dict(kernel="gluon_ws", split_k=2), ["split_k=2", "not kernel='gluon_ws'"]),
+        (dict(kernel="tma", stream_k=True), ["'pointer', 'tma_persistent', 'gluon_ws', not kernel='tma'"]),
+        (dict(kernel="gemv", num_stages=1, stream_k=True), ["stream_k=True", "not kernel='gemv'"]),
+        (dict(kernel="gluon_ws", block_n=192, stream_k=True), ["power-of-two block_n", "block_n=192"]),
+        (
+            dict(block_n=192),
+            ["block_n=192", "with kernel='gluon_ws' block_n may also be a sum of two powers"],
+        ),
+        (dict(kernel="tma_persistent", block_n=192), ["block_n=192", "powers of two"]),
+    ],
+    ids=str,
+)
+def test_options_run_only_on_their_kernels(fields, words):
+    with pytest.raises(ConfigError) as info:
+        TileConfig(**fields)
+    message = str(info.value)
+    assert all(w in message for w in words), message
+
+
+def test_each_option_is_valid_on_its_kernels():
+    """The other side of the rules: every kernel of an option's list takes it."""
+    for kernel in STREAM_K_KERNELS:
+        assert TileConfig(kernel=kernel, stream_k=True).decomposition == "stream_k"
+    for kernel in SPLIT_K_KERNELS:
+        assert TileConfig(16, 16, 64, 8, 4, 1, kernel=kernel, split_k=2, split_k_inline=True).split_k == 2
+    for kernel in TMA_KERNELS:
+        assert TileConfig(kernel=kernel, epilogue_subtile=True).uses_tma
+    assert TileConfig(128, 192, 64, 8, 8, 4, kernel="gluon_ws").accumulator_widths == (128, 64)
+    assert TileConfig(64, 128, 64, 8, 4, 3, kernel="gluon_ws", pingpong=True, cluster_m=1).pingpong
+    assert set(KERNELS) == set(launch.LAUNCHERS) - {"stream_k"}  # one launcher per kernel, and Stream-K's
+
+
+@pytest.mark.parametrize(
+    "cfg, launcher",
+    [
+        (TileConfig(), "pointer"),
+        (TileConfig(stream_k=True), "stream_k"),
+        (TileConfig(split_k=2), "pointer"),
+        (TileConfig(kernel="tma"), "tma"),
+        (TileConfig(kernel="tma_persistent", stream_k=True), "tma_persistent"),
+        (TileConfig(kernel="gluon_ws", stream_k=True), "gluon_ws"),
+        (TileConfig(16, 8, 64, 8, 4, 1, kernel="gemv", split_k=2), "gemv"),
+    ],
+    ids=str,
+)
+def test_launcher_is_the_kernel_but_for_the_pointer_kernels_stream_k(cfg, launcher):
+    assert cfg.launcher == launcher
+    assert f"kernel       : {launcher}" in cfg.describe()
+    assert TileConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_without_warp_specialization_moves_only_the_gluon_kernel():
+    ws = TileConfig(128, 192, 64, 8, 4, 5, kernel="gluon_ws", pingpong=True, stream_k=False)
+    assert ws.without_warp_specialization() == TileConfig(128, 128, 64, 8, 4, 5, kernel="tma_persistent")
+    for cfg in (TileConfig(), TileConfig(kernel="tma"), TileConfig(16, 8, 64, 8, 4, 1, kernel="gemv")):
+        assert cfg.without_warp_specialization() == cfg
 
 
 # ----------------------------------------------------------------------------------
@@ -221,11 +433,11 @@ def test_candidate_configs_offer_the_warp_specialized_tiles_on_sm90_only():
 
     h100, a100 = KNOWN_DEVICES["h100"], KNOWN_DEVICES["a100"]
     problem = GemmProblem(4096, 4096, 4096, dtype="bfloat16", layout="NT")
-    ws = [c for c in candidate_configs(problem, h100) if c.warp_specialize]
+    ws = [c for c in candidate_configs(problem, h100) if c.kernel == "gluon_ws"]
     tiles = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.pingpong, c.epilogue_subtile) for c in ws}
     assert tiles == set(WARP_SPECIALIZED_TILES)
     # Rule 2: where a TMA config's whole store buffer does not fit, its half does (128x256 at 4 stages).
-    deep = TileConfig(128, 256, 64, 8, 8, 4, tma=True, persistent=True)
+    deep = TileConfig(128, 256, 64, 8, 8, 4, kernel="tma_persistent")
     assert deep.smem_bytes(2) > h100.smem_per_block
     assert dataclasses.replace(deep, epilogue_subtile=True) in candidate_configs(problem, h100)
     assert any(c.pingpong for c in ws) and any(not c.pingpong for c in ws)
@@ -235,7 +447,7 @@ def test_candidate_configs_offer_the_warp_specialized_tiles_on_sm90_only():
         (GemmProblem(4096, 4096, 4096, dtype="float32", layout="NT"), h100),
         (GemmProblem(4096, 4096, 4096, dtype="bfloat16", layout="NT", batch=4), h100),
     ):
-        assert not [c for c in candidate_configs(other, dev) if c.warp_specialize], (other, dev.name)
+        assert not [c for c in candidate_configs(other, dev) if c.kernel == "gluon_ws"], (other, dev.name)
 
 
 def test_candidate_configs_respect_a_small_device():

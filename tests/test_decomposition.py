@@ -257,7 +257,7 @@ def test_explain_reports_the_decomposition(device):
 
 def test_split_k_and_tma_are_exclusive():
     with pytest.raises(tritongemm.ConfigError, match="split_k"):
-        TileConfig(64, 64, 64, 8, 4, 3, tma=True, split_k=2)
+        TileConfig(64, 64, 64, 8, 4, 3, kernel="tma", split_k=2)
     with pytest.raises(tritongemm.ConfigError, match="stream_k"):
         TileConfig(64, 64, 64, 8, 4, 3, split_k=2, stream_k=True)
     with pytest.raises(tritongemm.ConfigError, match="split_k_inline"):
@@ -292,7 +292,7 @@ def test_heuristic_streams_one_wave_plus_a_sliver(dtype):
     # tiles of 128 x 128 on 132 SMs); measured at 512x5120x4096: 0.96x cuBLAS against Stream-K's 0.76.
     for m, n, k in [(896, 2432, 4096), (1536, 1536, 8192)]:
         cfg = chosen(m, n, k, h100)
-        assert not cfg.stream_k and cfg.warp_specialize and cfg.block_n == 160, cfg
+        assert not cfg.stream_k and cfg.kernel == "gluon_ws" and cfg.block_n == 160, cfg
     # Full waves, too little K per program, batches, fp32: sliced-K.
     for m, n, k in [(4096, 4096, 4096), (2048, 2048, 2048), (1024, 1024, 1024), (1280, 1408, 256)]:
         assert not chosen(m, n, k).stream_k, (m, n, k)
@@ -362,12 +362,12 @@ def test_heuristic_streams_a_nearly_empty_last_wave_on_the_tma_kernel():
     h100 = DeviceInfo("H100", (9, 0), 132, 232448)
     a100 = DeviceInfo("A100", (8, 0), 108, 166912)
     cfg = tritongemm.heuristic_config(GemmProblem(5120, 5120, 4096), h100)  # 6.06 waves of 128x256 tiles
-    assert cfg.stream_k and cfg.tma and cfg.persistent and (cfg.block_m, cfg.block_n) == (128, 256), cfg
-    assert not tritongemm.heuristic_config(GemmProblem(5120, 5120, 4096), a100).tma
+    assert cfg.stream_k and cfg.kernel == "tma_persistent" and (cfg.block_m, cfg.block_n) == (128, 256), cfg
+    assert not tritongemm.heuristic_config(GemmProblem(5120, 5120, 4096), a100).uses_tma
     # 3072^3 (2.18 waves of 128x256) fills 2.9 waves of 128x192 tiles: the warp-specialized kernel with
     # two accumulators, measured 0.91x cuBLAS against 0.85 for 128x128 and Stream-K's 0.80.
     cfg = tritongemm.heuristic_config(GemmProblem(3072, 3072, 3072), h100)
-    assert cfg.warp_specialize and not cfg.stream_k and (cfg.block_m, cfg.block_n) == (128, 192), cfg
+    assert cfg.kernel == "gluon_ws" and not cfg.stream_k and (cfg.block_m, cfg.block_n) == (128, 192), cfg
     # A fuller last wave (3.88, 2.42 waves) or many waves (27.2): sliced-K.
     for m, n, k in [(4096, 4096, 4096), (1024, 10240, 8192), (4096, 28672, 4096)]:
         assert not tritongemm.heuristic_config(GemmProblem(m, n, k), h100).stream_k, (m, n, k)
@@ -404,7 +404,7 @@ def test_heuristic_runs_small_short_k_problems_unsplit_in_narrow_tiles(device_na
             if (m, n, k) == (768, 384, 768):
                 assert tile is SMALL_WIDE_TILE  # 144 tiles of 64x32
             assert (cfg.block_m, cfg.block_n, cfg.block_k) == tile[:3], (m, n, k, cfg)
-            assert cfg.split_k == 1 and not cfg.tma and "no split" in choice.rule
+            assert cfg.split_k == 1 and cfg.kernel == "pointer" and "no split" in choice.rule
     fp32 = heuristic_choice(GemmProblem(512, 512, 512, dtype="float32"), device).config
     assert (fp32.block_n, fp32.block_k) != SMALL_TILE[1:3]
     assert heuristic_choice(GemmProblem(384, 384, SMALL_MAX_K + 128), device).config.split_k > 1

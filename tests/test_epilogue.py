@@ -26,7 +26,7 @@ PATHS = {
     "split_k": dict(config=TileConfig(16, 32, 16, 8, 4, 2, split_k=3)),
     "split_k_inline": dict(config=TileConfig(16, 32, 16, 8, 4, 2, split_k=3, split_k_inline=True)),
     "stream_k": dict(config=TileConfig(16, 16, 16, 8, 4, 2), decomposition="stream_k"),
-    "tma": dict(config=TileConfig(32, 32, 16, 2, 4, 3, tma=True, persistent=True)),
+    "tma": dict(config=TileConfig(32, 32, 16, 2, 4, 3, kernel="tma_persistent")),
 }
 
 

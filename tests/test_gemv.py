@@ -19,7 +19,7 @@ SPLITS = {"sliced": (1, False), "split3": (3, False), "split3_inline": (3, True)
 
 
 def gemv_config(block_n=16, block_k=64, split=(1, False)):
-    return TileConfig(16, block_n, block_k, 8, 4, 1, split_k=split[0], split_k_inline=split[1], gemv=True)
+    return TileConfig(16, block_n, block_k, 8, 4, 1, split_k=split[0], split_k_inline=split[1], kernel="gemv")
 
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -89,12 +89,12 @@ def test_gemv_k_zero_gives_the_addend(device):
 
 
 def test_gemv_config_rules():
-    assert TileConfig(16, 4, 64, gemv=True).kernel == "gemv"
+    assert TileConfig(16, 4, 64, kernel="gemv").launcher == "gemv"
     with pytest.raises(ConfigError, match="block_n"):
         TileConfig(16, 4, 64)  # tl.dot tiles stay >= 16
-    with pytest.raises(ConfigError, match="gemv"):
-        TileConfig(64, 64, 64, 8, 4, 3, tma=True, gemv=True)
-    assert "gemv" in TileConfig(16, 16, 512, 8, 8, 1, gemv=True).short()
+    with pytest.raises(ConfigError, match="not kernel='gemv'"):
+        TileConfig(16, 16, 64, 8, 4, 1, kernel="gemv", stream_k=True)  # Stream-K runs tl.dot tiles
+    assert "gemv" in TileConfig(16, 16, 512, 8, 8, 1, kernel="gemv").short()
 
 
 def test_heuristic_picks_gemv_for_one_row_only():
@@ -102,10 +102,10 @@ def test_heuristic_picks_gemv_for_one_row_only():
     from tritongemm.device import DeviceInfo
 
     h100 = DeviceInfo("H100", (9, 0), 132, 232448)
-    assert tritongemm.heuristic_config(GemmProblem(1, 4096, 4096, layout="NT"), h100).gemv
-    assert not tritongemm.heuristic_config(GemmProblem(2, 4096, 4096, layout="NT"), h100).gemv
-    assert not tritongemm.heuristic_config(GemmProblem(1, 4096, 4096, batch=4), h100).gemv
+    assert tritongemm.heuristic_config(GemmProblem(1, 4096, 4096, layout="NT"), h100).kernel == "gemv"
+    assert tritongemm.heuristic_config(GemmProblem(2, 4096, 4096, layout="NT"), h100).kernel != "gemv"
+    assert tritongemm.heuristic_config(GemmProblem(1, 4096, 4096, batch=4), h100).kernel != "gemv"
     space = list(candidate_configs(GemmProblem(1, 4096, 4096), h100))
-    assert any(c.gemv for c in space) and any(not c.gemv for c in space)
+    assert any(c.kernel == "gemv" for c in space) and any(c.kernel != "gemv" for c in space)
     for cfg in space:
         cfg.validate(h100)

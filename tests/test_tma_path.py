@@ -16,8 +16,8 @@ import tritongemm
 from tritongemm import TileConfig, explain
 from tritongemm.testing import DTYPE_IDS, assert_close, make_operands, random_tensor
 
-TMA = TileConfig(32, 32, 16, 2, 4, 3, tma=True)
-TMA_PERSISTENT = TileConfig(32, 32, 16, 2, 4, 3, tma=True, persistent=True, epilogue_subtile=True)
+TMA = TileConfig(32, 32, 16, 2, 4, 3, kernel="tma")
+TMA_PERSISTENT = TileConfig(32, 32, 16, 2, 4, 3, kernel="tma_persistent", epilogue_subtile=True)
 
 
 def _needs_tma(device):
@@ -31,7 +31,7 @@ def _needs_tma(device):
 def test_tma_kernel_matches_reference(device, cfg, layout, dtype):
     _needs_tma(device)
     a, b = make_operands(72, 88, 40, layout, dtype, device)  # ragged in M, N and K
-    assert explain(a, b, config=cfg).kernel == cfg.kernel
+    assert explain(a, b, config=cfg).kernel == cfg.launcher
     assert_close(tritongemm.matmul(a, b, config=cfg), a.double() @ b.double())
 
 
@@ -88,7 +88,7 @@ def test_fallback_makes_no_copy(device):
     assert (a.data_ptr(), b.data_ptr(), a.stride(), b.stride()) == before
 
 
-TMA_STREAM_K = TileConfig(32, 32, 16, 2, 4, 3, tma=True, persistent=True, stream_k=True)
+TMA_STREAM_K = TileConfig(32, 32, 16, 2, 4, 3, kernel="tma_persistent", stream_k=True)
 
 
 @pytest.mark.parametrize(

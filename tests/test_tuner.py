@@ -849,7 +849,7 @@ def test_fp8_candidates_on_h100_take_128_byte_k_steps_on_the_warp_specialized_ke
     configs = list(
         candidate_configs(GemmProblem(4096, 4096, 4096, dtype="fp8", layout="NT"), KNOWN_DEVICES["h100"])
     )
-    ws = [c for c in configs if c.warp_specialize]
+    ws = [c for c in configs if c.kernel == "gluon_ws"]
     assert ws and all(c.block_k == 128 for c in ws)
     assert all(c.block_k in (64, 128, 256) for c in configs)
 

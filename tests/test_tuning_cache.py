@@ -159,7 +159,7 @@ BAD_CONFIGS = {
     "group_m_2_31": ({**GOOD, "group_m": 2**31}, "group_m=2147483648 is out of bounds"),
     "group_m_huge": ({**GOOD, "group_m": 10**30}, "group_m"),
     "group_m_zero": ({**GOOD, "group_m": 0}, "group_m=0 is out of bounds"),
-    "block_m_huge_gemv": ({**GOOD, "block_m": 2**40, "num_stages": 1, "gemv": True}, "block_m"),
+    "block_m_huge_gemv": ({**GOOD, "block_m": 2**40, "num_stages": 1, "kernel": "gemv"}, "block_m"),
     "block_n_huge": ({**GOOD, "block_n": 2**20}, "block_n"),
     "block_k_negative": ({**GOOD, "block_k": -32}, "block_k"),
     "num_warps_64": ({**GOOD, "num_warps": 64}, "num_warps"),
@@ -172,8 +172,12 @@ BAD_CONFIGS = {
     "block_m_string": ({**GOOD, "block_m": "32"}, "must be an integer"),
     "group_m_bool": ({**GOOD, "group_m": True}, "group_m=True must be an integer"),
     "group_m_null": ({**GOOD, "group_m": None}, "must be an integer"),
+    "kernel_int": ({**GOOD, "kernel": 1}, "kernel=1 must be a string"),
+    "kernel_unknown": ({**GOOD, "kernel": "cutlass"}, "kernel='cutlass' must be one of 'pointer', 'tma'"),
+    # the booleans that named the kernel before (version 1), as TileConfig.from_dict still reads them
     "tma_string": ({**GOOD, "tma": "yes"}, "tma='yes' must be true or false"),
     "gemv_int": ({**GOOD, "gemv": 1}, "gemv=1 must be true or false"),
+    "old_and_new_kernel": ({**GOOD, "tma": True}, "old kernel fields ['tma'] and kernel='pointer' together"),
     "missing_block_m": ({k: v for k, v in GOOD.items() if k != "block_m"}, "lacks block_m"),
     "unknown_field": ({**GOOD, "knob_from_the_future": 2}, "unknown fields"),
     "not_a_pow2": ({**GOOD, "block_m": 48}, "powers of two"),
@@ -181,7 +185,11 @@ BAD_CONFIGS = {
         {"block_m": 256, "block_n": 256, "block_k": 128, "group_m": 8, "num_warps": 8, "num_stages": 6},
         "shared memory",
     ),
-    "broken_rule": ({**GOOD, "persistent": True}, "needs tma=True"),
+    "broken_rule": ({**GOOD, "epilogue_subtile": True}, "needs a TMA kernel"),
+    "broken_old_rule": (
+        {**{k: v for k, v in GOOD.items() if k != "kernel"}, "persistent": True},
+        "persistent=True needs tma=True",
+    ),
     "config_is_a_string": ("garbage", "config is str"),
     "config_is_a_list": ([32, 64, 32], "config is list"),
 }
@@ -242,7 +250,7 @@ def test_matmul_with_a_bad_entry_uses_the_heuristic(cache_dir, config):
 
 
 def test_config_bounds_cover_every_integer_field():
-    ints = {f.name for f in fields(TileConfig) if not isinstance(getattr(TileConfig(), f.name), bool)}
+    ints = {f.name for f in fields(TileConfig) if type(getattr(TileConfig(), f.name)) is int}
     assert set(cache.CONFIG_BOUNDS) == ints
 
 
@@ -291,6 +299,103 @@ def test_save_leaves_no_temporary_files(cache_dir):
         cache.record(problem(m=m), DEVICE, CONFIG, 1.0)
     names = {p.name for p in cache_dir.iterdir()} - {cache.CACHE_FILENAME + ".lock"}  # filelock may keep it
     assert names == {cache.CACHE_FILENAME}
+
+
+# ----------------------------------------------------------------------------------
+# Version 1: configs with the booleans that named the kernel, read as version 2
+# ----------------------------------------------------------------------------------
+def old_config(bm, bn, bk, g, warps, stages, **flags) -> dict:
+    """A config as version 1 wrote it: every field, the kernel as four booleans."""
+    old = dict(tma=False, persistent=False, warp_specialize=False, epilogue_subtile=False, pingpong=False)
+    old.update(cluster_m=1, cluster_n=1, split_k=1, split_k_inline=False, stream_k=False, gemv=False)
+    return {
+        **dict(block_m=bm, block_n=bn, block_k=bk, group_m=g, num_warps=warps, num_stages=stages),
+        **old,
+        **flags,
+    }
+
+
+#: (m, the config as version 1 wrote it, the config it is now)
+VERSION_1_ENTRIES = [
+    (16, old_config(32, 64, 32, 8, 4, 2), TileConfig(32, 64, 32, 8, 4, 2)),
+    (
+        32,
+        old_config(32, 64, 32, 8, 4, 2, split_k=4, split_k_inline=True),
+        TileConfig(32, 64, 32, 8, 4, 2, split_k=4, split_k_inline=True),
+    ),
+    (64, old_config(64, 64, 32, 8, 4, 3, stream_k=True), TileConfig(64, 64, 32, 8, 4, 3, stream_k=True)),
+    (
+        128,
+        old_config(64, 128, 64, 8, 4, 3, tma=True, epilogue_subtile=True),
+        TileConfig(64, 128, 64, 8, 4, 3, kernel="tma", epilogue_subtile=True),
+    ),
+    (
+        256,
+        old_config(128, 128, 64, 8, 8, 4, tma=True, persistent=True, stream_k=True),
+        TileConfig(128, 128, 64, 8, 8, 4, kernel="tma_persistent", stream_k=True),
+    ),
+    (
+        512,
+        old_config(64, 128, 64, 8, 4, 4, tma=True, persistent=True, warp_specialize=True, pingpong=True),
+        TileConfig(64, 128, 64, 8, 4, 4, kernel="gluon_ws", pingpong=True),
+    ),
+    (
+        1,
+        old_config(16, 8, 1024, 8, 8, 1, gemv=True, split_k=2, split_k_inline=True),
+        TileConfig(16, 8, 1024, 8, 8, 1, kernel="gemv", split_k=2, split_k_inline=True),
+    ),
+]
+
+
+def write_version_1(path: Path, extra: dict | None = None) -> None:
+    entries = {}
+    for m, old, _ in VERSION_1_ENTRIES:
+        entry = cache.make_entry(problem(m=m), DEVICE, CONFIG, 1.0, 2.0)
+        entries[cache.cache_key(problem(m=m), DEVICE)] = {**entry, "config": old}
+    entries.update(extra or {})
+    path.write_text(json.dumps({"schema": cache.SCHEMA, "version": 1, "entries": entries}))
+
+
+def test_a_version_1_file_loads_the_same_configs_and_is_rewritten_as_version_2(cache_dir):
+    path = cache_file(cache_dir)
+    write_version_1(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not stale: no warning, no backup
+        for m, _, new in VERSION_1_ENTRIES:
+            assert cache.lookup(problem(m=m), DEVICE) == new, m
+        cache.record(problem(m=2048), DEVICE, OTHER_CONFIG, 3.0)  # any save rewrites the whole file
+    assert list(cache_dir.glob(f"{cache.CACHE_FILENAME}.*-*")) == []
+    document = json.loads(path.read_text())
+    assert document["version"] == cache.CACHE_VERSION == 2
+    for m, _, new in VERSION_1_ENTRIES:
+        written = document["entries"][cache.cache_key(problem(m=m), DEVICE)]
+        assert written["config"] == new.to_dict() and written["tflops"] == 1.0, m
+    cache.reload()
+    for m, _, new in VERSION_1_ENTRIES + [(2048, None, OTHER_CONFIG)]:
+        assert cache.lookup(problem(m=m), DEVICE) == new, m
+
+
+def test_a_version_1_entry_that_cannot_be_read_stays_a_miss_with_its_reason(cache_dir):
+    """An entry whose old booleans break a rule is kept as it was; its lookup names the rule."""
+    bad = cache.make_entry(problem(m=4096), DEVICE, CONFIG, 1.0, 1.0)
+    bad["config"] = old_config(32, 64, 32, 8, 4, 2, persistent=True)
+    bad_key = cache.cache_key(problem(m=4096), DEVICE)
+    write_version_1(cache_file(cache_dir), {bad_key: bad})
+    assert cache.lookup(problem(m=16), DEVICE) == VERSION_1_ENTRIES[0][2]
+    with pytest.warns(cache.TuningCacheWarning, match="persistent=True needs tma=True"):
+        assert cache.lookup(problem(m=4096), DEVICE) is None
+    cache.record(problem(m=2048), DEVICE, OTHER_CONFIG, 3.0)
+    assert json.loads(cache_file(cache_dir).read_text())["entries"][bad_key]["config"] == bad["config"]
+
+
+@pytest.mark.parametrize("version", [True, "1", 1.0, [1], 3])
+def test_only_known_integer_versions_are_read(cache_dir, version):
+    path = cache_file(cache_dir)
+    write_version_1(path)
+    document = json.loads(path.read_text())
+    path.write_text(json.dumps({**document, "version": version}))
+    with pytest.warns(cache.TuningCacheWarning, match="stale file, schema version"):
+        assert cache.lookup(problem(m=16), DEVICE) is None
 
 
 # ----------------------------------------------------------------------------------

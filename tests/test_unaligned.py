@@ -30,7 +30,7 @@ from tritongemm.planning.unaligned import padding_estimate
 from tritongemm.testing import assert_close, make_matrix, make_operands, nan_tensor, random_tensor
 
 H100 = KNOWN_DEVICES["h100"]
-TMA = TileConfig(16, 16, 16, 2, 4, 2, tma=True, persistent=True)
+TMA = TileConfig(16, 16, 16, 2, 4, 2, kernel="tma_persistent")
 POINTER = TileConfig(16, 16, 16, 2, 4, 2)
 DTYPES = [torch.float16, torch.bfloat16]
 DTYPE_IDS = ["fp16", "bf16"]
@@ -138,7 +138,7 @@ def test_a_padded_run_goes_on_tma_where_the_device_has_it(n):
     pointer kernel's K masks keep a K that is not a multiple of 8 element-wise: measured on the H100,
     1023^3 padded on pointer tiles 0.75-0.80x cuBLAS, on TMA tiles 1.40-1.54x)."""
     p = plan_of(n, n, n, dtype=torch.bfloat16)
-    assert p.kernel in TMA_STORE_KERNELS and p.config.tma, p.describe()
+    assert p.kernel in TMA_STORE_KERNELS and p.config.uses_tma, p.describe()
     assert p.alignment.padded == ("A", "B", "C")
     assert (p.config.block_m, p.config.block_n) == (64, 128)  # the menu's tile, moved over
 
@@ -149,7 +149,7 @@ def test_a_padded_run_stays_on_the_pointer_kernel_without_tma():
     c = Operand.contiguous(1023, 1023, elem)
     problem = GemmProblem(1023, 1023, 1023, 1, "bfloat16", "NN")
     p = plan(problem, KNOWN_DEVICES["a100"], Request(), a, a, c, torch.bfloat16, torch.bfloat16, "always")
-    assert p.kernel == "pointer" and not p.config.tma
+    assert p.kernel == "pointer" and p.config.kernel == "pointer"
     assert p.alignment.padded == ("A", "B")
 
 
@@ -502,7 +502,7 @@ def test_padded_launcher_takes_bases_and_copies_in_one_launch(
     device, padding, monkeypatch, config, layout, m, n, k
 ):
     """A and B go through one copy launch, C through one more; the launcher reads only pointers."""
-    if config.tma:
+    if config.uses_tma:
         _needs_tma(device)
     padding("always")
     launch.clear_plan_cache()

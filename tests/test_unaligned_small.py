@@ -37,7 +37,7 @@ def test_small_odd_squares_take_the_elementwise_tile(n, block_k):
     p = _plan(n, n, n)
     assert p.alignment is not None and p.alignment.path == "plain"
     assert (p.config.block_m, p.config.block_n, p.config.block_k) == (32, 32, block_k)
-    assert p.kernel == "pointer" and not p.config.tma
+    assert p.kernel == "pointer" and p.config.kernel == "pointer"
     assert "elementwise_tile" in p.source
 
 

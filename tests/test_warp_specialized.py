@@ -42,7 +42,7 @@ from tritongemm.testing import assert_close, assert_matches_reference, make_oper
 
 H100 = KNOWN_DEVICES["h100"]
 A100 = KNOWN_DEVICES["a100"]
-WS = TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True)
+WS = TileConfig(128, 256, 64, 8, 8, 3, kernel="gluon_ws")
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ WS = TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specializ
 )
 def test_heuristic_takes_the_warp_specialized_kernel_for_short_k_over_many_tiles(m, n, k, tile):
     cfg = heuristic_config(GemmProblem(m, n, k, dtype="bf16"), H100)
-    assert cfg.warp_specialize and cfg.tma and cfg.persistent, cfg
+    assert cfg.kernel == "gluon_ws" and cfg.uses_tma, cfg
     assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (
         tile.block_m,
         tile.block_n,
@@ -78,7 +78,7 @@ def test_heuristic_takes_the_warp_specialized_kernel_for_short_k_over_many_tiles
 )
 def test_heuristic_keeps_other_shape_classes_off_it(problem, device):
     assert warp_specialized_tile(problem, device) is None
-    assert not heuristic_config(problem, device).warp_specialize
+    assert heuristic_config(problem, device).kernel != "gluon_ws"
 
 
 @pytest.mark.parametrize(
@@ -97,10 +97,10 @@ def test_the_menus_128x256_tile_takes_its_ring_and_kernel_from_its_waves(m, n, k
     choice = heuristic_choice(problem, H100)
     # (6144 x 2048: 8 tiles along N, so the tile order is groups of 4 rows: narrow_row_order)
     assert choice.config == (narrow_row_order(expected, problem) or expected) and "waves" in choice.rule
-    assert expected.warp_specialize == (expected is not WIDE_TILE_SINGLE_WAVE)
+    assert (expected.kernel == "gluon_ws") == (expected is not WIDE_TILE_SINGLE_WAVE)
     # Where the warp-specialized kernel cannot go (batched, fp32, not sm_90) the rule stays out.
     assert wide_tile_config(replace(problem, batch=2), H100) is None
-    assert wide_tile_config(problem, A100) is None and not heuristic_config(problem, A100).warp_specialize
+    assert wide_tile_config(problem, A100) is None and heuristic_config(problem, A100).kernel != "gluon_ws"
     assert not heuristic_config(replace(problem, dtype="fp32"), H100).epilogue_subtile
 
 
@@ -122,7 +122,7 @@ def test_the_menus_128x256_tile_takes_its_ring_and_kernel_from_its_waves(m, n, k
 def test_a_short_row_of_tiles_runs_row_after_row(m, n, k, layout, tiles_along_n):
     choice = heuristic_choice(GemmProblem(m, n, k, dtype="bf16", layout=layout), H100)
     cfg = choice.config
-    assert cfg.warp_specialize and -(-n // cfg.block_n) == tiles_along_n, choice
+    assert cfg.kernel == "gluon_ws" and -(-n // cfg.block_n) == tiles_along_n, choice
     if tiles_along_n <= NARROW_ROW_TILES:
         assert cfg.group_m == 1 and "row of tiles after another" in choice.rule, choice
     elif tiles_along_n <= SHORT_ROW_TILES:
@@ -135,7 +135,7 @@ def test_a_short_row_of_tiles_runs_row_after_row(m, n, k, layout, tiles_along_n)
 def test_row_order_leaves_other_kernels_and_stream_k_alone():
     narrow = GemmProblem(8192, 768, 3072, dtype="bf16")
     assert narrow_row_order(replace(WS, group_m=8), narrow) == replace(WS, group_m=1)
-    assert narrow_row_order(replace(WS, warp_specialize=False), narrow) is None  # TMA kernel: not measured
+    assert narrow_row_order(replace(WS, kernel="tma_persistent"), narrow) is None  # TMA kernel: not measured
     assert narrow_row_order(replace(WS, block_n=128, num_warps=4, stream_k=True), narrow) is None
     assert narrow_row_order(WS, GemmProblem(8192, 8192, 3072, dtype="bf16")) is None  # 32 tiles along N
     assert narrow_row_order(WS, GemmProblem(8192, 2048, 3072, dtype="bf16")) == replace(WS, group_m=4)
@@ -162,7 +162,7 @@ def test_heuristic_takes_a_split_width_tile_where_it_fills_the_sms_better(m, n, 
         assert cfg.block_n in (64, 128, 256), choice
         return
     tile = next(t for t in SPLIT_WIDTH_TILES if t.block_n == width)
-    assert cfg.warp_specialize and (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (
+    assert cfg.kernel == "gluon_ws" and (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (
         tile.block_m,
         tile.block_n,
         tile.warps,
@@ -202,12 +202,8 @@ def test_eligibility_names_each_reason():
     assert "fp16/bf16" in why(dtype=torch.float32, out=torch.float32)
     assert "fp16/bf16" in why(out=torch.float32)
     assert "batch" in why(batched=True)
-    assert "warps" in why(
-        cfg=TileConfig(128, 256, 64, 8, 4, 3, tma=True, persistent=True, warp_specialize=True)
-    )
-    assert "shared memory" in why(
-        cfg=TileConfig(128, 256, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True)
-    )
+    assert "warps" in why(cfg=TileConfig(128, 256, 64, 8, 4, 3, kernel="gluon_ws"))
+    assert "shared memory" in why(cfg=TileConfig(128, 256, 64, 8, 8, 4, kernel="gluon_ws"))
     assert "16 bytes" in why(a=Operand(4096, 767, 767, 1, 2))
     assert "row-major" in why(c=Operand(4096, 4096, 1, 4096, 2))
 
@@ -216,15 +212,15 @@ def test_plan_names_the_kernel_or_why_not():
     problem = GemmProblem(12608, 768, 768, dtype="bf16", layout="NT")
     a, b, c = _ops(12608, 768, 768)
     chosen = plan(problem, H100, NO_REQUEST, a, b, c, torch.bfloat16, torch.bfloat16)
-    assert chosen.config.warp_specialize == GLUON_AVAILABLE
+    assert (chosen.config.kernel == "gluon_ws") == GLUON_AVAILABLE
     if GLUON_AVAILABLE:
         assert chosen.kernel == "gluon_ws" and chosen.fallback is None
     else:
         assert chosen.kernel == "tma_persistent" and "Gluon" in chosen.fallback
     # A config the warp-specialized kernel cannot take: the same tile on the TMA kernel, and the reason.
-    short_step = TileConfig(128, 128, 32, 8, 8, 4, tma=True, persistent=True, warp_specialize=True)
+    short_step = TileConfig(128, 128, 32, 8, 8, 4, kernel="gluon_ws")
     fallback = plan(problem, H100, Request(config=short_step), a, b, c, torch.bfloat16, torch.bfloat16)
-    assert fallback.kernel == "tma_persistent" and not fallback.config.warp_specialize
+    assert fallback.kernel == "tma_persistent" and fallback.config.kernel == "tma_persistent"
     assert ("block_k 64" if GLUON_AVAILABLE else "Gluon") in fallback.fallback
 
 
@@ -317,18 +313,18 @@ def test_addmm_alpha_beta_and_cuda_graph(device):
 
 
 PINGPONG = [
-    TileConfig(128, 128, 64, 8, 4, 5, tma=True, persistent=True, warp_specialize=True, pingpong=True),
-    TileConfig(64, 256, 64, 8, 4, 4, tma=True, persistent=True, warp_specialize=True, pingpong=True),
+    TileConfig(128, 128, 64, 8, 4, 5, kernel="gluon_ws", pingpong=True),
+    TileConfig(64, 256, 64, 8, 4, 4, kernel="gluon_ws", pingpong=True),
 ]
 #: Tile widths that are not powers of two: two accumulators (128 + 64, 64 + 32 columns).
 SPLIT_WIDTH = [
-    TileConfig(128, 192, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True),
-    TileConfig(64, 192, 64, 8, 4, 5, tma=True, persistent=True, warp_specialize=True, pingpong=True),
-    TileConfig(128, 96, 64, 8, 4, 6, tma=True, persistent=True, warp_specialize=True),
+    TileConfig(128, 192, 64, 8, 8, 4, kernel="gluon_ws"),
+    TileConfig(64, 192, 64, 8, 4, 5, kernel="gluon_ws", pingpong=True),
+    TileConfig(128, 96, 64, 8, 4, 6, kernel="gluon_ws"),
 ]
 #: Power-of-two tiles as two halves staged through one half-width buffer (epilogue_subtile).
 SUBTILE = [
-    TileConfig(128, 256, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True, epilogue_subtile=True),
+    TileConfig(128, 256, 64, 8, 8, 4, kernel="gluon_ws", epilogue_subtile=True),
     TileConfig(
         64,
         128,
@@ -336,9 +332,7 @@ SUBTILE = [
         8,
         4,
         5,
-        tma=True,
-        persistent=True,
-        warp_specialize=True,
+        kernel="gluon_ws",
         pingpong=True,
         epilogue_subtile=True,
     ),
@@ -348,9 +342,9 @@ SUBTILE = [
 #: Clusters of two CTAs sharing one operand by TMA multicast (a Triton with Gluon CGA layouts, 3.7+):
 #: B shared along M, A along N, a two-part width and a subtiled epilogue in a cluster.
 CLUSTER = [
-    TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True, cluster_m=2),
-    TileConfig(128, 128, 64, 8, 4, 6, tma=True, persistent=True, warp_specialize=True, cluster_n=2),
-    TileConfig(128, 96, 64, 8, 4, 6, tma=True, persistent=True, warp_specialize=True, cluster_m=2),
+    TileConfig(128, 128, 64, 8, 8, 4, kernel="gluon_ws", cluster_m=2),
+    TileConfig(128, 128, 64, 8, 4, 6, kernel="gluon_ws", cluster_n=2),
+    TileConfig(128, 96, 64, 8, 4, 6, kernel="gluon_ws", cluster_m=2),
     TileConfig(
         128,
         256,
@@ -358,9 +352,7 @@ CLUSTER = [
         8,
         8,
         4,
-        tma=True,
-        persistent=True,
-        warp_specialize=True,
+        kernel="gluon_ws",
         epilogue_subtile=True,
         cluster_n=2,
     ),
@@ -416,9 +408,9 @@ def test_pingpong_fused_epilogue_gradients_and_cuda_graph(cfg, device):
 
 #: Stream-K on the warp-specialized kernel: the heuristic's tiles, and a single-stage ring.
 STREAM_K = [
-    TileConfig(128, 128, 64, 8, 4, 6, tma=True, persistent=True, warp_specialize=True, stream_k=True),
-    TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True, stream_k=True),
-    TileConfig(64, 128, 64, 8, 4, 1, tma=True, persistent=True, warp_specialize=True, stream_k=True),
+    TileConfig(128, 128, 64, 8, 4, 6, kernel="gluon_ws", stream_k=True),
+    TileConfig(128, 256, 64, 8, 8, 3, kernel="gluon_ws", stream_k=True),
+    TileConfig(64, 128, 64, 8, 4, 1, kernel="gluon_ws", stream_k=True),
 ]
 
 
@@ -488,12 +480,12 @@ def test_stream_k_config_rules_and_plan():
 
 
 def test_pingpong_config_rules_and_budget():
+    with pytest.raises(tritongemm.ConfigError, match="pingpong=True needs kernel='gluon_ws' and num_warps=4"):
+        TileConfig(128, 128, 64, 8, 8, 4, kernel="gluon_ws", pingpong=True)
     with pytest.raises(
-        tritongemm.ConfigError, match="pingpong=True needs warp_specialize=True and num_warps=4"
+        tritongemm.ConfigError, match="pingpong=True needs kernel='gluon_ws'.*got kernel='tma_persistent'"
     ):
-        TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True, pingpong=True)
-    with pytest.raises(tritongemm.ConfigError, match="pingpong=True needs warp_specialize"):
-        TileConfig(128, 128, 64, 8, 4, 4, tma=True, persistent=True, pingpong=True)
+        TileConfig(128, 128, 64, 8, 4, 4, kernel="tma_persistent", pingpong=True)
     pp = PINGPONG[0]
     assert "pingpong" in pp.short() and "ping-pong" in pp.describe()
     # Two output staging tiles: 5 slots of 128x128x64 and 2 x 32 KiB fit an H100 block; 6 slots do not.
@@ -514,8 +506,8 @@ def test_split_width_config_rules_budget_and_fallback():
         with pytest.raises(tritongemm.ConfigError, match="powers of two"):
             replace(wide, block_n=bad)
     with pytest.raises(tritongemm.ConfigError, match="sum of two powers of two"):
-        TileConfig(128, 192, 64, 8, 8, 4, tma=True, persistent=True)  # the TMA kernel: powers of two only
-    assert wide.without_warp_specialization() == TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True)
+        TileConfig(128, 192, 64, 8, 8, 4, kernel="tma_persistent")  # the TMA kernel: powers of two only
+    assert wide.without_warp_specialization() == TileConfig(128, 128, 64, 8, 8, 4, kernel="tma_persistent")
     # 128 x 192 on one warpgroup would hold 192 accumulators per thread.
     ops = [Operand.contiguous(4096, 4096, 2)] * 3
     reason = warp_specialized_unsupported_reason(
@@ -527,7 +519,7 @@ def test_split_width_config_rules_budget_and_fallback():
     problem = GemmProblem(4096, 4096, 4096, dtype="bf16", layout="NT")
     shallow = replace(wide, num_stages=2)  # within an A100's shared memory
     chosen = plan(problem, A100, Request(config=shallow), *ops, torch.bfloat16, torch.bfloat16, "always")
-    assert (chosen.kernel, chosen.config.block_n, chosen.config.warp_specialize) == ("pointer", 128, False)
+    assert (chosen.kernel, chosen.config.block_n, chosen.config.kernel) == ("pointer", 128, "pointer")
     assert "sm_90" in chosen.fallback
 
 
@@ -555,10 +547,10 @@ def test_subtile_config_rules_budget_and_fallback():
             replace(deep, **bad)
     # Off sm_90 the TMA kernel takes the same tile, its epilogue in two halves as well.
     assert deep.without_warp_specialization() == TileConfig(
-        128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True
+        128, 256, 64, 8, 8, 4, kernel="tma_persistent", epilogue_subtile=True
     )
     chosen = _planned_on_an_a100(replace(deep, num_stages=2))
-    assert (chosen.kernel, chosen.config.warp_specialize) == ("pointer", False)
+    assert (chosen.kernel, chosen.config.kernel) == ("pointer", "pointer")
 
 
 def test_cluster_config_rules_budget_and_fallback():
@@ -569,8 +561,8 @@ def test_cluster_config_rules_budget_and_fallback():
     for bad in (dict(cluster_n=2), dict(cluster_m=4), dict(cluster_m=0)):
         with pytest.raises(tritongemm.ConfigError, match="2x1 or 1x2"):
             replace(pair, **bad)
-    for bad in (dict(warp_specialize=False), dict(stream_k=True), dict(num_warps=4, pingpong=True)):
-        with pytest.raises(tritongemm.ConfigError, match="cluster_m/cluster_n need warp_specialize"):
+    for bad in (dict(kernel="tma_persistent"), dict(stream_k=True), dict(num_warps=4, pingpong=True)):
+        with pytest.raises(tritongemm.ConfigError, match="cluster_m/cluster_n need kernel='gluon_ws'"):
             replace(pair, **bad)
     # A third mbarrier per slot: the shared box's, held by the first CTA.
     assert (
@@ -584,7 +576,7 @@ def test_cluster_config_rules_budget_and_fallback():
     elif GLUON_AVAILABLE:
         assert "clusters of CTAs unavailable" in reason and "3.7" in reason
     # Off the warp-specialized kernel the same CTA tile runs, one CTA a tile.
-    assert pair.without_warp_specialization() == TileConfig(128, 128, 64, 8, 8, 4, tma=True, persistent=True)
+    assert pair.without_warp_specialization() == TileConfig(128, 128, 64, 8, 8, 4, kernel="tma_persistent")
     chosen = _planned_on_an_a100(replace(pair, num_stages=2))
     assert (chosen.kernel, chosen.config.cluster_m) == ("pointer", 1)
 
@@ -634,7 +626,7 @@ def test_unaligned_c_is_padded_for_the_warp_specialized_kernel():
     m, n, k = 3001, 5003, 1009
     problem = GemmProblem(m, n, k, dtype="bf16", layout="NN")
     a, b, c = Operand.contiguous(m, k, 2), Operand.contiguous(k, n, 2), Operand.contiguous(m, n, 2)
-    cfg = TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True)
+    cfg = TileConfig(128, 256, 64, 8, 8, 3, kernel="gluon_ws")
     chosen = plan(problem, H100, Request(config=cfg), a, b, c, torch.bfloat16, torch.bfloat16, "always")
     assert chosen.kernel == ("gluon_ws" if GLUON_AVAILABLE else "tma_persistent")
     assert chosen.alignment.padded == ("A", "B", "C"), chosen.describe()

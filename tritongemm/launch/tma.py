@@ -39,7 +39,7 @@ class TmaLauncher:
             c2, cfg.block_m, cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
         )
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-        programs = min(plan.device.sm_count, tiles) if cfg.persistent else tiles
+        programs = min(plan.device.sm_count, tiles) if cfg.kernel == "tma_persistent" else tiles
         dp_tiles, iters_per_program = tiles, 0
         self.buffers = None
         if cfg.stream_k:
@@ -66,7 +66,7 @@ class TmaLauncher:
                 A_KMAJOR=a_kmajor,
                 B_KMAJOR=b_kmajor,
                 FLATTEN=False,
-                WARP_SPECIALIZE=cfg.warp_specialize,
+                WARP_SPECIALIZE=False,  # (tl.range's; the warp-specialized kernel is Gluon's: gluon_ws)
                 EPILOGUE_SUBTILE=cfg.epilogue_subtile,
                 STREAM_K=cfg.stream_k,
             ),

@@ -13,6 +13,9 @@ A GEMM C[M, N] = A[M, K] · B[K, N] is cut into levels, as in CUTLASS:
   ``block_m*block_n / (32*num_warps)`` fp32 accumulators in registers.
 * **Pipeline** ``num_stages``: how many K-tiles of A and B live in shared memory
   at once, i.e. which mainloop scheme runs (see ``PIPELINES``).
+
+Beside the levels, a config names its ``kernel`` and that kernel's options (which
+kernel takes which: ``config_rules``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from ..device import DeviceInfo
+from .config_rules import (  # noqa: F401  (re-exported: what a config may name, beside the config)
+    KERNELS,
+    LEGACY_KERNEL_FLAGS,
+    MAX_SPLIT_K,
+    SPLIT_K_KERNELS,
+    STREAM_K_KERNELS,
+    TMA_KERNELS,
+    check_config,
+    migrate_kernel_flags,
+    split_width,
+)
 from .pipelines import (  # noqa: F401  (re-exported: the tiling hierarchy's values in one place)
     MAX_STAGES,
     MIN_STAGES,
@@ -32,45 +46,19 @@ from .pipelines import (  # noqa: F401  (re-exported: the tiling hierarchy's val
 #: Ways to share the K loop among programs (see TileConfig.decomposition).
 DECOMPOSITIONS = ("sliced_k", "split_k", "stream_k")
 
-#: Most K slices split-K may use.
-MAX_SPLIT_K = 64
-
 #: Registers a thread may spend on its accumulator fragment.  A thread has 255
 #: registers; the rest hold addresses, loop counters and the operand fragments
 #: that feed the tensor cores, so we keep about a quarter back.
 ACCUMULATOR_REGISTER_BUDGET = 192
 
 
-_BOOL_FIELDS = (
-    "tma",
-    "persistent",
-    "warp_specialize",
-    "pingpong",
-    "epilogue_subtile",
-    "split_k_inline",
-    "stream_k",
-    "gemv",
-)
-
-
-def _is_pow2(x: int) -> bool:
-    return x > 0 and (x & (x - 1)) == 0
-
-
-def split_width(block_n: int) -> tuple[int, int]:
-    """A tile width as its largest power of two and the rest: 192 -> (128, 64), 128 -> (128, 0).
-
-    Gluon tensors have power-of-two shapes; the warp-specialized kernel runs a
-    width whose rest is a power of two >= 16 (192, 160, 96 ...) as two
-    accumulators and two B / C boxes (``BLOCK_N``, ``BLOCK_N2``).
-    """
-    first = 1 << (block_n.bit_length() - 1) if block_n > 0 else 0
-    return first, block_n - first
-
-
-def _is_split_width(x: int) -> bool:
-    rest = split_width(x)[1]
-    return rest >= 16 and _is_pow2(rest)
+#: What ``short()`` prints for each kernel: before the ``kernel`` field, the booleans that chose it
+#: printed these words (tma, persistent, ws; gemv after the options), and result CSVs hold them.
+_SHORT_KERNEL_WORDS = {
+    "tma": ("tma",),
+    "tma_persistent": ("tma", "persistent"),
+    "gluon_ws": ("tma", "persistent", "ws"),
+}
 
 
 @dataclass(frozen=True)
@@ -90,110 +78,35 @@ class TileConfig:
     num_warps: int = 4
     # pipeline
     num_stages: int = 3
-    # kernel path (Hopper): TMA descriptors, persistent grid, warp specialization,
-    # epilogue stored in two halves.  Ignored (pointer kernel) where TMA can't run.
-    tma: bool = False
-    persistent: bool = False
-    warp_specialize: bool = False
+    # the kernel, one of KERNELS: "pointer"; on Hopper "tma" (data-parallel grid), "tma_persistent",
+    # "gluon_ws" (warp-specialized, persistent); "gemv" (one row of A: programs own block_n outputs and
+    # walk K in block_k steps, no tensor cores, block_m unused).  Where the operands don't allow it
+    # the plan falls back to a kernel they do (``plan.Plan.fallback`` says why).
+    kernel: str = "pointer"
+    # on the TMA kernels: the epilogue stored in two halves.
     epilogue_subtile: bool = False
-    # with warp_specialize: two consumer warpgroups of num_warps=4 each on alternate tiles, so one's
+    # with gluon_ws: two consumer warpgroups of num_warps=4 each on alternate tiles, so one's
     # epilogue runs under the other's mainloop (CUTLASS's ping-pong); without it the consumer warps
     # share every tile (one warpgroup, or CUTLASS's cooperative with num_warps=8).
     pingpong: bool = False
-    # with warp_specialize: a cluster of cluster_m x cluster_n CTAs (two at most) that run neighbouring
+    # with gluon_ws: a cluster of cluster_m x cluster_n CTAs (two at most) that run neighbouring
     # tiles along M (N) and share their B (A) box: one TMA multicast writes it into both CTAs' shared
     # memory, halving that operand's L2 traffic (CUTLASS's ClusterShape).  Needs a Triton whose Gluon
     # has CGA layouts and multicast (3.7+; kernels.gluon_common.CLUSTER_AVAILABLE).
     cluster_m: int = 1
     cluster_n: int = 1
     # work decomposition: K cut into split_k slices run by separate programs
-    # (pointer kernel), partials reduced in a fixed order: by a second kernel
+    # (pointer and GEMV kernels), partials reduced in a fixed order: by a second kernel
     # (CUTLASS's "parallel" split-K), or, with split_k_inline, by the last
     # slice of each tile to finish, in the same launch.
     split_k: int = 1
     split_k_inline: bool = False
-    # Stream-K: a persistent grid sharing all MAC iterations evenly (pointer kernel).
+    # Stream-K: a persistent grid sharing all MAC iterations evenly (pointer, tma_persistent and
+    # gluon_ws each have their own).
     stream_k: bool = False
-    # GEMV: for one row of A (M = 1), a kernel without tensor cores whose
-    # programs own block_n outputs and walk K in block_k steps (block_m unused).
-    gemv: bool = False
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in _BOOL_FIELDS:
-                if not isinstance(value, bool):
-                    raise ConfigError(f"TileConfig.{f.name} must be a bool, got {value!r}")
-            elif not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"TileConfig.{f.name} must be an int, got {value!r}")
-        for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if self.gemv and name == "block_n" and _is_pow2(value):
-                continue  # no tl.dot in the GEMV kernel: any power of two
-            if name == "block_n" and self.warp_specialize and _is_split_width(value):
-                continue  # two accumulators in the Gluon kernel (split_width)
-            if not _is_pow2(value) or value < 16:
-                raise ConfigError(
-                    f"TileConfig.{name}={value}: tiles must be powers of two >= 16 "
-                    "(tl.dot needs every dimension >= 16"
-                    + (
-                        "; with warp_specialize=True block_n may also be a sum of two powers of two, "
-                        "such as 192 = 128 + 64)"
-                        if name == "block_n"
-                        else ")"
-                    )
-                )
-        if self.group_m < 1:
-            raise ConfigError(f"TileConfig.group_m={self.group_m} must be >= 1")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ConfigError(f"TileConfig.num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
-        for flag in ("persistent", "warp_specialize", "epilogue_subtile"):
-            if getattr(self, flag) and not self.tma:
-                raise ConfigError(f"TileConfig.{flag}=True needs tma=True (only the TMA kernel has it)")
-        if self.pingpong and not (self.warp_specialize and self.num_warps == 4):
-            raise ConfigError(
-                "TileConfig.pingpong=True needs warp_specialize=True and num_warps=4 "
-                f"(a warpgroup per consumer; got warp_specialize={self.warp_specialize}, "
-                f"num_warps={self.num_warps})"
-            )
-        if (self.cluster_m, self.cluster_n) != (1, 1):
-            if (self.cluster_m, self.cluster_n) not in ((2, 1), (1, 2)):
-                raise ConfigError(
-                    f"TileConfig cluster {self.cluster_m}x{self.cluster_n}: a cluster is 2x1 or 1x2 CTAs"
-                )
-            if not self.warp_specialize or self.pingpong or self.stream_k:
-                raise ConfigError(
-                    "TileConfig.cluster_m/cluster_n need warp_specialize=True with one cooperative consumer "
-                    "and no Stream-K"
-                )
-        if not 1 <= self.split_k <= MAX_SPLIT_K:
-            raise ConfigError(f"TileConfig.split_k={self.split_k} must be in [1, {MAX_SPLIT_K}]")
-        if self.split_k_inline and self.split_k == 1:
-            raise ConfigError("TileConfig.split_k_inline=True needs split_k > 1")
-        if self.split_k > 1 and self.tma:
-            raise ConfigError("TileConfig.split_k > 1 runs on the pointer kernel: set tma=False")
-        if self.stream_k and self.split_k > 1:
-            raise ConfigError("TileConfig.stream_k and split_k > 1 are two ways of splitting K: pick one")
-        if self.stream_k and self.tma and not self.persistent:
-            raise ConfigError(
-                "TileConfig.stream_k with tma=True needs persistent=True (Stream-K is a persistent grid)"
-            )
-        if self.epilogue_subtile and self.warp_specialize and (self.stream_k or not _is_pow2(self.block_n)):
-            raise ConfigError(
-                "TileConfig.epilogue_subtile with warp_specialize runs a power-of-two block_n as two halves "
-                f"and has no Stream-K (got block_n={self.block_n}, stream_k={self.stream_k})"
-            )
-        if self.stream_k and (self.pingpong or not _is_pow2(self.block_n)):
-            raise ConfigError(
-                "TileConfig.stream_k with warp_specialize runs one consumer (pingpong=False) on a "
-                f"power-of-two block_n (got block_n={self.block_n}, pingpong={self.pingpong})"
-            )
-        if self.gemv and (self.tma or self.stream_k):
-            raise ConfigError("TileConfig.gemv is its own kernel: set tma=False and stream_k=False")
-        if not MIN_STAGES <= self.num_stages <= MAX_STAGES:
-            raise ConfigError(
-                f"TileConfig.num_stages={self.num_stages} must be in [{MIN_STAGES}, {MAX_STAGES}]"
-            )
+        check_config(self)
 
     # -- the levels of the hierarchy ------------------------------------------------
     @property
@@ -220,16 +133,18 @@ class TileConfig:
     @property
     def thread_fragment(self) -> int:
         """Accumulator elements each thread keeps in registers."""
-        rows = self.block_k if self.gemv else self.block_m  # GEMV accumulates a block_k x block_n tile
+        # (GEMV accumulates a block_k x block_n tile)
+        rows = self.block_k if self.kernel == "gemv" else self.block_m
         return rows * self.block_n // (32 * self.num_warps)
 
     def smem_bytes(self, elem_size: int) -> int:
         """Shared memory: one A and one B tile per stage (+ the TMA store's staging tile)."""
         stages = max(self.num_stages, 1)
-        a_rows = 1 if self.gemv else self.block_m
+        a_rows = 1 if self.kernel == "gemv" else self.block_m
         mainloop = stages * (a_rows * self.block_k + self.block_k * self.block_n) * elem_size
         epilogue = 0
-        if self.tma:  # the TMA store stages C (or half of it; one per ping-pong consumer) in shared memory
+        # the TMA store stages C (or half of it; one per ping-pong consumer) in shared memory
+        if self.uses_tma:
             epilogue = self.block_m * self.block_n * elem_size // (2 if self.epilogue_subtile else 1)
             epilogue *= 2 if self.pingpong else 1
         return mainloop + epilogue
@@ -241,17 +156,18 @@ class TileConfig:
     def accumulator_widths(self) -> tuple[int, int]:
         """The warp-specialized kernel's accumulators per tile, as widths (second 0 for none): a two-part
         width's parts (192 -> 128 + 64), with ``epilogue_subtile`` the halves (256 -> 128 + 128)."""
-        if self.epilogue_subtile and self.warp_specialize:
+        if self.epilogue_subtile and self.kernel == "gluon_ws":
             return self.block_n // 2, self.block_n // 2
         return split_width(self.block_n)
 
     # -- conversions -------------------------------------------------------------------
     def without_warp_specialization(self) -> TileConfig:
-        """The nearest config for the TMA kernel: no warp specialization and a power-of-two
-        ``block_n`` (a two-part width such as 192 keeps its larger part, 128)."""
+        """The nearest config for the TMA kernel: ``gluon_ws`` becomes ``tma_persistent`` (other kernels
+        stay), without ping-pong consumers or clusters, on a power-of-two ``block_n`` (a two-part width
+        such as 192 keeps its larger part, 128)."""
         return replace(
             self,
-            warp_specialize=False,
+            kernel="tma_persistent" if self.kernel == "gluon_ws" else self.kernel,
             pingpong=False,
             cluster_m=1,
             cluster_n=1,
@@ -277,11 +193,14 @@ class TileConfig:
             num_stages=self.num_stages,
         )
 
-    def to_dict(self) -> dict[str, int | bool]:
+    def to_dict(self) -> dict[str, int | bool | str]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> TileConfig:
+        """The config of ``to_dict``'s fields; a dict written before the ``kernel`` field, with the
+        booleans that chose the kernel, is read as the kernel they chose (``migrate_kernel_flags``)."""
+        data = migrate_kernel_flags(data)
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -296,30 +215,22 @@ class TileConfig:
         return "split_k" if self.split_k > 1 else "sliced_k"
 
     @property
-    def kernel(self) -> str:
-        """The kernel this config asks for, one of ``launch.LAUNCHERS``' six: ``gemv``; on TMA
-        ``gluon_ws`` (warp-specialized), ``tma_persistent`` or ``tma``, each with its own Stream-K;
-        else ``stream_k`` or ``pointer``.  The plan runs it where the operands allow, else the
-        config's fallback (``plan.Plan.fallback`` says why)."""
-        if self.gemv:
-            return "gemv"
-        if self.tma:
-            if self.warp_specialize:
-                return "gluon_ws"
-            return "tma_persistent" if self.persistent else "tma"
-        return "stream_k" if self.stream_k else "pointer"
+    def uses_tma(self) -> bool:
+        """Does the kernel load and store through TMA descriptors (``TMA_KERNELS``)?"""
+        return self.kernel in TMA_KERNELS
+
+    @property
+    def launcher(self) -> str:
+        """The launcher this config asks for, one of ``launch.LAUNCHERS``' six: the kernel's name
+        (``pointer``, ``tma``, ``tma_persistent``, ``gluon_ws``, ``gemv``; the TMA ones with their own
+        Stream-K), but ``stream_k`` for the pointer kernel's Stream-K, a kernel of its own.  The plan
+        runs it where the operands allow, else the config's fallback (``plan.Plan.fallback`` says why)."""
+        return "stream_k" if self.kernel == "pointer" and self.stream_k else self.kernel
 
     def short(self) -> str:
-        flags = [
-            name
-            for name, on in (
-                ("tma", self.tma),
-                ("persistent", self.persistent),
-                ("ws", self.warp_specialize),
-                ("pingpong", self.pingpong),
-                ("subtile", self.epilogue_subtile),
-            )
-            if on
+        flags = list(_SHORT_KERNEL_WORDS.get(self.kernel, ()))
+        flags += [
+            name for name, on in (("pingpong", self.pingpong), ("subtile", self.epilogue_subtile)) if on
         ]
         if self.cluster_m * self.cluster_n > 1:
             flags.append(f"cluster{self.cluster_m}x{self.cluster_n}")
@@ -327,7 +238,7 @@ class TileConfig:
             flags.append(f"splitk{self.split_k}" + ("i" if self.split_k_inline else ""))
         if self.stream_k:
             flags.append("streamk")
-        if self.gemv:
+        if self.kernel == "gemv":
             flags.append("gemv")
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} "
@@ -355,12 +266,12 @@ class TileConfig:
                     if self.split_k > 1
                     else ""
                 ),
-                f"  kernel       : {self.kernel}"
+                f"  kernel       : {self.launcher}"
                 + (
                     " (warp-specialized, ping-pong consumers)"
                     if self.pingpong
                     else " (warp-specialized)"
-                    if self.warp_specialize
+                    if self.kernel == "gluon_ws"
                     else ""
                 )
                 + (" (epilogue in two halves)" if self.epilogue_subtile else "")
@@ -394,7 +305,7 @@ class TileConfig:
         if self.thread_fragment < 1:
             raise ConfigError(
                 f"{self.short()}: {32 * self.num_warps} threads for a "
-                f"{self.block_k if self.gemv else self.block_m}x{self.block_n} accumulator tile "
+                f"{self.block_k if self.kernel == 'gemv' else self.block_m}x{self.block_n} accumulator tile "
                 "leaves threads without accumulators"
             )
         return self

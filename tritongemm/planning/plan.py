@@ -16,7 +16,7 @@ import torch
 
 from ..device import DeviceInfo
 from .call import Request
-from .configs import TileConfig
+from .configs import TMA_KERNELS, TileConfig
 from .eligibility import (
     FP8_DTYPES,
     Operand,
@@ -33,7 +33,7 @@ from .selection import select
 from .unaligned import elementwise_tile, padding_estimate
 
 #: Kernels that store C through a TMA descriptor (so an unaligned C is padded too).
-TMA_STORE_KERNELS = ("tma", "tma_persistent", "gluon_ws")
+TMA_STORE_KERNELS = TMA_KERNELS
 
 #: How unaligned operands are treated: "auto" (the cost model), "always" pad, "never" pad.
 PADDING_POLICIES = ("auto", "always", "never")
@@ -58,6 +58,7 @@ class Plan:
 
     config: TileConfig
     source: str
+    #: What runs, a key of ``launch.LAUNCHERS``: the config's ``launcher``, or the fallback's.
     kernel: str
     fallback: str | None = None
     problem: GemmProblem | None = None
@@ -113,7 +114,7 @@ def plan(
     chosen, source = select(problem, device, request)
     cfg, kernel, fallback = _kernel_for(chosen, problem, device, a, b, c, dtype, out_dtype)
     alignment = None
-    if kernel != "gemv" and _misaligned(a, b, c, chosen.tma):
+    if kernel != "gemv" and _misaligned(a, b, c, chosen.uses_tma):
         padded = _padded_plan(chosen, problem, device, a, b, c, dtype, out_dtype, padding)
         if isinstance(padded, tuple):
             (cfg, kernel, fallback), alignment = padded
@@ -201,16 +202,16 @@ def _kernel_for(
         else:
             fallbacks.append(reason)
             cfg = replace(cfg, stream_k=False)
-    if cfg.gemv:
+    if cfg.kernel == "gemv":
         reason = gemv_unsupported_reason(problem.m, batched)
         if reason is None:
             kernel = "gemv"
         else:
             fallbacks.append(reason)
-            cfg = replace(cfg, gemv=False)
-    if cfg.tma:
+            cfg = replace(cfg, kernel="pointer")
+    if cfg.uses_tma:
         reason = tma_unsupported_reason(a, b, c, dtype, out_dtype, device, batched)
-        if reason is None and cfg.warp_specialize:
+        if reason is None and cfg.kernel == "gluon_ws":
             ws_reason = warp_specialized_unsupported_reason(cfg, a, b, c, dtype, out_dtype, device, batched)
             if ws_reason is None:
                 return cfg, "gluon_ws", "; ".join(fallbacks) or None
@@ -218,16 +219,11 @@ def _kernel_for(
             fallbacks.append(ws_reason)
             cfg = cfg.without_warp_specialization()
         if reason is None:
-            kernel = cfg.kernel
+            kernel = cfg.launcher
         else:
             # Same tiles on the pointer kernel (Stream-K included); the TMA-only knobs do not apply.
             fallbacks.append(reason)
-            cfg = replace(
-                cfg.without_warp_specialization(),
-                tma=False,
-                persistent=False,
-                epilogue_subtile=False,
-            )
+            cfg = replace(cfg.without_warp_specialization(), kernel="pointer", epilogue_subtile=False)
     return cfg, kernel, "; ".join(fallbacks) or None
 
 
@@ -235,7 +231,7 @@ def _fp8_kernel_for(cfg, device, a, b, c, dtype, out_dtype, batched) -> tuple[Ti
     """fp8 runs on the warp-specialized kernel where it can, else on the pointer kernel (the GEMV,
     Stream-K and TMA kernels take 2-byte operands only)."""
     reasons = []
-    if cfg.tma and cfg.warp_specialize:
+    if cfg.kernel == "gluon_ws":
         # The tiles are chosen for a 2-byte output; a 4-byte one's staging tile costs ring slots.
         while cfg.num_stages > 2 and (
             warp_specialized_shared_bytes(cfg, 1, out_dtype.itemsize) > device.smem_per_block
@@ -245,14 +241,14 @@ def _fp8_kernel_for(cfg, device, a, b, c, dtype, out_dtype, batched) -> tuple[Ti
         if reason is None:
             return cfg, "gluon_ws", None
         reasons.append(reason)
-    elif cfg.tma or cfg.gemv or cfg.stream_k:
-        reasons.append(f"the {cfg.kernel} kernel takes 2-byte operands only: fp8 runs on the pointer kernel")
+    elif cfg.launcher != "pointer":
+        reasons.append(
+            f"the {cfg.launcher} kernel takes 2-byte operands only: fp8 runs on the pointer kernel"
+        )
     pointer = replace(
-        cfg.without_warp_specialization() if cfg.warp_specialize else cfg,
-        tma=False,
-        persistent=False,
+        cfg.without_warp_specialization() if cfg.kernel == "gluon_ws" else cfg,
+        kernel="pointer",
         epilogue_subtile=False,
-        gemv=False,
         stream_k=False,
     )
     return pointer, "pointer", "; ".join(reasons) or None
@@ -314,10 +310,10 @@ def _on_tma(cfg: TileConfig, problem: GemmProblem, device: DeviceInfo) -> TileCo
     skinny and element-wise tiles were measured on the pointer kernel) of one batch move over.
     """
     menu_tile = cfg.block_m >= 64 and cfg.block_n >= 128
-    plain = menu_tile and cfg.split_k == 1 and not cfg.stream_k and not cfg.gemv and problem.batch == 1
-    if cfg.tma or not plain or device.capability < (9, 0) or device.interpreter:
+    plain = menu_tile and cfg.split_k == 1 and not cfg.stream_k and problem.batch == 1
+    if cfg.kernel != "pointer" or not plain or device.capability < (9, 0) or device.interpreter:
         return cfg
-    return replace(cfg, tma=True, persistent=True)
+    return replace(cfg, kernel="tma_persistent")
 
 
 def _unpadded_alignment(a: Operand, b: Operand, kernel: str, why_not: str) -> Alignment:

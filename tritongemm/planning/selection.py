@@ -101,9 +101,6 @@ def select_config(
     return select(problem, device, Request(config, pipeline, decomposition))[0]
 
 
-_POINTER_ONLY = dict(tma=False, persistent=False, epilogue_subtile=False)  # after without_warp_specialization
-
-
 def apply_decomposition(
     cfg: TileConfig, decomposition: str, problem: GemmProblem, device: DeviceInfo
 ) -> TileConfig:
@@ -119,29 +116,30 @@ def apply_decomposition(
         inline = choose_split_k_inline(problem, cfg.block_m, cfg.block_n, split)
         return replace(
             cfg.without_warp_specialization(),
-            **_POINTER_ONLY,
+            kernel="gemv" if cfg.kernel == "gemv" else "pointer",  # the kernels that split K
+            epilogue_subtile=False,
             stream_k=False,
             split_k=split,
             split_k_inline=inline,
         )
     if decomposition == "stream_k":
-        if cfg.gemv:  # Stream-K runs tl.dot tiles: take the skinny tile for this one-row problem
+        if cfg.kernel == "gemv":  # Stream-K runs tl.dot tiles: take the skinny tile for this one-row problem
             cfg = replace(choose_skinny_tile(problem).config(), group_m=cfg.group_m)
-        if cfg.tma:  # the TMA kernel streams on its persistent grid
+        if cfg.uses_tma:  # the TMA kernel streams on its persistent grid
             return replace(
                 cfg.without_warp_specialization(),
-                persistent=True,
+                kernel="tma_persistent",
                 split_k=1,
                 split_k_inline=False,
                 stream_k=True,
             )
         return replace(
             cfg.without_warp_specialization(),
-            **_POINTER_ONLY,
+            kernel="pointer",
+            epilogue_subtile=False,
             split_k=1,
             split_k_inline=False,
             stream_k=True,
-            gemv=False,
         )
     raise ConfigError(f"unknown decomposition {decomposition!r}; choose one of {list(DECOMPOSITIONS)}")
 

@@ -4,10 +4,10 @@ File layout (schema version ``CACHE_VERSION``)::
 
     {
       "schema": "tritongemm-tuning-cache",
-      "version": 1,
+      "version": 2,
       "entries": {
         "NVIDIA H100 80GB HBM3|sm_90|triton-3.5.0|pointer|float16|NT|m=1024|n=4096|k=4096|batch=1": {
-          "config": {"block_m": 128, "block_n": 256, ...},
+          "config": {"block_m": 128, "block_n": 256, ..., "kernel": "pointer", ...},
           "tflops": 612.3, "torch_tflops": 655.0, "tuned_shape": [1000, 4096, 4096, 1],
           "timestamp": "2025-01-01T12:00:00+00:00", ...
         }
@@ -23,6 +23,10 @@ Where it lives: ``$TRITONGEMM_CACHE_FILE`` (a file), else
 ``$TRITONGEMM_CACHE_DIR/tuning_cache.json``, else ``tuning_cache.json`` in
 the platform's user cache directory (``platformdirs.user_cache_dir``: on
 Linux ``$XDG_CACHE_HOME/tritongemm``, by default ``~/.cache/tritongemm``).
+
+A version-1 file (configs with the booleans that chose the kernel before
+``TileConfig.kernel``) is read as version 2 (``storage.MIGRATIONS``), and the
+next save rewrites it so.
 
 Reading never raises: a file that cannot be parsed (whatever the parser
 raises), a foreign or a stale file is ignored with one warning per process
@@ -51,7 +55,14 @@ import platformdirs
 import triton
 
 from ..device import DeviceInfo
-from ..planning.configs import MAX_SPLIT_K, MAX_STAGES, MIN_STAGES, ConfigError, TileConfig
+from ..planning.configs import (
+    LEGACY_KERNEL_FLAGS,
+    MAX_SPLIT_K,
+    MAX_STAGES,
+    MIN_STAGES,
+    ConfigError,
+    TileConfig,
+)
 from ..planning.problem import GemmProblem
 from .storage import (
     CACHE_VERSION,
@@ -86,8 +97,8 @@ CONFIG_BOUNDS: dict[str, tuple[int, int]] = {
     "cluster_m": (1, 2),
     "cluster_n": (1, 2),
 }
-#: Fields an entry's config must name (the flags default to off when absent,
-#: as in entries written before a flag existed).
+#: Fields an entry's config must name (the options default to off and the kernel to the
+#: pointer kernel when absent, as in entries written before the field existed).
 REQUIRED_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
 
 
@@ -320,11 +331,17 @@ def config_fields_problem(fields: dict) -> str | None:
     missing = [name for name in REQUIRED_FIELDS if name not in fields]
     if missing:
         return f"config lacks {', '.join(missing)}"
-    known = TileConfig().to_dict()
+    # (the old kernel booleans too: TileConfig.from_dict reads them, the entries of a version-1 file
+    # that could not be migrated have them)
+    known = {**TileConfig().to_dict(), **dict.fromkeys(LEGACY_KERNEL_FLAGS, False)}
     unknown = sorted(str(name) for name in fields if name not in known)
     if unknown:
         return f"config has unknown fields {unknown}"
     for name, value in fields.items():
+        if isinstance(known[name], str):
+            if not isinstance(value, str):
+                return f"config field {name}={value!r} must be a string"
+            continue
         if isinstance(known[name], bool):
             if not isinstance(value, bool):
                 return f"config field {name}={value!r} must be true or false"

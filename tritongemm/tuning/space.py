@@ -104,9 +104,8 @@ def candidate_configs(
                             continue  # rule 4
                         consider(TileConfig(bm, bn, bk, 8, warps, stages))
                         if hopper_tma and bm >= 64 and stages >= 3:  # rule 5
-                            cfg = TileConfig(
-                                bm, bn, bk, 8, warps, stages, tma=True, persistent=tiles > device.sm_count
-                            )
+                            kernel = "tma_persistent" if tiles > device.sm_count else "tma"
+                            cfg = TileConfig(bm, bn, bk, 8, warps, stages, kernel=kernel)
                             consider(cfg)
                             if cfg.smem_bytes(problem.elem_size) > device.smem_per_block:  # rule 2
                                 consider(replace(cfg, epilogue_subtile=True))
@@ -126,13 +125,13 @@ def candidate_configs(
                 bk = k_bytes // problem.elem_size
                 for warps in (4, 8):
                     if bk <= cap_k and bk * bn // (32 * warps) <= 64:  # accumulator registers
-                        ranked.append(TileConfig(16, bn, bk, 8, warps, 1, gemv=True))
+                        ranked.append(TileConfig(16, bn, bk, 8, warps, 1, kernel="gemv"))
     if problem.batch == 1 and problem.k > 0:  # rule 6
         for bm, bn, bk, warps, stages in ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3)):
             tiles = -(-problem.m // bm) * -(-problem.n // bn)
             if bk in block_ks and tiles > device.sm_count and wave_efficiency(tiles, device.sm_count) < 0.9:
-                for tma in (False, True) if hopper_tma else (False,):
-                    cfg = TileConfig(bm, bn, bk, 8, warps, stages, tma=tma, persistent=tma, stream_k=True)
+                for kernel in ("pointer", "tma_persistent") if hopper_tma else ("pointer",):
+                    cfg = TileConfig(bm, bn, bk, 8, warps, stages, kernel=kernel, stream_k=True)
                     try:
                         cfg.validate(device, problem.elem_size, problem.acc_size)
                         ranked.append(cfg)
@@ -143,7 +142,7 @@ def candidate_configs(
         problem.elem_size <= 2 and device.capability == (9, 0) and not device.interpreter
     )  # never interprets
     if gluon and problem.batch == 1 and problem.k > 0:  # rule 7
-        ws = dict(tma=True, persistent=True, warp_specialize=True)
+        ws = dict(kernel="gluon_ws")
         for bm, bn, warps, stages, pingpong, subtile in WARP_SPECIALIZED_TILES:
             if bm <= cap_m and bn <= cap_n:  # rule 1
                 k_step = 128 // problem.elem_size  # 128 bytes of K, as wgmma reads it

@@ -5,6 +5,8 @@ takes an exclusive lock beside the file, merges, writes a temporary sibling,
 fsyncs and renames it over the cache, so a reader sees the old file or the new
 one, never a torn one.  A file that cannot be used (corrupt, foreign, stale)
 is warned about once, copied aside before it is replaced, and otherwise ignored.
+A file of an older version that ``MIGRATIONS`` knows is read in the current
+format, and the next save writes it so.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ from pathlib import Path
 
 import filelock
 
+from ..planning.configs import ConfigError, migrate_kernel_flags
+
 SCHEMA = "tritongemm-tuning-cache"
-CACHE_VERSION = 1
+#: 2: a config names its kernel (``TileConfig.kernel``); 1 had the booleans ``tma``, ``persistent``,
+#: ``warp_specialize`` and ``gemv`` instead.
+CACHE_VERSION = 2
 
 #: Seconds to wait for another process's lock.  A writer holds it only while it
 #: reads and rewrites a small JSON file, so a longer wait means a lock left
@@ -45,6 +51,25 @@ class FileContents:
     detail: str = ""
 
 
+def _entries_from_v1(entries: dict) -> dict:
+    """Version-1 entries with each config's kernel booleans turned into its ``kernel``.  A config that
+    cannot be turned (a flag that is no bool, a broken rule) is kept as it is, for the lookup to name."""
+    migrated = {}
+    for key, entry in entries.items():
+        config = entry.get("config")
+        if isinstance(config, dict):
+            try:
+                entry = {**entry, "config": migrate_kernel_flags(config)}
+            except ConfigError:
+                pass
+        migrated[key] = entry
+    return migrated
+
+
+#: Older versions this tritongemm reads, each with its migration of the entries to ``CACHE_VERSION``.
+MIGRATIONS = {1: _entries_from_v1}
+
+
 def read_file(path: Path) -> FileContents:
     try:
         raw = path.read_bytes()
@@ -63,9 +88,13 @@ def read_file(path: Path) -> FileContents:
     ):
         return FileContents({}, "foreign", f"not a {SCHEMA} file")
     version = data.get("version")
-    if version != CACHE_VERSION:
-        return FileContents({}, "stale", f"schema version {version!r}, this tritongemm reads {CACHE_VERSION}")
+    known = type(version) is int and (version == CACHE_VERSION or version in MIGRATIONS)  # (not JSON's true)
+    if not known:
+        readable = ", ".join(str(v) for v in (CACHE_VERSION, *sorted(MIGRATIONS)))
+        return FileContents({}, "stale", f"schema version {version!r}, this tritongemm reads {readable}")
     entries = {k: v for k, v in data["entries"].items() if isinstance(k, str) and isinstance(v, dict)}
+    if version != CACHE_VERSION:
+        entries = MIGRATIONS[version](entries)
     return FileContents(entries)
 
 

@@ -89,7 +89,7 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
         g = choose_gemv_tile(problem)
         split = choose_split_k(problem, device, 1, g.block_n, g.block_k)
         cfg = TileConfig(
-            16, g.block_n, g.block_k, 8, g.warps, 1, split_k=split, split_k_inline=split > 1, gemv=True
+            16, g.block_n, g.block_k, 8, g.warps, 1, kernel="gemv", split_k=split, split_k_inline=split > 1
         )
         return cfg, "one row of A (M = 1): GEMV kernel, CUDA-core dot products streaming B"
     prompt = prompt_config(problem, device)
@@ -116,7 +116,7 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
             and warp_specialized_fits(problem, device)
         ):
             ws = WS_DEEP_TILE._replace(stages=4)  # (the sweep's best ring here; 6 was within 1%)
-            return ws.config(tma=True, persistent=True, warp_specialize=True, stream_k=True), (
+            return ws.config(kernel="gluon_ws", stream_k=True), (
                 "long K over few tiles, B column-major: the warp-specialized kernel with each tile's K in "
                 "chunks over the SMs (Stream-K)"
             )
@@ -142,34 +142,34 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
     if split is not None:
         wide, wide_score = split
         first, rest = split_width(wide.block_n)
-        return wide.config(tma=True, persistent=True, warp_specialize=True), (
+        return wide.config(kernel="gluon_ws"), (
             f"{wide.block_m}x{wide.block_n} tiles fill the SMs better ({wide_score:.2f} against the menu's "
             f"{score:.2f}): the warp-specialized kernel, two accumulators of {first} + "
             f"{rest} columns"
         )
     tail = split_tail_tile(problem, device, score)
     if tail is not None:
-        return tail[0].config(tma=True, persistent=True, warp_specialize=True, stream_k=True), (
+        return tail[0].config(kernel="gluon_ws", stream_k=True), (
             f"{rule}; the warp-specialized 128x128 tile with its last wave split into K-chunks scores "
             f"{tail[1]:.2f}: whole waves, then each remaining tile in equal chunks, one per SM"
         )
     ws = warp_specialized_tile(problem, device)
     if ws is not None:
-        return ws.config(tma=True, persistent=True, warp_specialize=True), (
+        return ws.config(kernel="gluon_ws"), (
             f"short K ({problem.k}) over many tiles on sm_90: the warp-specialized persistent kernel "
             f"({ws.block_m}x{ws.block_n}, {ws.warps} warps), whose TMA producer and overlapped epilogue "
             "hide what a short K loop cannot"
         )
     if prefers_stream_k(problem, device, score):
         return stream_k_config(device), "one wave of 128x128 tiles plus a sliver: Stream-K"
-    tma = tile.tma and device.capability >= (9, 0)
+    tma = tile.tma_kernel and device.capability >= (9, 0)
     if tma and (tile.block_m, tile.block_n) == (128, 256) and prefers_tma_stream_k(problem, device):
         return (
-            TMA_STREAM_K_TILE.config(tma=True, persistent=True, stream_k=True),
+            TMA_STREAM_K_TILE.config(kernel="tma_persistent", stream_k=True),
             "two or more waves of 128x256 tiles, the last nearly empty: Stream-K on the TMA kernel",
         )
     if tma and (tile.block_m, tile.block_n) == (128, 128) and warp_specialized_fits(problem, device):
-        return WS_DEEP_TILE.config(tma=True, persistent=True, warp_specialize=True), (
+        return WS_DEEP_TILE.config(kernel="gluon_ws"), (
             rule + "; 128x128 tiles on the warp-specialized kernel, one consumer warpgroup, a 6-deep ring "
             "(sm_90: at or above the TMA kernel's 6 stages on every shape swept)"
         )
@@ -178,9 +178,9 @@ def _gpu_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, s
         return wide[0], f"{rule}; {wide[1]}"
     # Persistent even for a single wave: measured on the H100, the data-parallel
     # TMA grid loses up to 40% with a transposed A at 2048^3 (sweeps/sweep_layouts.csv).
-    cfg = tile.config(tma=tma, persistent=tma)
+    cfg = tile.config(kernel="tma_persistent" if tma else "pointer")
     if cfg.smem_bytes(problem.elem_size) > device.smem_per_block:  # smaller GPUs (e.g. 100 KiB on sm_86)
-        cfg = replace(cfg, tma=False, persistent=False)
+        cfg = replace(cfg, kernel="pointer")
         cfg = replace(cfg, num_stages=choose_num_stages(cfg, problem, device))
         rule += "; pointer kernel, stages cut to fit shared memory"
     elif tma:

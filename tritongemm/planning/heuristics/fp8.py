@@ -53,9 +53,7 @@ def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, st
         8,
         warps,
         stages,
-        tma=ws,
-        persistent=ws,
-        warp_specialize=ws,
+        kernel="gluon_ws" if ws else "pointer",
         epilogue_subtile=subtile and ws,
     )
     where = "the warp-specialized kernel" if ws else "the pointer kernel"

@@ -24,7 +24,7 @@ STREAM_K_EFFICIENCY = 0.63
 # kernel's above, 1664x1408x4096 0.75 of cuBLAS (0.66-0.70), 512x4608x3584
 # 0.78 (0.73), 512x5120x4096 0.75 (0.74) (sweeps/shape_class_sweep.json);
 # 0.70 lets it take 1664x1408x4096 from 78 tiles of 128x256 (score 0.59).
-TMA_STREAM_K_128 = STREAM_K_TILE._replace(stages=5, tma=True)
+TMA_STREAM_K_128 = STREAM_K_TILE._replace(stages=5, tma_kernel=True)
 TMA_STREAM_K_128_EFFICIENCY = 0.70
 STREAM_K_MIN_STEPS = 32
 # Only for one wave of its tiles plus a sliver: below one wave the sliced-K
@@ -55,7 +55,7 @@ def prefers_stream_k(problem: GemmProblem, device: DeviceInfo, sliced_score: flo
 def stream_k_config(device: DeviceInfo) -> TileConfig:
     """Stream-K's 128x128 tile: on the TMA kernel where the device has it, else on the pointer kernel."""
     if device.capability >= (9, 0):
-        return TMA_STREAM_K_128.config(tma=True, persistent=True, stream_k=True)
+        return TMA_STREAM_K_128.config(kernel="tma_persistent", stream_k=True)
     return STREAM_K_TILE.config(stream_k=True)
 
 
@@ -170,9 +170,9 @@ def split_tail_tile(problem: GemmProblem, device: DeviceInfo, menu_score: float)
 # whole matters more than the fourth slot: the warp-specialized kernel at 3 stages, 6000x16384x3072
 # 1.00 (0.94), 4096x6144x4096 0.98 (0.94), 8192x10240x8192 1.00 (0.95), where its 4 stages gave 0.97-0.98.
 WIDE_TILE_DEEP_WAVES = 3.5
-WIDE_TILE_SINGLE_WAVE = TileConfig(128, 256, 64, 8, 8, 4, tma=True, persistent=True, epilogue_subtile=True)
-WIDE_TILE_FEW_WAVES = replace(WIDE_TILE_SINGLE_WAVE, warp_specialize=True)
-WIDE_TILE_MANY_WAVES = TileConfig(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True)
+WIDE_TILE_SINGLE_WAVE = TileConfig(128, 256, 64, 8, 8, 4, kernel="tma_persistent", epilogue_subtile=True)
+WIDE_TILE_FEW_WAVES = replace(WIDE_TILE_SINGLE_WAVE, kernel="gluon_ws")
+WIDE_TILE_MANY_WAVES = TileConfig(128, 256, 64, 8, 8, 3, kernel="gluon_ws")
 
 
 def wide_tile_config(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, str] | None:
@@ -225,7 +225,7 @@ SHORT_ROW_GROUP_M = 4
 def narrow_row_order(cfg: TileConfig, problem: GemmProblem) -> TileConfig | None:
     """``cfg`` in row-after-row tile order where N spans at most NARROW_ROW_TILES of its tiles, in groups of
     SHORT_ROW_GROUP_M rows where it spans at most SHORT_ROW_TILES; else None (the grouped order stays)."""
-    if not cfg.warp_specialize or cfg.stream_k or cfg.group_m != 8:
+    if cfg.kernel != "gluon_ws" or cfg.stream_k or cfg.group_m != 8:
         return None
     tiles = cdiv(problem.n, cfg.block_n)
     if tiles <= NARROW_ROW_TILES:
