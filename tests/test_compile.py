@@ -83,6 +83,31 @@ def test_compiled_backward_gives_weight_gradients_in_the_weights_layout(device):
     assert sorted(got) == sorted(weights.values()), (got, weights)
 
 
+def test_autotune_route_lets_inductor_time_the_kernel_against_aten(device, monkeypatch, aot_targets):
+    """``TRITONGEMM_COMPILED_GEMMS=autotune``: each GEMM aten can compute is ``tritongemm::gemm_tuned``
+    in the graph, forward and backward, and Inductor keeps whichever of it and the aten ops it
+    times faster.  On the interpreter the kernel is far slower: the aten ops are inlined."""
+    pytest.importorskip("torch._inductor.kernel.custom_op", reason="custom-op autotuning is torch >= 2.11")
+    monkeypatch.setattr(launch, "COMPILED_GEMMS", "autotune")
+    backend, seen = aot_targets
+    torch._dynamo.reset()
+    model = _mlp(16, 24, device, torch.float32)
+    x = random_tensor((5, 16), torch.float32, device).requires_grad_()
+    torch.compile(model, backend=backend, fullgraph=True)(x).sum().backward()
+    assert seen.count("tritongemm.gemm_tuned.default") == 2 + 4, (
+        seen
+    )  # forward; each input and weight gradient
+    torch._dynamo.reset()
+    x.grad = None
+    out, code = _compiled_code(torch.compile(model, fullgraph=True), x)
+    assert relative_error(out, model(x).double()) <= tolerance(torch.float32, device)
+    if device.type == "cpu":
+        assert "ops.tritongemm" not in code, code[-3000:]
+    ref = torch.autograd.grad(model(x).sum(), x)[0]
+    out.sum().backward()
+    assert relative_error(x.grad, ref.double()) <= tolerance(torch.float32, device)
+
+
 def test_export_keeps_the_op_whole(device):
     model = _mlp(16, 24, device, torch.float32)
     x = random_tensor((5, 16), torch.float32, device)

@@ -1,4 +1,5 @@
-"""The ops ``torch.compile`` and ``torch.export`` see: ``tritongemm::gemm`` and ``tritongemm::gemm_extern``.
+"""The ops ``torch.compile`` and ``torch.export`` see: ``tritongemm::gemm``, ``tritongemm::gemm_extern``
+and ``tritongemm::gemm_tuned`` (``tuned``).
 
 Under a trace (fake or functional tensors) the autograd doors call
 ``torch.ops.tritongemm.gemm`` (``autograd.gemm_op``); DTensor runs it on
@@ -23,6 +24,7 @@ from ..device import interpreter_enabled
 from ..planning.call import GemmCall, from_op_args
 from ..planning.plan import compiled_reason
 from ..semantics import ACTIVATIONS, dot_precision
+from . import tuned
 from .function import alloc_out, backward_gemms, save_context
 
 
@@ -60,6 +62,15 @@ def _gemm_extern_fake(*args):
     return _outputs(call, a, b)
 
 
+def _gemm_tuned(*args):
+    """``tritongemm::gemm_tuned``: ``gemm_extern``'s output alone (``tuned``)."""
+    return _gemm_extern(*args)[0]
+
+
+def _gemm_tuned_fake(*args):
+    return _gemm_extern_fake(*args)[0]
+
+
 def _gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -92,9 +103,11 @@ def _gemm(
     if type(a) in (torch.Tensor, torch.nn.Parameter):
         return _gemm_extern(*args)
     call, a, b, out, d, residual, preact, preact_out = _prepared(args)
+    if route == "autotune" and tuned.eligible(args, call, a, residual):
+        return torch.ops.tritongemm.gemm_tuned(*args), preact_out
     chosen = launch.traced_plan(call, a, b, out)
     if _hand_to_aten(chosen, call, a, route):
-        return _aten_gemm(call, a, b, addend, residual)
+        return aten_ops(call, a, b, addend, residual)
     if chosen is not None and launch.traced_gemm(chosen, call, a, b, out, d, residual, preact):
         return out, preact_out
     return torch.ops.tritongemm.gemm_extern(*args)
@@ -111,7 +124,7 @@ def _hand_to_aten(chosen, call: GemmCall, a: torch.Tensor, route: str) -> bool:
     return compiled_reason(chosen, call.request, a.dtype, call.out_dtype or a.dtype) is None
 
 
-def _aten_gemm(call: GemmCall, a, b, addend, residual) -> tuple[torch.Tensor, torch.Tensor]:
+def aten_ops(call: GemmCall, a, b, addend, residual) -> tuple[torch.Tensor, torch.Tensor]:
     """The op in aten ops, as the stock model has them: Inductor lowers and fuses these itself."""
     ep = call.epilogue
     if ep.addend and a.dim() == 2:
@@ -158,6 +171,13 @@ def _decompose_when_functional(mode, op, types, args, kwargs):
 GEMM_SCHEMA = torch.library.infer_schema(_gemm, mutates_args=())
 torch.library.custom_op("tritongemm::gemm_extern", _gemm_extern, mutates_args=(), schema=GEMM_SCHEMA)
 torch.library.register_fake("tritongemm::gemm_extern", _gemm_extern_fake)
+torch.library.custom_op(
+    "tritongemm::gemm_tuned",
+    _gemm_tuned,
+    mutates_args=(),
+    schema=GEMM_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"),
+)
+torch.library.register_fake("tritongemm::gemm_tuned", _gemm_tuned_fake)
 _GEMM_OP = torch.library.custom_op("tritongemm::gemm", _gemm, mutates_args=())
 _GEMM_OP.register_fake(_gemm_extern_fake)
 _GEMM_OP.register_autograd(_op_backward, setup_context=_setup_context)

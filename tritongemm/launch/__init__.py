@@ -223,7 +223,8 @@ _wrap_triton = getattr(torch.library, "wrap_triton", None)  # torch >= 2.6
 TRACE_KERNELS = os.environ.get("TRITONGEMM_TRACE_KERNELS", "1") != "0"
 #: Which GEMMs of a compiled graph run tritongemm's kernels (TRITONGEMM_COMPILED_GEMMS): "auto",
 #: those ``plan.compiled_reason`` gives a reason for (the others are aten ops, as in the stock
-#: model); "always", every one.
+#: model); "always", every one; "autotune", Inductor times the kernel against the aten ops per
+#: GEMM and keeps the faster (``autograd.tuned``).
 COMPILED_GEMMS = os.environ.get("TRITONGEMM_COMPILED_GEMMS", "auto")
 
 
