@@ -171,13 +171,13 @@ def _decompose_when_functional(mode, op, types, args, kwargs):
 GEMM_SCHEMA = torch.library.infer_schema(_gemm, mutates_args=())
 torch.library.custom_op("tritongemm::gemm_extern", _gemm_extern, mutates_args=(), schema=GEMM_SCHEMA)
 torch.library.register_fake("tritongemm::gemm_extern", _gemm_extern_fake)
-torch.library.custom_op(
+TUNED_OP = torch.library.custom_op(
     "tritongemm::gemm_tuned",
     _gemm_tuned,
     mutates_args=(),
     schema=GEMM_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"),
 )
-torch.library.register_fake("tritongemm::gemm_tuned", _gemm_tuned_fake)
+TUNED_OP.register_fake(_gemm_tuned_fake)
 _GEMM_OP = torch.library.custom_op("tritongemm::gemm", _gemm, mutates_args=())
 _GEMM_OP.register_fake(_gemm_extern_fake)
 _GEMM_OP.register_autograd(_op_backward, setup_context=_setup_context)

@@ -66,8 +66,8 @@ def _register() -> bool:
             )
             _REGISTERED.append(False)
         else:
-            register_custom_op_autotuning(
-                torch.ops.tritongemm.gemm_tuned.default, configs=[CustomOpConfig(aten_gemm)]
-            )
+            from .ops import TUNED_OP  # (torch 2.11 takes the op's definition, not its overload)
+
+            register_custom_op_autotuning(TUNED_OP, configs=[CustomOpConfig(aten_gemm)])
             _REGISTERED.append(True)
     return _REGISTERED[0]
