@@ -349,6 +349,7 @@ def test_a_cast_is_not_reused_after_an_in_place_write_or_for_another_tensor(monk
         ref = weakref.ref(x)
         del x
         assert ref() is None  # the cache keeps no activation alive
+        assert not float8.recent_casts().entries  # nor the copy of one freed
         y = torch.randn(16, 64, device=device)  # may reuse the freed memory: still cast afresh
         layer(y)
         assert shapes.count((16, 64)) == 3

@@ -134,7 +134,8 @@ class RecentCasts:
     """The last ``size`` activation casts of one thread, found again by their source tensor.
 
     An entry is used only for the same tensor object (held weakly, so the cache keeps no
-    activation alive and a freed tensor's address cannot be mistaken for it), at the same
+    activation alive, drops the copy when the source is freed, and cannot mistake a new tensor
+    at a freed one's address for it), at the same
     version (an in-place write since makes it stale), on the same stream (the copy was written
     there).  Nothing is kept or served under CUDA graph capture (a copy cast before the capture
     would be read by every replay without being cast again) or in a compiled graph (Inductor
@@ -157,7 +158,14 @@ class RecentCasts:
             self.entries.move_to_end(key)
             return hit[2]
         value = quantize(matrix.t() if transposed else matrix, dtype, recipe)
-        self.entries[key] = (weakref.ref(x), x._version, value)
+        entries = self.entries
+
+        def forget(ref: weakref.ref) -> None:  # the source is freed: so is its copy, at once
+            hit = entries.get(key)
+            if hit is not None and hit[0] is ref:
+                entries.pop(key, None)
+
+        entries[key] = (weakref.ref(x, forget), x._version, value)
         while len(self.entries) > self.size:
             self.entries.popitem(last=False)
         return value
