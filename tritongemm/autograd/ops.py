@@ -103,7 +103,11 @@ def _gemm(
     if type(a) in (torch.Tensor, torch.nn.Parameter):
         return _gemm_extern(*args)
     call, a, b, out, d, residual, preact, preact_out = _prepared(args)
-    if route == "autotune" and tuned.eligible(args, call, a, residual):
+    if (
+        route == "autotune"
+        and tuned.eligible(args, call, a, residual)
+        and tuned.available(TUNED_OP, aten_tuned)
+    ):
         return torch.ops.tritongemm.gemm_tuned(*args), preact_out
     chosen = launch.traced_plan(call, a, b, out)
     if _hand_to_aten(chosen, call, a, route):
@@ -139,6 +143,15 @@ def aten_ops(call: GemmCall, a, b, addend, residual) -> tuple[torch.Tensor, torc
     if residual is not None:
         y = y + residual
     return y, (z if ep.store_preact else y.new_empty(0))
+
+
+def aten_tuned(a, b, addend=None, residual=None, **values) -> torch.Tensor:
+    """``gemm_tuned`` in aten ops, the choice Inductor weighs against it (``tuned``): it passes the
+    tensors in order and the rest by name, as the op's schema names them."""
+    keys = ("alpha", "beta", "activation", "out_dtype", "pipeline", "decomposition", "config_json",
+            "precision", "route")  # fmt: skip
+    call, a, b, addend, residual = from_op_args((a, b, addend, residual, *(values[k] for k in keys)))
+    return aten_ops(call, a, b, addend, residual)[0]
 
 
 def _setup_context(ctx, inputs, output):

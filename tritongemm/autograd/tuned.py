@@ -5,9 +5,9 @@ decomposition requested, the operands' dtype out, no residual or stored
 pre-activation, not fp8) becomes ``tritongemm::gemm_tuned``: one output, so
 that Inductor's custom-op autotuning (``register_custom_op_autotuning``,
 torch >= 2.11) takes it.  When Inductor lowers it, it benchmarks the op itself
-(tritongemm's kernel, as ``gemm_extern`` runs it) against ``aten_gemm``, the
-stock model's aten ops, which it traces, fuses and tunes as its own, and keeps
-the faster for that shape.  The timing costs compile time, every mode, where
+(tritongemm's kernel, as ``gemm_extern`` runs it) against the stock model's
+aten ops (``ops.aten_tuned``), which it traces, fuses and tunes as its own,
+and keeps the faster for that shape.  The timing costs compile time, every mode, where
 the "auto" route decides by rule (``plan.compiled_reason``) instead.  Where
 the installed torch lacks custom-op autotuning the route is "auto", with a
 warning.
@@ -19,7 +19,6 @@ import warnings
 
 import torch
 
-from ..planning.call import from_op_args
 from ..planning.eligibility import FP8_DTYPES
 
 _REGISTERED: list[bool] = []  # [whether torch has it], once decided
@@ -37,24 +36,13 @@ def eligible(args: tuple, call, a: torch.Tensor, residual) -> bool:
         and a.dtype not in FP8_DTYPES
         and residual is None
         and not call.epilogue.store_preact
-        and _register()
     )
 
 
-def aten_gemm(a, b, addend=None, residual=None, **values) -> torch.Tensor:
-    """The choice Inductor weighs against the op: the GEMM and its epilogue in aten ops (it calls
-    this with the tensors in order and the rest by name, as the op's schema names them)."""
-    from .ops import aten_ops
-
-    keys = ("alpha", "beta", "activation", "out_dtype", "pipeline", "decomposition", "config_json",
-            "precision", "route")  # fmt: skip
-    call, a, b, addend, residual = from_op_args((a, b, addend, residual, *(values[k] for k in keys)))
-    return aten_ops(call, a, b, addend, residual)[0]
-
-
-def _register() -> bool:
-    """Register ``gemm_tuned`` with Inductor's custom-op autotuning, once (it imports Inductor,
-    which ``import tritongemm`` does not); False where this torch has none."""
+def available(op, decomposition) -> bool:
+    """Register ``op`` (``gemm_tuned``'s definition: torch 2.11 takes no overload) with Inductor's
+    custom-op autotuning, ``decomposition`` the choice it weighs against the op, once; it imports
+    Inductor, which ``import tritongemm`` does not.  False where this torch has none."""
     if not _REGISTERED:
         try:
             from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
@@ -66,8 +54,6 @@ def _register() -> bool:
             )
             _REGISTERED.append(False)
         else:
-            from .ops import TUNED_OP  # (torch 2.11 takes the op's definition, not its overload)
-
-            register_custom_op_autotuning(TUNED_OP, configs=[CustomOpConfig(aten_gemm)])
+            register_custom_op_autotuning(op, configs=[CustomOpConfig(decomposition)])
             _REGISTERED.append(True)
     return _REGISTERED[0]
