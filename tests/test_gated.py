@@ -540,23 +540,47 @@ def test_transformers_llama_mlp_is_fused(device, hidden_act):
 # ----------------------------------------------------------------------------------
 # torch.compile
 # ----------------------------------------------------------------------------------
-def test_compiled_converted_mlp_keeps_the_gated_op(device, aot_targets):
-    """aot_eager traces forward and backward through ``tritongemm::gated`` and ``tritongemm::gated_grad``
-    (and runs on the CPU interpreter); no graph break."""
+def test_compiled_mlp_is_the_gated_op_for_inference_and_its_linears_for_training(device, aot_targets):
+    """aot_eager (the CPU interpreter too), no graph break: a converted MLP without gradients is
+    ``tritongemm::gated``; with them, its three Linears (Inductor fuses the product and its gradient
+    into their neighbours, which beat the gated kernel's backward).  The function ``gated_linear``
+    keeps the op both ways, through ``tritongemm::gated_grad``."""
     backend, seen = aot_targets
+    model = tritongemm.nn.convert(nn.Sequential(LlamaMLP(HIDDEN, INTER, bias=True))).to(device)
+    mlp = model[0]
+    x = random_tensor((3, HIDDEN), torch.float32, device)
+    tol = 2 * tolerance(torch.float32, device)
 
     torch._dynamo.reset()
-    model = tritongemm.nn.convert(nn.Sequential(LlamaMLP(HIDDEN, INTER, bias=True))).to(device)
-    x = random_tensor((3, HIDDEN), torch.float32, device).requires_grad_()
-    out = torch.compile(model, backend=backend, fullgraph=True)(x)
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend, fullgraph=True)(x)
+        assert_close(out, model(x).double(), tol=tol)
+    assert "tritongemm.gated.default" in seen, seen
+
+    seen.clear()
+    torch._dynamo.reset()
+    xg = x.clone().requires_grad_()
+    out = torch.compile(model, backend=backend, fullgraph=True)(xg)
     out.sum().backward()
-    assert "tritongemm.gated.default" in seen and "tritongemm.gated_grad.default" in seen, seen
-    gx = x.grad.clone()
-    x.grad = None
-    ref = model(x)
+    assert seen and not any("gated" in t for t in seen), seen
+    ref_x = x.clone().requires_grad_()
+    ref = model(ref_x)
     ref.sum().backward()
-    assert_close(out, ref.double(), tol=2 * tolerance(torch.float32, device))
-    assert_close(gx, x.grad.double(), tol=2 * tolerance(torch.float32, device))
+    assert_close(out, ref.double(), tol=tol)
+    assert_close(xg.grad, ref_x.grad.double(), tol=tol)
+
+    seen.clear()
+    torch._dynamo.reset()
+    weights = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.gate_proj.bias, mlp.up_proj.bias)
+    xf = x.clone().requires_grad_()
+    h = torch.compile(lambda t: tritongemm.gated_linear(t, *weights), backend=backend, fullgraph=True)(xf)
+    h.sum().backward()
+    assert "tritongemm.gated.default" in seen and "tritongemm.gated_grad.default" in seen, seen
+    ref_x.grad = None
+    ref_h = tritongemm.gated_linear(ref_x, *weights)
+    ref_h.sum().backward()
+    assert_close(h, ref_h.double(), tol=tol)
+    assert_close(xf.grad, ref_x.grad.double(), tol=tol)
 
 
 def test_compiled_small_mlp_traces_its_linears(device, monkeypatch):
