@@ -102,6 +102,11 @@ def _gemm(
             precision, route)  # fmt: skip
     if type(a) in (torch.Tensor, torch.nn.Parameter):
         return _gemm_extern(*args)
+    # Each op made here is traced (functionalized, faked) at compile time: decide before allocating.
+    call = _resolve_precision(from_op_args(args)[0], a)
+    chosen = launch.traced_plan(call, a, b, call.out_dtype or a.dtype)
+    if _hand_to_aten(chosen, call, a, route):
+        return aten_ops(call, a, b, addend, residual)
     call, a, b, out, d, residual, preact, preact_out = _prepared(args)
     if (
         route == "autotune"
@@ -109,9 +114,6 @@ def _gemm(
         and tuned.available(TUNED_OP, aten_tuned)
     ):
         return torch.ops.tritongemm.gemm_tuned(*args), preact_out
-    chosen = launch.traced_plan(call, a, b, out)
-    if _hand_to_aten(chosen, call, a, route):
-        return aten_ops(call, a, b, addend, residual)
     if chosen is not None and launch.traced_gemm(chosen, call, a, b, out, d, residual, preact):
         return out, preact_out
     return torch.ops.tritongemm.gemm_extern(*args)

@@ -65,6 +65,10 @@ def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
 
 def plan_for(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Plan:
     """The plan for these tensors (what ``gemm`` would run)."""
+    return _plan_for(call, a, b, Operand.of(out), out.dtype)
+
+
+def _plan_for(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: Operand, out_dtype) -> Plan:
     problem = problem_of(a, b)
     return plan(
         problem,
@@ -72,9 +76,9 @@ def plan_for(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         call.request,
         Operand.of(a),
         Operand.of(b),
-        Operand.of(out),
+        out,
         a.dtype,
-        out.dtype,
+        out_dtype,
         _PADDING[0],
     )
 
@@ -172,16 +176,17 @@ TRACEABLE_KERNELS = ("pointer", "gemv")
 TRACEABLE_JIT_KERNELS = (gemm_kernel, splitk_reduce_kernel, gemv_kernel)
 
 
-def traced_plan(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Plan | None:
+def traced_plan(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> Plan | None:
     """The plan an eager call with these traced tensors' layouts gets (``torch.compile``,
-    ``torch.export``), or None where a trace cannot hold one of tritongemm's kernels: symbolic
-    sizes (dynamic shapes), a device that is not a GPU with compiled kernels, or no
-    ``torch.library.wrap_triton``.  Nothing is cached: a trace runs once per compiled graph."""
+    ``torch.export``), into a freshly allocated ``out_dtype`` output, or None where a trace cannot
+    hold one of tritongemm's kernels: symbolic sizes (dynamic shapes), a device that is not a GPU
+    with compiled kernels, or no ``torch.library.wrap_triton``.  Nothing is cached: a trace runs
+    once per compiled graph.  No output is allocated to plan it: a traced op costs compile time."""
     if a.device.type != "cuda" or interpreter_enabled() or _wrap_triton is None:
         return None
-    if not all(type(x) is int for t in (a, b, out) for x in (*t.shape, *t.stride(), t.storage_offset())):
+    if not all(type(x) is int for t in (a, b) for x in (*t.shape, *t.stride(), t.storage_offset())):
         return None  # a plan needs numbers
-    return plan_for(call, a, b, out)
+    return _plan_for(call, a, b, Operand.contiguous(a.shape[-2], b.shape[-1], out_dtype.itemsize), out_dtype)
 
 
 def traced_gemm(
