@@ -108,6 +108,47 @@ def test_autotune_route_lets_inductor_time_the_kernel_against_aten(device, monke
     assert relative_error(x.grad, ref.double()) <= tolerance(torch.float32, device)
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("shape", [(5, 16), (2, 3, 16)], ids=["2d", "3d"])
+def test_compiled_linear_takes_a_short_way_to_the_same_graph(device, monkeypatch, aot_targets, shape, bias):
+    """Under torch.compile a converted Linear makes its op call in a few of Dynamo's steps
+    (``calls.traced_linear``): the forward and backward graphs are those of the whole way, and so
+    are the outputs and gradients."""
+    from tritongemm.request import calls
+
+    backend, seen = aot_targets
+    torch.manual_seed(0)
+    layer = tritongemm.nn.convert(torch.nn.Linear(16, 24, bias=bias)).to(device)
+    x0 = random_tensor(shape, torch.float32, device)
+    short_calls = []
+    real = calls.traced_linear
+
+    def spy(*args):
+        y = real(*args)
+        short_calls.append(y is not None)
+        return y
+
+    def compiled_step():
+        seen.clear()
+        torch._dynamo.reset()
+        layer.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        out = torch.compile(layer, backend=backend, fullgraph=True)(x)
+        out.sum().backward()
+        return list(seen), out.detach(), x.grad, layer.weight.grad
+
+    monkeypatch.setattr(calls, "traced_linear", spy)
+    short = compiled_step()
+    assert short_calls == [True]
+    monkeypatch.setattr(calls, "traced_linear", lambda *args: None)  # the whole way
+    whole = compiled_step()
+    views = {"aten.view.default", "aten.transpose.int", "aten.expand.default", "aten.t.default"}
+    compute = [[t for t in graph if t not in views] for graph in (short[0], whole[0])]
+    assert compute[0] == compute[1] and len(short[0]) <= len(whole[0]), (short[0], whole[0])
+    for a, b in zip(short[1:], whole[1:]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_export_keeps_the_op_whole(device):
     model = _mlp(16, 24, device, torch.float32)
     x = random_tensor((5, 16), torch.float32, device)

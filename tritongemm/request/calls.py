@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from ..semantics import ACTIVATIONS, check_activation
+from ..autograd.function import run
+from ..semantics import ACTIVATIONS, SUPPORTED_DTYPES, check_activation
 from . import checks
 from .autocast import as_torch_sees
-from .batched import batched_gemm
+from .batched import batched_gemm, epilogue_of, gemm_call
+from .fallback import device_unsupported_reason
 from .fastpath import build, lookup
 
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -45,6 +47,41 @@ def linear(input, weight, bias, activation, residual, out_dtype, config, pipelin
     if key is not None:
         build("linear", key, input, weight, bias)
     return y
+
+
+def traced_linear(input, weight, bias):
+    """``nn.Linear``'s GEMM in a ``torch.compile`` trace, or None for a call that takes the whole way.
+
+    Dynamo executes every bytecode of the whole way for each layer it traces (its checks, its
+    batch broadcasting and folding): about 1,200 a Linear, where torch's ``F.linear`` takes a few
+    dozen, which was most of a converted model's extra compile time.  The common call -- operands
+    of one supported dtype and device, a 2-D weight, a (N,) bias, rows that fold into one matrix
+    -- makes here the same op call the whole way makes; anything else, and every error, goes there.
+    """
+    input, weight, bias, _ = as_torch_sees(input, weight, bias, None)
+    dtype, device = input.dtype, input.device
+    if not (
+        input.dim() >= 2
+        and weight.dim() == 2
+        and input.shape[-1] == weight.shape[1]
+        and weight.dtype == dtype
+        and weight.device == device
+        and (
+            bias is None or (bias.shape == weight.shape[:1] and bias.dtype == dtype and bias.device == device)
+        )
+        and dtype in SUPPORTED_DTYPES
+        and device_unsupported_reason(device) is None
+    ):
+        return None
+    other = weight.mT
+    rows = input if input.dim() == 2 else checks.fold_rows(input)
+    if rows is None:
+        return None
+    n = weight.shape[0]
+    addend = None if bias is None else bias.expand(rows.shape[0], n)
+    call = gemm_call(rows, epilogue_of("none", 1.0, 1.0, addend, None), None, None, None, None)
+    y = run(call, rows, other, addend)
+    return y if input.dim() == 2 else y.view(*input.shape[:-1], n)
 
 
 def _operands(fn, a, b, b_name, bias, residual, out_dtype):
