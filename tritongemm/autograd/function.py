@@ -308,6 +308,16 @@ class GemmTransformFunction(torch.autograd.Function):
         return GemmTransformFunction.apply(a, b, addend, residual, call), (0, 0)
 
 
+def traced_plain_gemm(a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | None) -> torch.Tensor:
+    """``a @ b + addend`` in a ``torch.compile`` trace of plain tensors: the op call ``gemm_op`` makes
+    for it (``GemmCall`` of the plain epilogue, ``op_args``), written out, since Dynamo executes
+    each bytecode of the way there for every layer it traces."""
+    precision = "auto" if a.dtype is torch.float32 else "ieee"  # (``batched.gemm_call``'s, tracing)
+    return torch.ops.tritongemm.gemm(
+        a, b, addend, None, 1.0, 1.0, "none", None, None, None, None, precision, launch.COMPILED_GEMMS
+    )[0]
+
+
 def _traceable_gemm(call: GemmCall, a, b, addend, residual):
     """The GEMM as the op ``torch.ops.tritongemm.gemm`` (``ops.py``), which traces and exports."""
     return torch.ops.tritongemm.gemm(*op_args(call, a, b, addend, residual), launch.COMPILED_GEMMS)[0]

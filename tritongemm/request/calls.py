@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from ..autograd.function import run
+from ..autograd.function import traced_plain_gemm
 from ..semantics import ACTIVATIONS, SUPPORTED_DTYPES, check_activation
 from . import checks
 from .autocast import as_torch_sees
-from .batched import batched_gemm, epilogue_of, gemm_call
+from .batched import batched_gemm
 from .fallback import device_unsupported_reason
 from .fastpath import build, lookup
 
@@ -71,6 +71,7 @@ def traced_linear(input, weight, bias):
         )
         and dtype in SUPPORTED_DTYPES
         and device_unsupported_reason(device) is None
+        and not _functorch_active()
     ):
         return None
     other = weight.mT
@@ -79,8 +80,7 @@ def traced_linear(input, weight, bias):
         return None
     n = weight.shape[0]
     addend = None if bias is None else bias.expand(rows.shape[0], n)
-    call = gemm_call(rows, epilogue_of("none", 1.0, 1.0, addend, None), None, None, None, None)
-    y = run(call, rows, other, addend)
+    y = traced_plain_gemm(rows, other, addend)
     return y if input.dim() == 2 else y.view(*input.shape[:-1], n)
 
 
