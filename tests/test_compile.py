@@ -87,7 +87,10 @@ def test_autotune_route_lets_inductor_time_the_kernel_against_aten(device, monke
     """``TRITONGEMM_COMPILED_GEMMS=autotune``: each GEMM aten can compute is ``tritongemm::gemm_tuned``
     in the graph, forward and backward, and Inductor keeps whichever of it and the aten ops it
     times faster.  On the interpreter the kernel is far slower: the aten ops are inlined."""
-    pytest.importorskip("torch._inductor.kernel.custom_op", reason="custom-op autotuning is torch >= 2.11")
+    from tritongemm.autograd import tuned
+
+    if torch.torch_version.TorchVersion(torch.__version__) < tuned.MIN_TORCH:
+        pytest.skip(f"the autotuned route needs torch >= {tuned.MIN_TORCH}'s custom-op autotuning")
     monkeypatch.setattr(launch, "COMPILED_GEMMS", "autotune")
     backend, seen = aot_targets
     torch._dynamo.reset()
