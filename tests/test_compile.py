@@ -152,6 +152,29 @@ def test_compiled_linear_takes_a_short_way_to_the_same_graph(device, monkeypatch
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_aten_route_hands_addmm_the_bias_vector(monkeypatch):
+    """A Linear's bias reaches the aten route as a view broadcast over the rows; ``addmm`` must get
+    the (N,) vector, as F.linear gives it (cuBLAS adds a vector in its epilogue; an (M, N) input
+    is first copied into the output)."""
+    from tritongemm.autograd.ops import aten_ops
+    from tritongemm.planning.call import Epilogue, GemmCall
+
+    seen = []
+    real = torch.addmm
+    monkeypatch.setattr(
+        torch, "addmm", lambda c, a, b, **kw: (seen.append(tuple(c.shape)), real(c, a, b, **kw))[1]
+    )
+    a, w, bias = torch.randn(6, 4), torch.randn(5, 4), torch.randn(5)
+    call = GemmCall(Epilogue("none", 1.0, 1.0, True, False))
+    y, _ = aten_ops(call, a, w.mT, bias.expand(6, 5), None)
+    assert seen == [(5,)]
+    torch.testing.assert_close(y, torch.nn.functional.linear(a, w, bias))
+    full = torch.randn(6, 5)  # a real (M, N) addend (addmm's input) stays one
+    y, _ = aten_ops(call, a, w.mT, full, None)
+    assert seen == [(5,), (6, 5)]
+    torch.testing.assert_close(y, torch.addmm(full, a, w.mT))
+
+
 def test_export_keeps_the_op_whole(device):
     model = _mlp(16, 24, device, torch.float32)
     x = random_tensor((5, 16), torch.float32, device)
