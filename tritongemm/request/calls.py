@@ -64,6 +64,8 @@ def traced_linear(input, weight, bias):
         input.dim() >= 2
         and weight.dim() == 2
         and input.shape[-1] == weight.shape[1]
+        and input.shape[-1] > 0  # (K = 0: torch's exact empty sum, the whole way's)
+        and input.layout == weight.layout == torch.strided
         and weight.dtype == dtype
         and weight.device == device
         and (
