@@ -171,6 +171,20 @@ def _parser() -> argparse.ArgumentParser:
     f8.add_argument("--no-plots", action="store_true", help="write the CSV only")
     f8.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
+    ct = sub.add_parser(
+        "compile-time",
+        help="torch.compile's seconds on converted models against stock, each compile in a fresh process "
+        "with empty caches",
+    )
+    ct.add_argument(
+        "--models", help="comma-separated models-suite names (default: the suite's default models)"
+    )
+    ct.add_argument("--workloads", default="infer,train_amp", help="comma-separated: infer, train_amp")
+    ct.add_argument("--modes", default="default,reduce-overhead", help="comma-separated torch.compile modes")
+    ct.add_argument("--rounds", type=_positive_int, default=2, help="rounds, stock and converted alternating")
+    ct.add_argument("--timeout", type=float, default=600, help="seconds one compile may take")
+    ct.add_argument("--out", help="results folder (default benchmarks/results/<gpu>/, e.g. h100/)")
+
     sub.add_parser("list", help="list the suites and their cases")
     return p
 
@@ -261,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "fp8":  # a timing suite: without a GPU it says so (run_cli), as `run` does
         from .fp8 import run_cli
+
+        return run_cli(args)
+
+    if args.command == "compile-time":
+        from .compile_time import run_cli
 
         return run_cli(args)
 

@@ -1124,3 +1124,34 @@ def test_own_runner_command_line_writes_prints_and_lists_what_was_not_measured(t
     sidecar = json.loads((tmp_path / "epilogue.env.json").read_text())
     assert list(sidecar) == ["environment", "suite", "rounds", "l2_rotation_factor", "gate_reference"]
     assert (sidecar["suite"], sidecar["rounds"]) == ("epilogue", 2)
+
+
+def test_compile_time_summary_takes_medians_per_variant_and_skips_failures():
+    from benchmarks.compile_time import summary
+
+    def row(variant, secs, status="ok"):
+        return dict(
+            model="m", workload="infer", mode="default", variant=variant, compile_s=secs, status=status
+        )
+
+    rows = [row("stock", 10.0), row("stock", 14.0), row("stock", 12.0), row("convert", 9.0),
+            row("convert", 15.0), row("convert", 99.0, "error")]  # fmt: skip
+    (s,) = summary(rows)
+    assert (s["stock_s"], s["convert_s"]) == (12.0, 12.0) and s["ratio"] == 1.0
+    (s,) = summary([row("stock", 8.0), row("convert", 1.0, "error")])
+    assert s["convert_s"] is None and s["ratio"] is None
+
+
+@pytest.mark.heavy
+def test_compile_time_runs_each_compile_cold_in_its_own_process(tmp_path):
+    """`python -m benchmarks compile-time` on the tiny model: a row per cold compile, both variants."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "compile-time", "--models", "tiny", "--workloads", "infer",
+         "--modes", "default", "--rounds", "1", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    df = pd.read_csv(tmp_path / "compile_time.csv")
+    assert sorted(df["variant"]) == ["convert", "stock"] and set(df["status"]) == {"ok"}
+    assert (df["compile_s"] > 0).all() and (df["steady_ms"] > 0).all()
+    assert "tiny" in proc.stdout and "wrote" in proc.stdout
