@@ -134,12 +134,11 @@ class RecentCasts:
     """The last ``size`` activation casts of one thread, found again by their source tensor.
 
     An entry is used only for the same tensor object (held weakly, so the cache keeps no
-    activation alive, drops the copy when the source is freed, and cannot mistake a new tensor
-    at a freed one's address for it), at the same
-    version (an in-place write since makes it stale), on the same stream (the copy was written
-    there).  Nothing is kept or served under CUDA graph capture (a copy cast before the capture
-    would be read by every replay without being cast again) or in a compiled graph (Inductor
-    computes a repeated cast once itself).
+    activation alive, drops the copy when the source is freed, and cannot mistake a new tensor at
+    a freed one's address for it), at the same version (an in-place write since makes it stale),
+    on the same stream (the copy was written there).  Nothing is kept or served under CUDA graph
+    capture (a copy cast before the capture would be read by every replay without being cast
+    again) or in a compiled graph (Inductor computes a repeated cast once itself).
     """
 
     def __init__(self, size: int = 4) -> None:
