@@ -59,14 +59,16 @@ class Linear(torch.nn.Linear):
 
     def _linear(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """This layer's function of ``input`` with these parameters (its own, or a DTensor's shards of them)."""
-        if torch.compiler.is_compiling() and self.activation == "none" and not is_dtensor(input):
-            y = calls.traced_linear(input, weight, bias)  # (a few steps of Dynamo's, not the whole way)
-            if y is not None:
-                return y
         if self.activation == "none":  # a repeated call: its entry was made by a call that passed every check
-            key, y = fastpath.lookup("linear", input, weight, bias)  # (None, None) at once for a DTensor
+            key, y = fastpath.lookup(
+                "linear", input, weight, bias
+            )  # (None, None) at once for a DTensor or a trace
             if y is not None:
                 return y
+            if torch.compiler.is_compiling() and not is_dtensor(input):
+                y = calls.traced_linear(input, weight, bias)  # (a few steps of Dynamo's, not the whole way)
+                if y is not None:
+                    return y
         else:
             key = None
         if is_dtensor(input):  # tensor parallelism: one GEMM of the shards where no redistribution is needed
