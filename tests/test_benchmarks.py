@@ -1155,3 +1155,30 @@ def test_compile_time_runs_each_compile_cold_in_its_own_process(tmp_path):
     assert sorted(df["variant"]) == ["convert", "stock"] and set(df["status"]) == {"ok"}
     assert (df["compile_s"] > 0).all() and (df["steady_ms"] > 0).all()
     assert "tiny" in proc.stdout and "wrote" in proc.stdout
+
+
+def test_fp8_rows_sweep_candidates():
+    """The fp8 few-rows sweep's candidates: each tile unsplit, and split only where every slice keeps
+    two K-steps; all fit shared memory and are valid pointer-kernel configs."""
+    from benchmarks.sweep_fp8_rows import SMEM_CAP, configs_for
+
+    for m, n, k in ((16, 4096, 4096), (128, 14336, 4096), (64, 4096, 512)):
+        cands = configs_for(m, n, k, 132)
+        assert cands and len({c.short() for c in cands}) == len(cands)
+        for c in cands:
+            assert c.kernel == "pointer" and c.block_m >= min(m, 64)
+            assert (c.block_m + c.block_n) * c.block_k * c.num_stages <= SMEM_CAP
+            assert c.split_k == 1 or k // c.block_k // c.split_k >= 2
+        assert {c.split_k for c in cands} != {1} or k <= 512
+
+
+@pytest.mark.skipif(not tritongemm.interpreter_enabled(), reason="runs the kernels on Triton's interpreter")
+def test_fp8_rows_sweep_smoke(tmp_path):
+    """The sweep's smoke run (one tiny problem on the interpreter) checks and records every candidate."""
+    from benchmarks import sweep_fp8_rows
+
+    assert sweep_fp8_rows.main(["--smoke", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "fp8_rows_sweep.json").read_text())["records"]
+    assert records and all(r["status"] == "ok" and r["rel_err"] < sweep_fp8_rows.TOL for r in records)
+    assert {r["scaling"] for r in records} == {"rowwise", "tensorwise"}
+    assert "default" in {r["impl"] for r in records}

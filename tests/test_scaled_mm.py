@@ -31,6 +31,7 @@ from tritongemm.device import DeviceInfo
 from tritongemm.launch import problem_of
 from tritongemm.planning.call import NO_REQUEST
 from tritongemm.planning.eligibility import Operand
+from tritongemm.planning.heuristics.fp8 import FEW_ROWS
 from tritongemm.planning.plan import plan
 from tritongemm.semantics import ACTIVATIONS  # (torch's own functions, as the reference)
 from tritongemm.testing import assert_close, random_tensor, relative_error, shape_id
@@ -808,10 +809,17 @@ def _plan_cases():
 
 @pytest.mark.parametrize("m, n, k, out_dtype", _plan_cases())
 def test_plan_on_h100(m, n, k, out_dtype):
-    """Every M takes a valid fp8 tile (a K step of 128 bytes): K-major operands on the
-    warp-specialized kernel, b row-major on the pointer kernel, which says why."""
+    """Up to 64 rows: the pointer kernel's few-rows tile, whatever the layout.  More: a K step of 128
+    bytes, K-major operands on the warp-specialized kernel, b row-major on the pointer kernel, which
+    says why."""
     col = gpu_plan(m, n, k, H100, "col", out_dtype)
     row = gpu_plan(m, n, k, H100, "row", out_dtype)
+    if m <= FEW_ROWS:
+        for chosen in (col, row):
+            assert chosen.kernel == chosen.config.kernel == "pointer", chosen.kernel
+            assert chosen.config.block_m == max(16, 1 << (m - 1).bit_length())
+            assert chosen.config.block_k == 256
+        return
     assert col.config.block_k == row.config.block_k == 128
     assert row.kernel == "pointer"
     assert "K-major" in row.fallback
@@ -821,6 +829,24 @@ def test_plan_on_h100(m, n, k, out_dtype):
         assert col.config.kernel == "gluon_ws"
     else:  # this Triton cannot build it: the plan falls back to the pointer kernel
         assert col.kernel == "pointer" and col.fallback, (reason, col.fallback)
+
+
+@pytest.mark.parametrize(
+    "m, n, k, tile, split",
+    [
+        (16, 4096, 4096, (16, 32, 256, 4), 1),  # 128 narrow tiles, 16 K steps: unsplit
+        (17, 4096, 14336, (32, 32, 256, 4), 2),  # 56 K steps over under two waves: two slices
+        (64, 5120, 5120, (64, 32, 256, 4), 1),
+        (1, 14336, 4096, (16, 128, 256, 3), 1),  # 448 narrow tiles: 128 wide
+        (48, 18944, 16384, (64, 128, 256, 3), 2),  # 148 wide tiles, 64 K steps
+        (16, 24, 80, (16, 32, 128, 4), 1),  # short K and N: the K step and width rounded up
+    ],
+)
+def test_few_rows_tiles(m, n, k, tile, split):
+    """fp8 with up to 64 rows: the pointer kernel's tile, its K step and split (heuristics/fp8.py)."""
+    cfg = gpu_plan(m, n, k, H100, "col").config
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages) == tile
+    assert (cfg.kernel, cfg.num_warps, cfg.split_k, cfg.split_k_inline) == ("pointer", 4, split, split > 1)
 
 
 @pytest.mark.parametrize("m, n, k", PLAN_SHAPES[1::2], ids=[shape_id(*s) for s in PLAN_SHAPES[1::2]])
@@ -887,9 +913,10 @@ def test_gpu_kernel_choice(device, plans, b_layout, out_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 256], ids=["few-rows", "warp-specialized"])
 @pytest.mark.parametrize("scaling", SCALINGS)
-def test_gpu_precise_accumulation_at_least_as_accurate_as_fast(device, scaling):
-    m, n, k = 256, 256, 8192
+def test_gpu_precise_accumulation_at_least_as_accurate_as_fast(device, scaling, m):
+    n, k = 256, 8192
     a, b = operands(m, n, k, (E4M3, E4M3), device)
     scale_a, scale_b = make_scales(scaling, m, n, device)
     ref = reference(a, b, scale_a, scale_b)

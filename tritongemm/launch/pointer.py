@@ -26,17 +26,24 @@ REDUCE_RUNTIME = ("ws_ptr", "c_ptr", "d_ptr", "r_ptr", "z_ptr", "alpha", "beta")
 SCALES = ("sa_ptr", "sb_ptr")
 
 
+#: Precise fp8 sums: how much of K the tensor cores sum in their reduced-precision accumulator before
+#: the sum is added into fp32: four wgmma 32 deep, CUTLASS's default promotion interval.
+PROMOTION_K = 128
+
+
 def scaling_args(call, block_k: int, dtype: torch.dtype) -> tuple[tuple[str, ...], dict]:
     """The runtime names and the fixed arguments of an fp8 call's dequantization
     (``kernels.gemm.scale_tile``) and accumulation.
 
     The scales are given per call when the call dequantizes, else fixed to None (never read: an
     unscaled launch passes nothing more than before).  fp8 products are summed in the tensor cores'
-    reduced-precision accumulator and added into the fp32 one once per K-step, unless the call asked
-    for fast accumulation (``precision == "fast"``: never, Triton's default on sm_90).
+    reduced-precision accumulator and added into the fp32 one every ``PROMOTION_K`` of K (once per
+    K-step of up to that depth), unless the call asked for fast accumulation (``precision == "fast"``:
+    never, Triton's default on sm_90).
     """
     fp8 = dtype.itemsize == 1
-    fixed = dict(MAX_IMPRECISE_ACC=block_k if fp8 and call.precision != "fast" else None)
+    precise = fp8 and call.precision != "fast"
+    fixed = dict(MAX_IMPRECISE_ACC=min(block_k, PROMOTION_K) if precise else None)
     if call.epilogue.scaling == "none":
         return (), dict(sa_ptr=None, sb_ptr=None, SCALING="none", **fixed)
     return SCALES, dict(SCALING=call.epilogue.scaling, **fixed)

@@ -1,19 +1,29 @@
-"""Tiles for fp8 operands (``scaled_mm``): one K-step is 128 bytes of K, as wgmma reads it.
+"""Tiles for fp8 operands (``scaled_mm``): few rows stream B on the pointer kernel; more take the
+warp-specialized kernel with a K-step of 128 bytes, as wgmma reads it.
 
-fp8's tensor cores do twice bf16's work per byte of shared memory read, so a K-step of 128
-one-byte elements keeps the 128-byte swizzle of bf16's 64 and halves the K loop.  On sm_90 every
-tile runs on the warp-specialized kernel (its wgmma needs both operands K-major: A row-major,
-B column-major, as ``torch._scaled_mm`` requires); elsewhere, and for other layouts, the
-pointer kernel takes the same tile.
+**Up to 64 rows** (``FEW_ROWS``) a call reads little but B, and the warp-specialized kernel's 64-row
+tile wastes most of its wgmma; the pointer kernel's narrow tiles stream B faster.  Measured on an H100
+over M = 16-64 and five LLM weights against ``torch._scaled_mm`` (``python -m
+benchmarks.sweep_fp8_rows``, ``benchmarks/results/h100/sweeps/fp8_rows_sweep.txt``):
 
-Measured on an H100 against ``torch._scaled_mm`` (fp8 e4m3 -> bf16, rowwise and tensorwise, with
-and without fast accumulation, 19 shapes from 16x4096x4096 to 8192x14336x4096:
+* the rows rounded up to a power of two (16-64) by 32 columns, a K step of 256, 4 stages, where those
+  narrow tiles number at most two waves; else 128 columns, 3 stages (14336- and 18944-wide weights);
+* K cut in two slices, reduced in the kernel, where each slice keeps at least 16 K steps and the
+  tiles fill under two waves (4096 x 14336: 1.29-1.33 of torch, precise, against 1.13-1.18 unsplit).
+
+Rowwise with precise sums: geomean 1.17 of torch over those 15 problems (none below 1.01) where the
+warp-specialized kernel read 1.01; tensorwise with fast accumulation 0.96 against 0.87.
+
+**More rows**: fp8's tensor cores do twice bf16's work per byte of shared memory read, so a K-step of
+128 one-byte elements keeps the 128-byte swizzle of bf16's 64 and halves the K loop.  On sm_90 the
+tile runs on the warp-specialized kernel (its wgmma needs both operands K-major: A row-major, B
+column-major, as ``torch._scaled_mm`` requires); elsewhere, and for other layouts, the pointer kernel
+takes the same tile.  Measured on an H100 against ``torch._scaled_mm`` (fp8 e4m3 -> bf16, rowwise and
+tensorwise, with and without fast accumulation, 19 shapes from 16x4096x4096 to 8192x14336x4096:
 ``benchmarks/results/h100/sweeps/fp8_tiles.txt``), by how many tiles the shape has:
 
-* at most 64 rows, or 128 x 128 tiles for at most half the SMs: 64 x 128 on 4 warps (16 x 4096 x
-  4096, precise sums: 0.95 of torch where 128 x 128 reached 0.81 and 128 x 256 0.54; 16 x 14336 x
-  4096: 1.00 against 0.92), which loses where more tiles would fill the SMs (512 x 4096 x 4096: 0.68
-  against 128 x 128's 0.89);
+* 128 x 128 tiles for at most half the SMs: 64 x 128 on 4 warps, which loses where more tiles would
+  fill the SMs (512 x 4096 x 4096: 0.68 against 128 x 128's 0.89);
 * fewer 128 x 256 tiles than three quarters of the SMs: 128 x 128 on 8 warps, 6 stages
   (512 x 4096 x 4096: 0.89 against 128 x 256's 0.62; 256 x 5120 x 5120: 0.89 against 0.60);
 * else 128 x 256 on 8 warps, its output staged in halves for a fourth stage (0.84-0.90 of
@@ -25,20 +35,42 @@ from __future__ import annotations
 from ...device import DeviceInfo
 from ..configs import TileConfig
 from ..problem import GemmProblem
-from .tiles import tiles_of
+from ..schedules import cdiv
+from .tiles import pow2_at_least, tiles_of
 
 FP8_BLOCK_K = 128
 #: (block_m, block_n, warps, stages, epilogue_subtile) by the shape's tiles (see above).
 FP8_NARROW_TILE = (64, 128, 4, 6, False)
 FP8_MID_TILE = (128, 128, 8, 6, False)
 FP8_WIDE_TILE = (128, 256, 8, 4, True)
+#: Up to this many rows: the pointer kernel's few-rows tiles (see above).
+FEW_ROWS = 64
+
+
+def few_rows_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
+    """The pointer kernel's tile for an fp8 problem of at most ``FEW_ROWS`` rows (see above)."""
+    bm = pow2_at_least(problem.m, 16, FEW_ROWS)
+    bk = pow2_at_least(problem.k, 32, 256)
+    bn, stages = 32, 4
+    if tiles_of(problem, bm, bn) > 2 * device.sm_count:
+        bn, stages = 128, 3
+    bn = pow2_at_least(problem.n, 16, bn)
+    split = 2 if cdiv(problem.k, bk) >= 32 and tiles_of(problem, bm, bn) < 2 * device.sm_count else 1
+    return TileConfig(bm, bn, bk, 8, 4, stages, split_k=split, split_k_inline=split > 1)
 
 
 def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, str]:
     """The fp8 tile for ``problem`` on a GPU, and why."""
+    if problem.m <= FEW_ROWS:
+        cfg = few_rows_config(problem, device)
+        split = f", K in {cfg.split_k} slices" if cfg.split_k > 1 else ""
+        return cfg, (
+            f"fp8, M = {problem.m}: {cfg.block_m}x{cfg.block_n} tiles, a K step of {cfg.block_k}{split}, "
+            "on the pointer kernel (few rows: streaming B)"
+        )
     mid = tiles_of(problem, 128, 128)
     wide = tiles_of(problem, 128, 256)
-    if problem.m <= 64 or 2 * mid <= device.sm_count:
+    if 2 * mid <= device.sm_count:
         tile, why = FP8_NARROW_TILE, f"M = {problem.m}, {mid} tiles of 128x128"
     elif 4 * wide < 3 * device.sm_count:
         tile, why = FP8_MID_TILE, f"{wide} tiles of 128x256 fill under 3/4 of the SMs"
@@ -60,4 +92,12 @@ def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, st
     return cfg, f"fp8: {bm}x{bn} tiles, a K step of {FP8_BLOCK_K} bytes, on {where} ({why})"
 
 
-__all__ = ["FP8_BLOCK_K", "FP8_MID_TILE", "FP8_NARROW_TILE", "FP8_WIDE_TILE", "fp8_choice"]
+__all__ = [
+    "FEW_ROWS",
+    "FP8_BLOCK_K",
+    "FP8_MID_TILE",
+    "FP8_NARROW_TILE",
+    "FP8_WIDE_TILE",
+    "few_rows_config",
+    "fp8_choice",
+]
