@@ -134,6 +134,36 @@ def summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+FIGURE = "compile_time.png"
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    """Bars of each (model, workload, mode)'s median compile seconds, stock beside converted, with
+    converted ÷ stock above each pair."""
+    from matplotlib.figure import Figure
+
+    stats = summary(rows)
+    fig = Figure(figsize=(max(6.0, 1.3 * len(stats) + 2), 4.2))
+    ax = fig.add_subplot()
+    xs = range(len(stats))
+    width = 0.38
+    for i, (variant, color) in enumerate((("stock", "#888888"), ("convert", "#1f77b4"))):
+        heights = [s[f"{variant}_s"] or 0.0 for s in stats]
+        ax.bar([x + (i - 0.5) * width for x in xs], heights, width, color=color,
+               label="torch.compile(model)" if variant == "stock" else "torch.compile(convert(model))")  # fmt: skip
+    for x, s in zip(xs, stats):
+        if s["ratio"] is not None:
+            top = max(s["stock_s"] or 0.0, s["convert_s"] or 0.0)
+            ax.annotate(f"{s['ratio']:.2f}x", (x, top), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), [f"{s['model']}\n{s['workload']}\n{s['mode']}" for s in stats], fontsize=7)
+    ax.set_ylabel("compile seconds (cold, median)")
+    ax.set_title("torch.compile time, each compile in a fresh process with empty caches", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    return path
+
+
 def run_cli(args) -> int:
     from . import harness
     from .models import MODELS
@@ -154,6 +184,8 @@ def run_cli(args) -> int:
     path = out_dir / f"{SUITE}.csv"
     harness.to_frame(rows, env).to_csv(path, index=False)
     print(f"wrote {path}")
+    if any(r["status"] == "ok" for r in rows):
+        print(f"wrote {plot(rows, out_dir / FIGURE)}")
     print(f"{'model':10s} {'workload':10s} {'mode':28s} {'stock s':>8s} {'convert s':>10s} {'÷':>6s}")
     for s in summary(rows):
         fmt = lambda v, p: "-" if v is None else f"{v:.{p}f}"  # noqa: E731

@@ -1155,6 +1155,20 @@ def test_compile_time_runs_each_compile_cold_in_its_own_process(tmp_path):
     assert sorted(df["variant"]) == ["convert", "stock"] and set(df["status"]) == {"ok"}
     assert (df["compile_s"] > 0).all() and (df["steady_ms"] > 0).all()
     assert "tiny" in proc.stdout and "wrote" in proc.stdout
+    assert (tmp_path / "compile_time.png").stat().st_size > 0
+
+
+def test_compile_time_figure_draws_every_pair(tmp_path):
+    """The compile-time figure: one pair of bars per (model, workload, mode), a failed compile left out."""
+    from benchmarks.compile_time import plot
+
+    def row(model, variant, secs, status="ok"):
+        return dict(model=model, workload="infer", mode="default", variant=variant, status=status, compile_s=secs)
+
+    rows = [row("gpt2", "stock", 16.7), row("gpt2", "convert", 12.1), row("bert", "stock", 13.5),
+            row("bert", "convert", 15.9), row("bert", "convert", 99.0, "error")]  # fmt: skip
+    path = plot(rows, tmp_path / "compile_time.png")
+    assert path.stat().st_size > 10_000
 
 
 def test_fp8_rows_sweep_candidates():
