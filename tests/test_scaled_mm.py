@@ -31,7 +31,7 @@ from tritongemm.device import DeviceInfo
 from tritongemm.launch import problem_of
 from tritongemm.planning.call import NO_REQUEST
 from tritongemm.planning.eligibility import Operand
-from tritongemm.planning.heuristics.fp8 import FEW_ROWS
+from tritongemm.planning.heuristics.fp8 import FEW_ROWS, ONE_WAVE_ROWS
 from tritongemm.planning.plan import plan
 from tritongemm.semantics import ACTIVATIONS  # (torch's own functions, as the reference)
 from tritongemm.testing import assert_close, random_tensor, relative_error, shape_id
@@ -809,15 +809,15 @@ def _plan_cases():
 
 @pytest.mark.parametrize("m, n, k, out_dtype", _plan_cases())
 def test_plan_on_h100(m, n, k, out_dtype):
-    """Up to 64 rows: the pointer kernel's few-rows tile, whatever the layout.  More: a K step of 128
+    """Few rows: the pointer kernel's tiles (K step 256), whatever the layout.  More: a K step of 128
     bytes, K-major operands on the warp-specialized kernel, b row-major on the pointer kernel, which
     says why."""
     col = gpu_plan(m, n, k, H100, "col", out_dtype)
     row = gpu_plan(m, n, k, H100, "row", out_dtype)
-    if m <= FEW_ROWS:
+    if m <= ONE_WAVE_ROWS and -(-m // 64) * -(-n // 64) <= H100.sm_count:  # (the pointer kernel's rules)
         for chosen in (col, row):
             assert chosen.kernel == chosen.config.kernel == "pointer", chosen.kernel
-            assert chosen.config.block_m == max(16, 1 << (m - 1).bit_length())
+            assert chosen.config.block_m == (max(16, 1 << (m - 1).bit_length()) if m <= FEW_ROWS else 64)
             assert chosen.config.block_k == 256
         return
     assert col.config.block_k == row.config.block_k == 128
@@ -840,13 +840,23 @@ def test_plan_on_h100(m, n, k, out_dtype):
         (1, 14336, 4096, (16, 128, 256, 3), 1),  # 448 narrow tiles: 128 wide
         (48, 18944, 16384, (64, 128, 256, 3), 2),  # 148 wide tiles, 64 K steps
         (16, 24, 80, (16, 32, 128, 4), 1),  # short K and N: the K step and width rounded up
+        (128, 4096, 14336, (64, 64, 256, 4), 1),  # 128 tiles of 64x64: one wave, unsplit
+        (100, 4096, 4096, (64, 64, 256, 4), 1),
     ],
 )
 def test_few_rows_tiles(m, n, k, tile, split):
-    """fp8 with up to 64 rows: the pointer kernel's tile, its K step and split (heuristics/fp8.py)."""
+    """fp8 with few rows: the pointer kernel's tile, its K step and split (heuristics/fp8.py)."""
     cfg = gpu_plan(m, n, k, H100, "col").config
     assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages) == tile
     assert (cfg.kernel, cfg.num_warps, cfg.split_k, cfg.split_k_inline) == ("pointer", 4, split, split > 1)
+
+
+def test_more_rows_than_one_wave_of_64x64_tiles_take_the_warp_specialized_kernel():
+    """128 rows over 5120 columns: 160 tiles of 64x64, more than a wave; 129 rows: past the rule."""
+    for m, n in ((128, 5120), (129, 4096)):
+        cfg = gpu_plan(m, n, 4096, H100, "col").config
+        assert cfg.kernel == ("gluon_ws" if warp_specialized_fp8_unavailable() is None else "pointer")
+        assert cfg.block_k == 128
 
 
 @pytest.mark.parametrize("m, n, k", PLAN_SHAPES[1::2], ids=[shape_id(*s) for s in PLAN_SHAPES[1::2]])

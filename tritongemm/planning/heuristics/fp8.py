@@ -12,7 +12,11 @@ benchmarks.sweep_fp8_rows``, ``benchmarks/results/h100/sweeps/fp8_rows_sweep.txt
   tiles fill under two waves (4096 x 14336: 1.29-1.33 of torch, precise, against 1.13-1.18 unsplit).
 
 Rowwise with precise sums: geomean 1.17 of torch over those 15 problems (none below 1.01) where the
-warp-specialized kernel read 1.01; tensorwise with fast accumulation 0.96 against 0.87.
+warp-specialized kernel read 1.01; tensorwise with fast accumulation 0.96 against 0.87.  Up to 128 rows,
+where 64 x 64 tiles fit one wave (``ONE_WAVE_ROWS``), the pointer kernel's 64 x 64 tiles with a K step of
+256, unsplit (128 x 4096 x 4096: 1.19 precise and 0.95 fast tensorwise against 1.02 and 0.80; 128 x
+4096 x 14336: 1.12 and 0.85 against 0.98 and 0.77; past one wave, 128 x 5120 x 5120, they lost: 0.80
+against 0.96).
 
 **More rows**: fp8's tensor cores do twice bf16's work per byte of shared memory read, so a K-step of
 128 one-byte elements keeps the 128-byte swizzle of bf16's 64 and halves the K loop.  On sm_90 the
@@ -45,6 +49,8 @@ FP8_MID_TILE = (128, 128, 8, 6, False)
 FP8_WIDE_TILE = (128, 256, 8, 4, True)
 #: Up to this many rows: the pointer kernel's few-rows tiles (see above).
 FEW_ROWS = 64
+#: Up to this many rows, 64 x 64 pointer tiles where they fit one wave (see above).
+ONE_WAVE_ROWS = 128
 
 
 def few_rows_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
@@ -67,6 +73,12 @@ def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, st
         return cfg, (
             f"fp8, M = {problem.m}: {cfg.block_m}x{cfg.block_n} tiles, a K step of {cfg.block_k}{split}, "
             "on the pointer kernel (few rows: streaming B)"
+        )
+    if problem.m <= ONE_WAVE_ROWS and tiles_of(problem, 64, 64) <= device.sm_count:
+        cfg = TileConfig(64, 64, pow2_at_least(problem.k, 32, 256), 8, 4, 4)
+        return cfg, (
+            f"fp8, M = {problem.m}: {tiles_of(problem, 64, 64)} tiles of 64x64 fit one wave, a K step of "
+            f"{cfg.block_k}, on the pointer kernel"
         )
     mid = tiles_of(problem, 128, 128)
     wide = tiles_of(problem, 128, 256)
@@ -98,6 +110,7 @@ __all__ = [
     "FP8_MID_TILE",
     "FP8_NARROW_TILE",
     "FP8_WIDE_TILE",
+    "ONE_WAVE_ROWS",
     "few_rows_config",
     "fp8_choice",
 ]
