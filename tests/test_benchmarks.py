@@ -1163,7 +1163,9 @@ def test_compile_time_figure_draws_every_pair(tmp_path):
     from benchmarks.compile_time import plot
 
     def row(model, variant, secs, status="ok"):
-        return dict(model=model, workload="infer", mode="default", variant=variant, status=status, compile_s=secs)
+        return dict(
+            model=model, workload="infer", mode="default", variant=variant, status=status, compile_s=secs
+        )
 
     rows = [row("gpt2", "stock", 16.7), row("gpt2", "convert", 12.1), row("bert", "stock", 13.5),
             row("bert", "convert", 15.9), row("bert", "convert", 99.0, "error")]  # fmt: skip
