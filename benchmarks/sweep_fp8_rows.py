@@ -151,9 +151,10 @@ def measure(m, n, k, scaling, fast, dev, sm, l2, smoke) -> list[dict]:
     refs = (reference(*sets[0]), reference(*sets[-1]))
     cands = {"default": None, **{c.short(): c for c in configs_for(m, n, k, sm)}}
     fns, records = {}, []
+    base = dict(m=m, n=n, k=k, scaling=scaling, fast_accum=fast)
     for name, cfg in cands.items():
         fn = functools.partial(_ours, fast=fast, config=cfg)
-        rec = dict(m=m, n=n, k=k, scaling=scaling, fast_accum=fast, impl=name)
+        rec = dict(base, impl=name)
         records.append(rec)
         try:
             rec["rel_err"] = max(rel_err(fn(*sets[0]), refs[0]), rel_err(fn(*sets[-1]), refs[1]))
@@ -166,15 +167,7 @@ def measure(m, n, k, scaling, fast, dev, sm, l2, smoke) -> list[dict]:
         fns[name] = (fn, rec)
     if dev == "cuda":
         fn = functools.partial(_torch, fast=fast)
-        rec = dict(
-            m=m,
-            n=n,
-            k=k,
-            scaling=scaling,
-            fast_accum=fast,
-            impl="torch",
-            rel_err=rel_err(fn(*sets[0]), refs[0]),
-        )
+        rec = dict(base, impl="torch", rel_err=rel_err(fn(*sets[0]), refs[0]))
         records.append(rec)
         fns["torch"] = (fn, rec)
     times = {name: [] for name in fns}
