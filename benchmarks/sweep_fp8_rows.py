@@ -36,11 +36,12 @@ import triton
 import tritongemm
 from tritongemm import TileConfig
 from tritongemm.planning.configs import ConfigError
+from tritongemm.testing import relative_error
 
+from . import fp8
 from .gpu_check import rotating
 
-FP8 = torch.float8_e4m3fn
-OUT = torch.bfloat16
+OUT = fp8.OUT_DTYPE
 TOKENS = (16, 32, 64, 128, 256, 512)
 #: (N, K): Llama-3-8B attention, MLP up and down; a 5120-wide model; Qwen2.5-7B's MLP up.
 WEIGHTS = ((4096, 4096), (14336, 4096), (4096, 14336), (5120, 5120), (18944, 3584))
@@ -90,27 +91,15 @@ def configs_for(m: int, n: int, k: int, sm: int) -> list[TileConfig]:
     return out
 
 
-def scales(m, n, scaling, dev):
-    if scaling == "tensorwise":
-        return torch.tensor(2.5, device=dev), torch.tensor(0.15, device=dev)
-    return (2 + 2 * torch.rand(m, 1, device=dev)), (0.125 + 0.125 * torch.rand(1, n, device=dev))
-
-
 def inputs(m, n, k, scaling, dev, copies):
-    sets = []
-    for _ in range(copies):
-        a = torch.randn(m, k, device=dev).to(FP8)
-        b = torch.randn(n, k, device=dev).to(FP8).t()
-        sets.append((a, b, *scales(m, n, scaling, dev)))
-    return sets
+    """The fp8 suite's operands and scales (``fp8.make_inputs``) as (a, b, scale_a, scale_b) tuples."""
+    case = fp8.Fp8Case("sweep", m, n, k)
+    return [(s.a, s.b, *s.scales[scaling]) for s in fp8.make_inputs(case, torch.device(dev), copies)]
 
 
 def reference(a, b, sa, sb):
-    return (a.double() @ b.double()) * sa.double() * sb.double()
-
-
-def rel_err(out, ref):
-    return (torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref)).item()
+    """The float64 product of the dequantized operands, as the fp8 suite's gate computes it."""
+    return fp8.scaled_reference(a.double() @ b.double(), sa, sb)
 
 
 def _compile_worker(jobs) -> int:
@@ -157,7 +146,9 @@ def measure(m, n, k, scaling, fast, dev, sm, l2, smoke) -> list[dict]:
         rec = dict(base, impl=name)
         records.append(rec)
         try:
-            rec["rel_err"] = max(rel_err(fn(*sets[0]), refs[0]), rel_err(fn(*sets[-1]), refs[1]))
+            rec["rel_err"] = max(
+                relative_error(fn(*sets[0]), refs[0]), relative_error(fn(*sets[-1]), refs[1])
+            )
         except Exception as exc:  # noqa: BLE001 (a config that fails to build is a result)
             rec.update(status="error", message=f"{type(exc).__name__}: {str(exc)[:200]}")
             continue
@@ -167,7 +158,7 @@ def measure(m, n, k, scaling, fast, dev, sm, l2, smoke) -> list[dict]:
         fns[name] = (fn, rec)
     if dev == "cuda":
         fn = functools.partial(_torch, fast=fast)
-        rec = dict(base, impl="torch", rel_err=rel_err(fn(*sets[0]), refs[0]))
+        rec = dict(base, impl="torch", rel_err=relative_error(fn(*sets[0]), refs[0]))
         records.append(rec)
         fns["torch"] = (fn, rec)
     times = {name: [] for name in fns}

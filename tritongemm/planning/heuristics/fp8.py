@@ -74,10 +74,11 @@ def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, st
             f"fp8, M = {problem.m}: {cfg.block_m}x{cfg.block_n} tiles, a K step of {cfg.block_k}{split}, "
             "on the pointer kernel (few rows: streaming B)"
         )
-    if problem.m <= ONE_WAVE_ROWS and tiles_of(problem, 64, 64) <= device.sm_count:
+    square = tiles_of(problem, 64, 64)
+    if problem.m <= ONE_WAVE_ROWS and square <= device.sm_count:
         cfg = TileConfig(64, 64, pow2_at_least(problem.k, 32, 256), 8, 4, 4)
         return cfg, (
-            f"fp8, M = {problem.m}: {tiles_of(problem, 64, 64)} tiles of 64x64 fit one wave, a K step of "
+            f"fp8, M = {problem.m}: {square} tiles of 64x64 fit one wave, a K step of "
             f"{cfg.block_k}, on the pointer kernel"
         )
     mid = tiles_of(problem, 128, 128)
