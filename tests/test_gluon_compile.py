@@ -100,11 +100,13 @@ def compile_kernel(
     max_imprecise_acc=None,
     gated="",
     epilogue_warps=0,
+    scale_blocks=(0, 0),
 ):
     """Specialize as ``launch.gluon.GluonLauncher`` does, for 16-byte-aligned sizes and pointers
     (``bn``: the tile's first, power-of-two part of N; ``bn2``: its second part, 0 for none;
     ``subtile``: ``bn2 == bn``, both halves staged through one buffer; ``out_dtype``: C's where it
-    is not ``dtype``'s, as for fp8 operands with ``scaling`` and ``max_imprecise_acc``)."""
+    is not ``dtype``'s, as for fp8 operands with ``scaling`` and ``max_imprecise_acc``; ``scale_blocks``:
+    block-scaled fp8's rows of A and columns of B per scale, with ``scaling`` "blockwise")."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel = gg.gemm_gluon_kernel
@@ -131,6 +133,8 @@ def compile_kernel(
         MAX_IMPRECISE_ACC=max_imprecise_acc,
         GATED="",
         EPILOGUE_WARPS=epilogue_warps,
+        SCALE_BLOCK_A=scale_blocks[0],
+        SCALE_BLOCK_B=scale_blocks[1],
     )
     if scaling == "none":
         constexprs.update(sa_ptr=None, sb_ptr=None)

@@ -3,8 +3,12 @@
     out = act((a @ b) * scale_a * scale_b + bias) + residual
 
 ``a`` (M, K) and ``b`` (K, N) are float8 (e4m3 or e5m2); the scales dequantize
-them: one fp32 scale each ("tensorwise": 0-d or one-element tensors), or one per
-row of ``a`` and one per column of ``b`` ("rowwise": (M, 1) and (1, N)).  The
+them: one fp32 scale each ("tensorwise": 0-d or one-element tensors), one per
+row of ``a`` and one per column of ``b`` ("rowwise": (M, 1) and (1, N)), or one per
+block of 128 of K ("blockwise", DeepSeek-V3's recipe, in ``torch._scaled_mm``'s
+shapes): per row of ``a`` and per 128 x 128 block of ``b`` ((M, K/128) and (K/128,
+N/128)), per row and per column ((M, K/128) and (K/128, N)), or per 128 x 128 block
+of ``a`` and per column of ``b`` ((M/128, K/128) and (K/128, N)), sizes rounded up.  The
 products are summed in fp32 and the epilogue runs on the fp32 sum before one
 store in ``out_dtype``.  On sm_90 the warp-specialized kernel runs it (both
 operands K-major: ``a`` row-major, ``b`` column-major, i.e. ``w.t()`` of a
@@ -25,7 +29,7 @@ import torch
 from .. import launch
 from ..autograd.function import alloc_out
 from ..device import interpreter_enabled
-from ..planning.call import Epilogue, GemmCall, make_request
+from ..planning.call import BLOCK_SCALINGS, SCALE_BLOCK_K, Epilogue, GemmCall, make_request
 from ..planning.eligibility import FP8_DTYPES
 from ..semantics import ACTIVATIONS, check_activation
 
@@ -38,8 +42,20 @@ class ScalingError(RuntimeError, ValueError):
     raises, and a ``RuntimeError`` as earlier releases (and torch's CUDA checks) raise."""
 
 
+def block_scale_shapes(m: int, n: int, k: int) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
+    """(scale_a's shape, scale_b's shape) of each block-scaled recipe (``BLOCK_SCALINGS``) for an
+    (m, k) @ (k, n) product: one scale per block of 128 of K, per row or per 128 rows of ``a`` and
+    per column or per 128 columns of ``b``, as ``torch._scaled_mm`` takes them."""
+    kb = -(-k // SCALE_BLOCK_K)
+    shapes = {}
+    for name, (rows, cols) in BLOCK_SCALINGS.items():
+        shapes[name] = ((-(-m // rows), kb), (kb, -(-n // cols)))
+    return shapes
+
+
 def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> str:
-    """ "tensorwise" or "rowwise" for these scales; ``ValueError`` (torch's type and words) otherwise."""
+    """ "tensorwise", "rowwise" or a block-scaled recipe (``BLOCK_SCALINGS``) for these scales;
+    ``ValueError`` (torch's type and words) otherwise."""
     m, n = a.shape[0], b.shape[1]
     if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
         raise ScalingError(
@@ -50,11 +66,35 @@ def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
         return "tensorwise"
     if tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n):
         return "rowwise"
+    blocks = block_scale_shapes(m, n, a.shape[1])
+    for name, shapes in blocks.items():
+        if (tuple(scale_a.shape), tuple(scale_b.shape)) == shapes:
+            return name
+    listed = "; ".join(
+        f"for {name[10:].replace('_', ' x ')} blocks {sa} and {sb}" for name, (sa, sb) in blocks.items()
+    )
     raise ScalingError(
         f"Invalid scaling configuration. For tensorwise scaling both scales have one element; for rowwise "
-        f"scaling scale_a is ({m}, 1) and scale_b is (1, {n}); got scale_a {tuple(scale_a.shape)} and "
-        f"scale_b {tuple(scale_b.shape)}"
+        f"scaling scale_a is ({m}, 1) and scale_b is (1, {n}); {listed}; got scale_a "
+        f"{tuple(scale_a.shape)} and scale_b {tuple(scale_b.shape)}"
     )
+
+
+def kernel_scales(
+    scaling: str, scale_a: torch.Tensor, scale_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scales as the kernels read them: flat and contiguous; block scales K-block-major,
+    (K / 128, rows) and (K / 128, columns), so a K-step's scales are one vector each.  torch's
+    layout for a 1 x 128 ``scale_a`` (M-contiguous) and a row-major ``scale_b`` need no copy."""
+    if scaling in BLOCK_SCALINGS:
+        return scale_a.t().contiguous(), scale_b.contiguous()
+    return scale_a.reshape(-1).contiguous(), scale_b.reshape(-1).contiguous()
+
+
+def dequantize(x: torch.Tensor, scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """``x`` (float) times its scales, one per ``rows`` x ``cols`` block (the last blocks may be ragged)."""
+    full = scale.repeat_interleave(rows, 0)[: x.shape[0]].repeat_interleave(cols, 1)[:, : x.shape[1]]
+    return x * full
 
 
 def _check_types(**tensors) -> None:
@@ -115,8 +155,8 @@ def scaled_mm(
 ) -> torch.Tensor:
     """``act((a @ b) * scale_a * scale_b + bias) + residual`` for float8 ``a`` (M, K) and ``b`` (K, N).
 
-    Scales are fp32: tensorwise (one element each) or rowwise (``scale_a`` (M, 1), ``scale_b``
-    (1, N)).  ``out_dtype`` defaults to ``a``'s dtype, as ``torch._scaled_mm``'s.  With
+    Scales are fp32: tensorwise (one element each), rowwise (``scale_a`` (M, 1), ``scale_b``
+    (1, N)) or blockwise (one per 128 of K: ``block_scale_shapes``).  ``out_dtype`` defaults to ``a``'s dtype, as ``torch._scaled_mm``'s.  With
     ``use_fast_accum`` the products are summed in the tensor cores' reduced-precision
     accumulator throughout (faster, as torch's flag); without it they are added into fp32 every
     K-step.  ``activation``: "none", "relu", "gelu", "gelu_tanh" or "silu", fused.  ``config``
@@ -178,7 +218,7 @@ def run_scaled_mm(
     m, n = a.shape[0], b.shape[1]
     target = out if out is not None and out.dtype == stored else alloc_out((m, n), stored, a.device)
     addend = bias.reshape(n).expand(m, n) if bias is not None else None
-    scales = (scale_a.reshape(-1).contiguous(), scale_b.reshape(-1).contiguous())
+    scales = kernel_scales(scaling, scale_a, scale_b)
     launch.gemm(call, a, b, target, addend, residual, None, scales)
     if out is None and residual is None and bias is None and config is None and target.dtype == out_dtype:
         _remember(call, a, b, scale_a, scale_b, target, out_dtype, use_fast_accum, activation)
@@ -207,6 +247,8 @@ def _fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation):
 def _remember(call, a, b, scale_a, scale_b, target, out_dtype, use_fast_accum, activation) -> None:
     """Keep what a later identical call needs: its launcher and the output's shape."""
     if a.device.type != "cuda" or not (scale_a.is_contiguous() and scale_b.is_contiguous()):
+        return
+    if call.epilogue.scaling in BLOCK_SCALINGS:  # (the launcher reads block scales transposed)
         return
     launcher = launch.launcher_for(call, a, b, target)
     if not getattr(launcher, "takes_bases", False):
@@ -248,7 +290,13 @@ def _scaled_mm_fake(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, act
 
 def _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residual, out):
     """Off the GPU without the interpreter: dequantize and multiply in fp32 with torch."""
-    y = (a.float() @ b.float()) * scale_a.float() * scale_b.float()
+    scaling = scaling_of(a, b, scale_a, scale_b)
+    if scaling in BLOCK_SCALINGS:
+        rows, cols = BLOCK_SCALINGS[scaling]
+        a_full = dequantize(a.float(), scale_a, rows, SCALE_BLOCK_K)
+        y = a_full @ dequantize(b.float(), scale_b, SCALE_BLOCK_K, cols)
+    else:
+        y = (a.float() @ b.float()) * scale_a.float() * scale_b.float()
     if bias is not None:
         y = y + bias.float().reshape(-1)
     y = ACTIVATIONS[activation](y)
@@ -260,7 +308,10 @@ def _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residu
 __all__ = [
     "STORED_DTYPES",
     "ScalingError",
+    "block_scale_shapes",
     "check_matrices",
+    "dequantize",
+    "kernel_scales",
     "stored_dtype",
     "run_scaled_mm",
     "scaled_mm",

@@ -29,6 +29,25 @@ def grouped_tile_coords(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
+def k_step_scales(
+    sa_ptr, sb_ptr, kb, offs_m, offs_n, M, N, SCALE_BLOCK_A: tl.constexpr, SCALE_BLOCK_B: tl.constexpr
+):
+    """Block-scaled fp8: the scales of K block ``kb`` (128 of K) for the tile's rows and columns.
+
+    The launcher lays the scales out K-block-major, (K / 128, M / SCALE_BLOCK_A) and
+    (K / 128, N / SCALE_BLOCK_B) contiguous, so each is one contiguous (or repeated) vector load.
+    SCALE_BLOCK_A rows of A share a scale (1 or 128), and SCALE_BLOCK_B columns of B.
+    """
+    sa = tl.load(
+        sa_ptr + kb * tl.cdiv(M, SCALE_BLOCK_A) + offs_m // SCALE_BLOCK_A, mask=offs_m < M, other=0.0
+    )  # fmt: skip
+    sb = tl.load(
+        sb_ptr + kb * tl.cdiv(N, SCALE_BLOCK_B) + offs_n // SCALE_BLOCK_B, mask=offs_n < N, other=0.0
+    )  # fmt: skip
+    return sa, sb
+
+
+@triton.jit
 def mainloop(
     a_ptr,
     b_ptr,
@@ -46,6 +65,9 @@ def mainloop(
     DOT_PRECISION: tl.constexpr,
     UPCAST_OPERANDS: tl.constexpr,
     MAX_IMPRECISE_ACC: tl.constexpr = None,
+    block_scales=None,
+    SCALE_BLOCK_A: tl.constexpr = 0,
+    SCALE_BLOCK_B: tl.constexpr = 0,
 ):
     """The K loop: accumulate one BLOCK_M x BLOCK_N tile of A @ B.
 
@@ -53,6 +75,10 @@ def mainloop(
     accumulator before the sum is added into the fp32 one; None is Triton's default there (never:
     torch's ``use_fast_accum=True``), BLOCK_K adds once per K-step (cuBLAS's and CUTLASS's precise mode).
     ``strides``: (stride_am, stride_ak, stride_bk, stride_bn).
+
+    Block-scaled fp8 (SCALE_BLOCK_A > 0, ``block_scales`` = (sa_ptr, sb_ptr, k_offset)): every 128 of K
+    has its own scales, so each K-step (at most 128 deep, inside one scale block) is summed on its own
+    and added into the fp32 accumulator times its rows' and columns' scales (``k_step_scales``).
     """
     stride_am, stride_ak, stride_bk, stride_bn = strides
     offs_k = tl.arange(0, BLOCK_K)
@@ -78,15 +104,23 @@ def mainloop(
             # exact products of bf16 values, so the result is unchanged.
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        # out_dtype must name the accumulator's type: triton 3.6 defaults it to fp32 even for fp64.
-        acc = tl.dot(
-            a,
-            b,
-            acc,
-            input_precision=DOT_PRECISION,
-            out_dtype=acc.dtype,
-            max_num_imprecise_acc=MAX_IMPRECISE_ACC,
-        )
+        if SCALE_BLOCK_A > 0:
+            part = tl.dot(a, b, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            sa_ptr, sb_ptr, k_offset = block_scales
+            sa, sb = k_step_scales(
+                sa_ptr, sb_ptr, (k_offset + k * BLOCK_K) // 128, offs_m, offs_n, M, N, SCALE_BLOCK_A, SCALE_BLOCK_B
+            )  # fmt: skip
+            acc += part * sa[:, None] * sb[None, :]
+        else:
+            # out_dtype must name the accumulator's type: triton 3.6 defaults it to fp32 even for fp64.
+            acc = tl.dot(
+                a,
+                b,
+                acc,
+                input_precision=DOT_PRECISION,
+                out_dtype=acc.dtype,
+                max_num_imprecise_acc=MAX_IMPRECISE_ACC,
+            )
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     return acc
@@ -356,6 +390,8 @@ def gemm_kernel(
     HINT_CN: tl.constexpr = 1,
     SCALING: tl.constexpr = "none",
     MAX_IMPRECISE_ACC: tl.constexpr = None,
+    SCALE_BLOCK_A: tl.constexpr = 0,
+    SCALE_BLOCK_B: tl.constexpr = 0,
 ):
     """Sliced-K GEMM (SPLIT_K=False): one program per (batch, C tile), walking all of K.
 
@@ -373,7 +409,9 @@ def gemm_kernel(
     Both sum the slices in slice order, so results are bitwise-reproducible.
 
     With SCALING (fp8 operands, ``scale_tile``) the sum is dequantized by ``sa_ptr``'s and
-    ``sb_ptr``'s scales before the epilogue; otherwise neither is read.
+    ``sb_ptr``'s scales before the epilogue; otherwise neither is read.  Block-scaled
+    (SCALE_BLOCK_A > 0, SCALING "blockwise") it is dequantized in the K loop, 128 of K at a time
+    (``mainloop``), so split-K's partials are already scaled.
     """
     pid = tl.program_id(0)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -401,6 +439,7 @@ def gemm_kernel(
 
     a_ptr += batch * stride_ab
     b_ptr += batch * stride_bb
+    k_start = 0
     if SPLIT_K:
         slice_id, k_start, K = splitk_slice(K, k_per_split)
         a_ptr += k_start * stride_ak
@@ -423,6 +462,9 @@ def gemm_kernel(
         DOT_PRECISION,
         UPCAST_OPERANDS,
         MAX_IMPRECISE_ACC,
+        (sa_ptr, sb_ptr, k_start),
+        SCALE_BLOCK_A,
+        SCALE_BLOCK_B,
     )
     finish = True  # this program runs the epilogue (a constant unless split-K reduces inline)
     if SPLIT_K:

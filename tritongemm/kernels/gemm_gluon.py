@@ -73,6 +73,7 @@ from .gluon_common import (
     PRECISE_FP8_AVAILABLE,
     accumulator_layout,
     barriers,
+    block_scaled_mma,
     cluster_layouts,
     cta_barrier,
     fence_async_shared,
@@ -259,6 +260,8 @@ def consumer(
     CLUSTER_N: gl.constexpr,
     GATED: gl.constexpr,
     EPILOGUE_WARPS: gl.constexpr,
+    SCALE_BLOCK_A: gl.constexpr = 0,
+    SCALE_BLOCK_B: gl.constexpr = 0,
 ):
     """A consumer partition: wgmma over the ring, then the epilogue and the TMA store of each of its tiles.
 
@@ -274,6 +277,9 @@ def consumer(
     the other's mainloop, this keeps a consumer from waiting on a slot's
     ``ready`` barrier more than one phase ahead of the producer: a parity wait
     cannot tell that phase from the one two laps earlier.
+
+    Block-scaled fp8 (SCALE_BLOCK_A > 0) runs each K-step through ``block_scaled_mma``, which waits
+    for its wgmma: no wgmma stays in flight across steps, so each step releases its own slot.
     """
     a_ring, b_ring, b2_ring, ready, empty, turn, _ = ring
     dp_tiles, iters_per_program, tile_span = sk
@@ -290,7 +296,8 @@ def consumer(
     )
     TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2, GATED)
     # One K-step's wgmma (one per accumulator) left in flight needs a second slot to load into meanwhile.
-    IN_FLIGHT: gl.constexpr = 1 if NUM_STAGES > 1 else 0
+    IN_FLIGHT: gl.constexpr = 1 if NUM_STAGES > 1 and SCALE_BLOCK_A == 0 else 0
+    gl.static_assert(SCALE_BLOCK_A == 0 or BLOCK_N2 == 0, "block-scaled fp8 runs one accumulator")
     WGMMAS: gl.constexpr = 2 if BLOCK_N2 > 0 else 1  # wgmma groups per K-step
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, TILE_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -311,14 +318,19 @@ def consumer(
             mbarrier.wait(turn.index(CONSUMER), (j & 1) ^ (1 if CONSUMER == 0 else 0))
         for ki in range(k_tiles):
             slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
-            acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
+            if SCALE_BLOCK_A > 0:
+                acc = block_scaled_mma(
+                    a, b, acc, epi, pid_m * BLOCK_M, pid_n * TILE_N, ki, SCALE_BLOCK_A, SCALE_BLOCK_B
+                )  # fmt: skip
+            else:
+                acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
             if BLOCK_N2 > 0:
                 b2 = b2_ring.index(slot)
                 if not B_ROW_MAJOR:
                     b2 = b2.permute((1, 0))
                 acc2 = mma(a, b2, acc2, MAX_IMPRECISE_ACC)
                 acc, acc2 = warpgroup_mma_wait(IN_FLIGHT * WGMMAS, deps=(acc, acc2))
-            else:
+            elif SCALE_BLOCK_A == 0:
                 acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
             release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES, CLUSTERED)
             step += 1
@@ -326,7 +338,7 @@ def consumer(
             mbarrier.arrive(turn.index((CONSUMER + 1) % CONSUMERS))  # every wgmma of this tile is issued
         if BLOCK_N2 > 0:
             acc, acc2 = warpgroup_mma_wait(0, deps=(acc, acc2))
-        else:
+        elif SCALE_BLOCK_A == 0:
             acc = warpgroup_mma_wait(0, deps=(acc,))
         if IN_FLIGHT:
             free_slot(ring, (step + NUM_STAGES - 1) % NUM_STAGES, k_tiles > 0, CLUSTERED)
@@ -363,14 +375,22 @@ def consumer(
         while last > first:
             tile, tile_start, seg_start = streamk_segment(first, last, tile_span)
             steps = gl.minimum(last, tile_start + k_tiles) - seg_start
+            pid_m, pid_n = tile_coords(dp_tiles + tile, M, N, BLOCK_M, TILE_N, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * TILE_N
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
             for ki in range(steps):
                 slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
-                acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
-                acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
+                if SCALE_BLOCK_A > 0:
+                    kb = seg_start - tile_start + ki
+                    acc = block_scaled_mma(a, b, acc, epi, off_m, off_n, kb, SCALE_BLOCK_A, SCALE_BLOCK_B)
+                else:
+                    acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
+                    acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
                 release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES, False)
                 step += 1
-            acc = warpgroup_mma_wait(0, deps=(acc,))
+            if SCALE_BLOCK_A == 0:
+                acc = warpgroup_mma_wait(0, deps=(acc,))
             if IN_FLIGHT:
                 mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=steps > 0)
             if last < tile_start + tile_span:  # a later program computes this tile's last K-step
@@ -378,9 +398,6 @@ def consumer(
             else:
                 if seg_start > tile_start:
                     acc = streamk_collect(acc, fixup, tile, tile_start, pid, iters_per_program)
-                pid_m, pid_n = tile_coords(dp_tiles + tile, M, N, BLOCK_M, TILE_N, GROUP_M)
-                off_m = pid_m * BLOCK_M
-                off_n = pid_n * TILE_N
                 acc = finish_tile(
                     acc, off_m, off_n, epi, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                     SCALING,
@@ -445,6 +462,8 @@ def gemm_gluon_kernel(
     MAX_IMPRECISE_ACC: gl.constexpr = None,
     GATED: gl.constexpr = "",
     EPILOGUE_WARPS: gl.constexpr = 0,
+    SCALE_BLOCK_A: gl.constexpr = 0,
+    SCALE_BLOCK_B: gl.constexpr = 0,
 ):
     """C = act(alpha * A @ B + beta * D) + R on a persistent grid (program p takes tiles p, p + grid, ...).
 
@@ -471,7 +490,9 @@ def gemm_gluon_kernel(
     CLUSTER_M (N) = 2: a program is two CTAs, BLOCK_M (N) theirs, sharing B's (A's) box (``load_k_steps``).
     fp8 operands (K-major both, as wgmma reads them) are dequantized by ``sa_ptr``'s and ``sb_ptr``'s
     scales (SCALING, ``gluon_common.finish_tile``) and summed in full fp32 precision every
-    MAX_IMPRECISE_ACC products of K (None: fast accumulation).
+    MAX_IMPRECISE_ACC products of K (None: fast accumulation).  Block-scaled fp8 (SCALE_BLOCK_A > 0:
+    SCALE_BLOCK_A rows of A and SCALE_BLOCK_B columns of B share a scale for each 128 of K) is
+    dequantized in the mainloop instead, one K-step at a time (``block_scaled_mma``).
     """
     # (B's dtype may differ from A's: fp8 e4m3 x e5m2)
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -530,7 +551,8 @@ def gemm_gluon_kernel(
                             handoff, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
                             HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                             SCALING, MAX_IMPRECISE_ACC, 0, 1, BLOCK_N2, STREAM_K,
-                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, EPILOGUE_WARPS)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, EPILOGUE_WARPS,
+                            SCALE_BLOCK_A, SCALE_BLOCK_B)),
                 (epilogue_partition, (c_desc, c_tiles.index(0), handoff, epi, sk,
                                       BLOCK_M, BLOCK_N, GROUP_M, ACTIVATION, HAS_RESIDUAL)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
@@ -548,7 +570,7 @@ def gemm_gluon_kernel(
                             handoff, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
                             HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                             SCALING, MAX_IMPRECISE_ACC, 0, 1, BLOCK_N2, STREAM_K,
-                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, 0)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, 0, SCALE_BLOCK_A, SCALE_BLOCK_B)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
                             STREAM_K, CLUSTER_M, CLUSTER_N, GATED)),
@@ -565,12 +587,12 @@ def gemm_gluon_kernel(
                             handoff, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
                             HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                             SCALING, MAX_IMPRECISE_ACC, 0, 2, BLOCK_N2, False,
-                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, 0)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, 0, SCALE_BLOCK_A, SCALE_BLOCK_B)),
                 (consumer, (ring, c_desc, c_tiles.index(1), c2_desc, c2_tiles.index(1), epi, K, sk, fixup,
                             handoff, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR,
                             HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT,
                             SCALING, MAX_IMPRECISE_ACC, 1, 2, BLOCK_N2, False,
-                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, 0)),
+                            EPILOGUE_SUBTILE, CLUSTER_M, CLUSTER_N, GATED, 0, SCALE_BLOCK_A, SCALE_BLOCK_B)),
                 (producer, (a_desc, b_desc, b2_desc, ring, M, N, K, sk,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2,
                             STREAM_K, CLUSTER_M, CLUSTER_N, GATED)),

@@ -183,6 +183,35 @@ def mma(a, b, acc, MAX_IMPRECISE_ACC: gl.constexpr):
 
 
 @gluon.jit
+def block_scaled_mma(
+    a, b, acc, epi, off_m, off_n, kb, SCALE_BLOCK_A: gl.constexpr, SCALE_BLOCK_B: gl.constexpr
+):
+    """One K-step of block-scaled fp8: ``acc + (a @ b) * scale_a[rows, kb] * scale_b[kb, cols]``.
+
+    The step's products go into a fresh accumulator (128 of K: one scale block, summed as cuBLAS's
+    precise mode sums it) and are added into ``acc`` scaled, as DeepGEMM does.  The scale loads are
+    issued under the wgmma; the step waits for its wgmma, so none stays in flight across steps.
+    The scales are laid out K-block-major (``gemm.k_step_scales``); ``epi`` is the kernel's.
+    """
+    M = epi[0]
+    N = epi[1]
+    sa_ptr = epi[13]
+    sb_ptr = epi[14]
+    layout: gl.constexpr = acc.type.layout
+    part = warpgroup_mma(a, b, gl.zeros(acc.shape, gl.float32, layout), use_acc=False, is_async=True)
+    offs_m = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
+    offs_n = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
+    sa = gl.load(
+        sa_ptr + kb * gl.cdiv(M, SCALE_BLOCK_A) + offs_m // SCALE_BLOCK_A, mask=offs_m < M, other=0.0
+    )
+    sb = gl.load(
+        sb_ptr + kb * gl.cdiv(N, SCALE_BLOCK_B) + offs_n // SCALE_BLOCK_B, mask=offs_n < N, other=0.0
+    )
+    part = warpgroup_mma_wait(0, deps=(part,))
+    return acc + part * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
+
+
+@gluon.jit
 def tile_coords(tile_id, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
     """(pid_m, pid_n) of a linear tile id in grouped order, as ``gemm.grouped_tile_coords``."""
     tiles_m = gl.cdiv(M, BLOCK_M)

@@ -22,7 +22,7 @@ import torch
 
 from ..device import device_info, interpreter_enabled
 from ..kernels import gemm_kernel, gemv_kernel, splitk_reduce_kernel
-from ..planning.call import GemmCall
+from ..planning.call import BLOCK_SCALINGS, GemmCall
 from ..planning.eligibility import Operand
 from ..planning.plan import PADDING_POLICIES, Plan, layout_letters, plan
 from ..planning.problem import GemmProblem
@@ -80,6 +80,7 @@ def _plan_for(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: Operand, ou
         a.dtype,
         out_dtype,
         _PADDING[0],
+        call.epilogue.scaling in BLOCK_SCALINGS,
     )
 
 

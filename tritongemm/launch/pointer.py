@@ -8,6 +8,7 @@ import torch
 import triton
 
 from ..kernels import gemm_kernel, splitk_reduce_kernel
+from ..planning.call import BLOCK_SCALINGS
 from ..planning.eligibility import stride_hint
 from .common import (
     INT32_MAX,
@@ -39,13 +40,17 @@ def scaling_args(call, block_k: int, dtype: torch.dtype) -> tuple[tuple[str, ...
     unscaled launch passes nothing more than before).  fp8 products are summed in the tensor cores'
     reduced-precision accumulator and added into the fp32 one every ``PROMOTION_K`` of K (once per
     K-step of up to that depth), unless the call asked for fast accumulation (``precision == "fast"``:
-    never, Triton's default on sm_90).
+    never, Triton's default on sm_90).  Block scales (``BLOCK_SCALINGS``) are read in the K loop, laid
+    out K-block-major as ``frontend.scaled.kernel_scales`` makes them.
     """
     fp8 = dtype.itemsize == 1
     precise = fp8 and call.precision != "fast"
     fixed = dict(MAX_IMPRECISE_ACC=min(block_k, PROMOTION_K) if precise else None)
     if call.epilogue.scaling == "none":
         return (), dict(sa_ptr=None, sb_ptr=None, SCALING="none", **fixed)
+    if call.epilogue.scaling in BLOCK_SCALINGS:  # dequantized in the K loop (``gemm.k_step_scales``)
+        rows, cols = BLOCK_SCALINGS[call.epilogue.scaling]
+        return SCALES, dict(SCALING="blockwise", SCALE_BLOCK_A=rows, SCALE_BLOCK_B=cols, **fixed)
     return SCALES, dict(SCALING=call.epilogue.scaling, **fixed)
 
 

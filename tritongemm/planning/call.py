@@ -31,9 +31,10 @@ class Epilogue(NamedTuple):
     beta == 0, so NaN in D does not propagate), ``residual`` that R is added
     after the activation, ``store_preact`` that the pre-activation is written
     too (for backward).  ``scaling`` dequantizes fp8 operands first,
-    ``acc * scale_a * scale_b`` (``scaled_mm``): "tensorwise" (one scale each)
-    or "rowwise" (one per row of A, one per column of B); the scale tensors
-    are given per call, like the operands.
+    ``acc * scale_a * scale_b`` (``scaled_mm``): "tensorwise" (one scale each),
+    "rowwise" (one per row of A, one per column of B), or one of ``BLOCK_SCALINGS``
+    (a scale per block of 128 of K); the scale tensors are given per call, like
+    the operands.
     """
 
     activation: str = "none"
@@ -47,6 +48,17 @@ class Epilogue(NamedTuple):
     @property
     def scaled(self) -> bool:
         return self.alpha != 1.0
+
+
+#: Block-scaled fp8 (``Epilogue.scaling``, DeepSeek-V3's recipe and ``torch._scaled_mm``'s): for each
+#: ``SCALE_BLOCK_K`` of K, how many rows of A and how many columns of B share one scale.  1 x 128 blocks
+#: suit activations (a scale per token), 128 x 128 blocks weights.
+BLOCK_SCALINGS = {
+    "blockwise_1x128_128x128": (1, 128),
+    "blockwise_1x128_1x128": (1, 1),
+    "blockwise_128x128_1x128": (128, 1),
+}
+SCALE_BLOCK_K = 128
 
 
 class Request(NamedTuple):

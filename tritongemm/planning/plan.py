@@ -28,6 +28,7 @@ from .eligibility import (
     warp_specialized_shared_bytes,
     warp_specialized_unsupported_reason,
 )
+from .heuristics.fp8 import block_scaled_config
 from .problem import GemmProblem
 from .selection import select
 from .unaligned import elementwise_tile, padding_estimate
@@ -108,10 +109,16 @@ def plan(
     dtype: torch.dtype,
     out_dtype: torch.dtype,
     padding: str = "auto",
+    block_scaled: bool = False,
 ) -> Plan:
     """Choose the config (``selection.select``), then the kernel the operands allow, then whether to copy
-    unaligned operands into aligned workspaces (``padding``: one of ``PADDING_POLICIES``)."""
+    unaligned operands into aligned workspaces (``padding``: one of ``PADDING_POLICIES``).
+    ``block_scaled``: fp8 operands with a scale per block of K (``call.BLOCK_SCALINGS``)."""
     chosen, source = select(problem, device, request)
+    if block_scaled:
+        chosen, why = block_scaled_config(chosen)
+        if why:
+            source += f"; {why}"
     cfg, kernel, fallback = _kernel_for(chosen, problem, device, a, b, c, dtype, out_dtype)
     alignment = None
     if kernel != "gemv" and _misaligned(a, b, c, chosen.uses_tma):

@@ -36,7 +36,10 @@ tensorwise, with and without fast accumulation, 19 shapes from 16x4096x4096 to 8
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...device import DeviceInfo
+from ..call import SCALE_BLOCK_K
 from ..configs import TileConfig
 from ..problem import GemmProblem
 from ..schedules import cdiv
@@ -105,6 +108,34 @@ def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, st
     return cfg, f"fp8: {bm}x{bn} tiles, a K step of {FP8_BLOCK_K} bytes, on {where} ({why})"
 
 
+def block_scaled_config(cfg: TileConfig) -> tuple[TileConfig, str | None]:
+    """``cfg`` made fit for block-scaled fp8 (a scale per 128 of K), and what was changed (None: nothing).
+
+    Each K-step must lie inside one scale block: a K step of at most 128, dividing it.  The
+    warp-specialized kernel adds each K-step's products, summed in an accumulator of their own, into
+    the fp32 one: two accumulators per thread, which for more than 64 floats a thread (128 x 256 on 8
+    warps: 128 each) overrun the 232 registers a consumer has; there, and for tiles it runs as two
+    (a split or subtiled epilogue), the 128 x 128 tile on 8 warps.
+    """
+    changes = []
+    if cfg.block_k > SCALE_BLOCK_K or SCALE_BLOCK_K % cfg.block_k:
+        cfg = replace(cfg, block_k=SCALE_BLOCK_K)
+        changes.append(f"a K step of {SCALE_BLOCK_K}, one scale block")
+    if cfg.kernel == "gluon_ws":
+        floats = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
+        two_parts = cfg.epilogue_subtile or cfg.block_n & (cfg.block_n - 1)
+        if floats > 64 or two_parts:
+            bm, bn, warps, stages, _ = FP8_MID_TILE
+            cfg = replace(
+                cfg, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, epilogue_subtile=False,
+                pingpong=False,
+            )  # fmt: skip
+            changes.append(f"{bm}x{bn} tiles on {warps} warps (two accumulators a thread)")
+    if not changes:
+        return cfg, None
+    return cfg, "block-scaled fp8: " + ", ".join(changes)
+
+
 __all__ = [
     "FEW_ROWS",
     "FP8_BLOCK_K",
@@ -112,6 +143,7 @@ __all__ = [
     "FP8_NARROW_TILE",
     "FP8_WIDE_TILE",
     "ONE_WAVE_ROWS",
+    "block_scaled_config",
     "few_rows_config",
     "fp8_choice",
 ]
