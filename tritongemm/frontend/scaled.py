@@ -83,11 +83,17 @@ def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
 def kernel_scales(
     scaling: str, scale_a: torch.Tensor, scale_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The scales as the kernels read them: flat and contiguous; block scales K-block-major,
-    (K / 128, rows) and (K / 128, columns), so a K-step's scales are one vector each.  torch's
-    layout for a 1 x 128 ``scale_a`` (M-contiguous) and a row-major ``scale_b`` need no copy."""
+    """The scales as the kernels read them (``kernels.gemm.k_step_scales``), flat and contiguous.
+
+    Block scales: a scale per row of ``a`` (column of ``b``) with the rows (columns) contiguous, so a
+    K-step's scales are one vector; a scale per 128 rows (columns) with its K blocks contiguous.
+    These are the layouts ``torch._scaled_mm`` takes (``scale_a`` (M, K/128) M-contiguous; ``scale_b``
+    (K/128, N/128) the transpose of a row-major (N/128, K/128)), which need no copy."""
     if scaling in BLOCK_SCALINGS:
-        return scale_a.t().contiguous(), scale_b.contiguous()
+        rows, cols = BLOCK_SCALINGS[scaling]
+        sa = scale_a.t() if rows == 1 else scale_a
+        sb = scale_b if cols == 1 else scale_b.t()
+        return sa.contiguous(), sb.contiguous()
     return scale_a.reshape(-1).contiguous(), scale_b.reshape(-1).contiguous()
 
 

@@ -30,20 +30,33 @@ def grouped_tile_coords(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 @triton.jit
 def k_step_scales(
-    sa_ptr, sb_ptr, kb, offs_m, offs_n, M, N, SCALE_BLOCK_A: tl.constexpr, SCALE_BLOCK_B: tl.constexpr
+    sa_ptr,
+    sb_ptr,
+    kb,
+    k_blocks,
+    offs_m,
+    offs_n,
+    M,
+    N,
+    SCALE_BLOCK_A: tl.constexpr,
+    SCALE_BLOCK_B: tl.constexpr,
 ):
-    """Block-scaled fp8: the scales of K block ``kb`` (128 of K) for the tile's rows and columns.
+    """Block-scaled fp8: the scales of K block ``kb`` (of ``k_blocks``, 128 of K each) for the tile's rows
+    and columns.
 
-    The launcher lays the scales out K-block-major, (K / 128, M / SCALE_BLOCK_A) and
-    (K / 128, N / SCALE_BLOCK_B) contiguous, so each is one contiguous (or repeated) vector load.
-    SCALE_BLOCK_A rows of A share a scale (1 or 128), and SCALE_BLOCK_B columns of B.
+    SCALE_BLOCK_A rows of A share a scale (1 or 128), and SCALE_BLOCK_B columns of B.  The layouts are
+    ``torch._scaled_mm``'s usual ones (``frontend.scaled.kernel_scales``): a scale per row (column) is
+    stored K-block-major, the rows (columns) contiguous, so a K-step's scales are one vector load; a
+    scale per 128 rows (columns) is stored block-major, its K blocks contiguous.
     """
-    sa = tl.load(
-        sa_ptr + kb * tl.cdiv(M, SCALE_BLOCK_A) + offs_m // SCALE_BLOCK_A, mask=offs_m < M, other=0.0
-    )  # fmt: skip
-    sb = tl.load(
-        sb_ptr + kb * tl.cdiv(N, SCALE_BLOCK_B) + offs_n // SCALE_BLOCK_B, mask=offs_n < N, other=0.0
-    )  # fmt: skip
+    if SCALE_BLOCK_A == 1:
+        sa = tl.load(sa_ptr + kb * M + offs_m, mask=offs_m < M, other=0.0)
+    else:
+        sa = tl.load(sa_ptr + (offs_m // SCALE_BLOCK_A) * k_blocks + kb, mask=offs_m < M, other=0.0)
+    if SCALE_BLOCK_B == 1:
+        sb = tl.load(sb_ptr + kb * N + offs_n, mask=offs_n < N, other=0.0)
+    else:
+        sb = tl.load(sb_ptr + (offs_n // SCALE_BLOCK_B) * k_blocks + kb, mask=offs_n < N, other=0.0)
     return sa, sb
 
 
@@ -76,7 +89,8 @@ def mainloop(
     torch's ``use_fast_accum=True``), BLOCK_K adds once per K-step (cuBLAS's and CUTLASS's precise mode).
     ``strides``: (stride_am, stride_ak, stride_bk, stride_bn).
 
-    Block-scaled fp8 (SCALE_BLOCK_A > 0, ``block_scales`` = (sa_ptr, sb_ptr, k_offset)): every 128 of K
+    Block-scaled fp8 (SCALE_BLOCK_A > 0, ``block_scales`` = (sa_ptr, sb_ptr, k_offset, k_blocks): where
+    this K loop starts in the whole K, and how many blocks of 128 the whole K has): every 128 of K
     has its own scales, so each K-step (at most 128 deep, inside one scale block) is summed on its own
     and added into the fp32 accumulator times its rows' and columns' scales (``k_step_scales``).
     """
@@ -106,10 +120,11 @@ def mainloop(
             b = b.to(tl.float32)
         if SCALE_BLOCK_A > 0:
             part = tl.dot(a, b, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-            sa_ptr, sb_ptr, k_offset = block_scales
+            sa_ptr, sb_ptr, k_offset, k_blocks = block_scales
+            kb = (k_offset + k * BLOCK_K) // 128
             sa, sb = k_step_scales(
-                sa_ptr, sb_ptr, (k_offset + k * BLOCK_K) // 128, offs_m, offs_n, M, N, SCALE_BLOCK_A, SCALE_BLOCK_B
-            )  # fmt: skip
+                sa_ptr, sb_ptr, kb, k_blocks, offs_m, offs_n, M, N, SCALE_BLOCK_A, SCALE_BLOCK_B
+            )
             acc += part * sa[:, None] * sb[None, :]
         else:
             # out_dtype must name the accumulator's type: triton 3.6 defaults it to fp32 even for fp64.
@@ -440,6 +455,7 @@ def gemm_kernel(
     a_ptr += batch * stride_ab
     b_ptr += batch * stride_bb
     k_start = 0
+    k_blocks = tl.cdiv(K, 128)  # (of the whole K: block scales are indexed by it)
     if SPLIT_K:
         slice_id, k_start, K = splitk_slice(K, k_per_split)
         a_ptr += k_start * stride_ak
@@ -462,7 +478,7 @@ def gemm_kernel(
         DOT_PRECISION,
         UPCAST_OPERANDS,
         MAX_IMPRECISE_ACC,
-        (sa_ptr, sb_ptr, k_start),
+        (sa_ptr, sb_ptr, k_start, k_blocks),
         SCALE_BLOCK_A,
         SCALE_BLOCK_B,
     )

@@ -320,7 +320,7 @@ def consumer(
             slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
             if SCALE_BLOCK_A > 0:
                 acc = block_scaled_mma(
-                    a, b, acc, epi, pid_m * BLOCK_M, pid_n * TILE_N, ki, SCALE_BLOCK_A, SCALE_BLOCK_B
+                    a, b, acc, epi, pid_m * BLOCK_M, pid_n * TILE_N, ki, k_tiles, SCALE_BLOCK_A, SCALE_BLOCK_B
                 )  # fmt: skip
             else:
                 acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
@@ -383,7 +383,9 @@ def consumer(
                 slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
                 if SCALE_BLOCK_A > 0:
                     kb = seg_start - tile_start + ki
-                    acc = block_scaled_mma(a, b, acc, epi, off_m, off_n, kb, SCALE_BLOCK_A, SCALE_BLOCK_B)
+                    acc = block_scaled_mma(
+                        a, b, acc, epi, off_m, off_n, kb, k_tiles, SCALE_BLOCK_A, SCALE_BLOCK_B
+                    )
                 else:
                     acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
                     acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))

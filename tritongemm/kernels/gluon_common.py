@@ -184,14 +184,15 @@ def mma(a, b, acc, MAX_IMPRECISE_ACC: gl.constexpr):
 
 @gluon.jit
 def block_scaled_mma(
-    a, b, acc, epi, off_m, off_n, kb, SCALE_BLOCK_A: gl.constexpr, SCALE_BLOCK_B: gl.constexpr
+    a, b, acc, epi, off_m, off_n, kb, k_blocks, SCALE_BLOCK_A: gl.constexpr, SCALE_BLOCK_B: gl.constexpr
 ):
     """One K-step of block-scaled fp8: ``acc + (a @ b) * scale_a[rows, kb] * scale_b[kb, cols]``.
 
     The step's products go into a fresh accumulator (128 of K: one scale block, summed as cuBLAS's
     precise mode sums it) and are added into ``acc`` scaled, as DeepGEMM does.  The scale loads are
     issued under the wgmma; the step waits for its wgmma, so none stays in flight across steps.
-    The scales are laid out K-block-major (``gemm.k_step_scales``); ``epi`` is the kernel's.
+    The scales' layouts are ``gemm.k_step_scales``'s; ``k_blocks``: K's blocks of 128; ``epi`` is the
+    kernel's.
     """
     M = epi[0]
     N = epi[1]
@@ -201,12 +202,14 @@ def block_scaled_mma(
     part = warpgroup_mma(a, b, gl.zeros(acc.shape, gl.float32, layout), use_acc=False, is_async=True)
     offs_m = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
     offs_n = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
-    sa = gl.load(
-        sa_ptr + kb * gl.cdiv(M, SCALE_BLOCK_A) + offs_m // SCALE_BLOCK_A, mask=offs_m < M, other=0.0
-    )
-    sb = gl.load(
-        sb_ptr + kb * gl.cdiv(N, SCALE_BLOCK_B) + offs_n // SCALE_BLOCK_B, mask=offs_n < N, other=0.0
-    )
+    if SCALE_BLOCK_A == 1:
+        sa = gl.load(sa_ptr + kb * M + offs_m, mask=offs_m < M, other=0.0)
+    else:
+        sa = gl.load(sa_ptr + (offs_m // SCALE_BLOCK_A) * k_blocks + kb, mask=offs_m < M, other=0.0)
+    if SCALE_BLOCK_B == 1:
+        sb = gl.load(sb_ptr + kb * N + offs_n, mask=offs_n < N, other=0.0)
+    else:
+        sb = gl.load(sb_ptr + (offs_n // SCALE_BLOCK_B) * k_blocks + kb, mask=offs_n < N, other=0.0)
     part = warpgroup_mma_wait(0, deps=(part,))
     return acc + part * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
 
