@@ -104,6 +104,14 @@ def mainloop(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if (
+        SCALE_BLOCK_A > 0
+    ):  # the first K-step's scales; each step loads the next one's (not pipelined by Triton)
+        sa_ptr, sb_ptr, k_offset, k_blocks = block_scales
+        kb = k_offset // 128
+        sa, sb = k_step_scales(
+            sa_ptr, sb_ptr, kb, k_blocks, offs_m, offs_n, M, N, SCALE_BLOCK_A, SCALE_BLOCK_B
+        )
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=mask_m, other=0.0)
@@ -120,12 +128,12 @@ def mainloop(
             b = b.to(tl.float32)
         if SCALE_BLOCK_A > 0:
             part = tl.dot(a, b, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-            sa_ptr, sb_ptr, k_offset, k_blocks = block_scales
-            kb = (k_offset + k * BLOCK_K) // 128
-            sa, sb = k_step_scales(
+            kb = tl.minimum((k_offset + (k + 1) * BLOCK_K) // 128, k_blocks - 1)
+            sa_next, sb_next = k_step_scales(
                 sa_ptr, sb_ptr, kb, k_blocks, offs_m, offs_n, M, N, SCALE_BLOCK_A, SCALE_BLOCK_B
-            )
+            )  # fmt: skip
             acc += part * sa[:, None] * sb[None, :]
+            sa, sb = sa_next, sb_next
         else:
             # out_dtype must name the accumulator's type: triton 3.6 defaults it to fp32 even for fp64.
             acc = tl.dot(

@@ -74,6 +74,7 @@ from .gluon_common import (
     accumulator_layout,
     barriers,
     block_scaled_mma,
+    block_scales,
     cluster_layouts,
     cta_barrier,
     fence_async_shared,
@@ -316,11 +317,17 @@ def consumer(
             # mbarrier counts as having completed the phase before phase 0).
             j = (tile_id - pid) // (CONSUMERS * nprog)
             mbarrier.wait(turn.index(CONSUMER), (j & 1) ^ (1 if CONSUMER == 0 else 0))
+        if SCALE_BLOCK_A > 0:  # (the first K-step's scales; each step loads the next's)
+            scales = block_scales(
+                epi, pid_m * BLOCK_M, pid_n * TILE_N, 0, k_tiles, acc_layout, BLOCK_M, BLOCK_N,
+                SCALE_BLOCK_A, SCALE_BLOCK_B,
+            )  # fmt: skip
         for ki in range(k_tiles):
             slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
             if SCALE_BLOCK_A > 0:
-                acc = block_scaled_mma(
-                    a, b, acc, epi, pid_m * BLOCK_M, pid_n * TILE_N, ki, k_tiles, SCALE_BLOCK_A, SCALE_BLOCK_B
+                acc, scales = block_scaled_mma(
+                    a, b, acc, scales, epi, pid_m * BLOCK_M, pid_n * TILE_N, ki, k_tiles, SCALE_BLOCK_A,
+                    SCALE_BLOCK_B,
                 )  # fmt: skip
             else:
                 acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
@@ -379,13 +386,18 @@ def consumer(
             off_m = pid_m * BLOCK_M
             off_n = pid_n * TILE_N
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+            if SCALE_BLOCK_A > 0:
+                scales = block_scales(
+                    epi, off_m, off_n, seg_start - tile_start, k_tiles, acc_layout, BLOCK_M, BLOCK_N,
+                    SCALE_BLOCK_A, SCALE_BLOCK_B,
+                )  # fmt: skip
             for ki in range(steps):
                 slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
                 if SCALE_BLOCK_A > 0:
                     kb = seg_start - tile_start + ki
-                    acc = block_scaled_mma(
-                        a, b, acc, epi, off_m, off_n, kb, k_tiles, SCALE_BLOCK_A, SCALE_BLOCK_B
-                    )
+                    acc, scales = block_scaled_mma(
+                        a, b, acc, scales, epi, off_m, off_n, kb, k_tiles, SCALE_BLOCK_A, SCALE_BLOCK_B
+                    )  # fmt: skip
                 else:
                     acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
                     acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))

@@ -183,35 +183,79 @@ def mma(a, b, acc, MAX_IMPRECISE_ACC: gl.constexpr):
 
 
 @gluon.jit
-def block_scaled_mma(
-    a, b, acc, epi, off_m, off_n, kb, k_blocks, SCALE_BLOCK_A: gl.constexpr, SCALE_BLOCK_B: gl.constexpr
+def block_scales(
+    epi,
+    off_m,
+    off_n,
+    kb,
+    k_blocks,
+    layout: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    SCALE_BLOCK_A: gl.constexpr,
+    SCALE_BLOCK_B: gl.constexpr,
 ):
-    """One K-step of block-scaled fp8: ``acc + (a @ b) * scale_a[rows, kb] * scale_b[kb, cols]``.
-
-    The step's products go into a fresh accumulator (128 of K: one scale block, summed as cuBLAS's
-    precise mode sums it) and are added into ``acc`` scaled, as DeepGEMM does.  The scale loads are
-    issued under the wgmma; the step waits for its wgmma, so none stays in flight across steps.
-    The scales' layouts are ``gemm.k_step_scales``'s; ``k_blocks``: K's blocks of 128; ``epi`` is the
-    kernel's.
-    """
+    """Block-scaled fp8: the scales of K block ``kb`` (of ``k_blocks``) for the tile at (off_m, off_n),
+    in the layouts of ``gemm.k_step_scales``: a vector (in ``layout``'s row or column slice) where each
+    row of A (column of B) has its own, one value where the tile lies in one 128-wide block."""
     M = epi[0]
     N = epi[1]
     sa_ptr = epi[13]
     sb_ptr = epi[14]
-    layout: gl.constexpr = acc.type.layout
-    part = warpgroup_mma(a, b, gl.zeros(acc.shape, gl.float32, layout), use_acc=False, is_async=True)
-    offs_m = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
-    offs_n = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
     if SCALE_BLOCK_A == 1:
+        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
         sa = gl.load(sa_ptr + kb * M + offs_m, mask=offs_m < M, other=0.0)
     else:
-        sa = gl.load(sa_ptr + (offs_m // SCALE_BLOCK_A) * k_blocks + kb, mask=offs_m < M, other=0.0)
+        gl.static_assert(BLOCK_M <= SCALE_BLOCK_A, "a tile in one block of A's scales")
+        sa = gl.load(sa_ptr + (off_m // SCALE_BLOCK_A) * k_blocks + kb)
     if SCALE_BLOCK_B == 1:
+        offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
         sb = gl.load(sb_ptr + kb * N + offs_n, mask=offs_n < N, other=0.0)
     else:
-        sb = gl.load(sb_ptr + (offs_n // SCALE_BLOCK_B) * k_blocks + kb, mask=offs_n < N, other=0.0)
+        gl.static_assert(BLOCK_N <= SCALE_BLOCK_B, "a tile in one block of B's scales")
+        sb = gl.load(sb_ptr + (off_n // SCALE_BLOCK_B) * k_blocks + kb)
+    return sa, sb
+
+
+@gluon.jit
+def block_scaled_mma(
+    a,
+    b,
+    acc,
+    scales,
+    epi,
+    off_m,
+    off_n,
+    kb,
+    k_blocks,
+    SCALE_BLOCK_A: gl.constexpr,
+    SCALE_BLOCK_B: gl.constexpr,
+):
+    """One K-step of block-scaled fp8: ``acc + (a @ b) * scale_a[rows, kb] * scale_b[kb, cols]``; returns it
+    and the next K-step's scales.
+
+    The step's products go into a fresh accumulator (128 of K: one scale block, summed as cuBLAS's
+    precise mode sums it) and are added into ``acc`` scaled, as DeepGEMM does.  The step waits for its
+    wgmma, so none stays in flight across steps.  ``scales`` (``block_scales``) were loaded a step
+    ahead, so their latency hides under the previous wgmma; the next step's are loaded under this one.
+    """
+    layout: gl.constexpr = acc.type.layout
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    BLOCK_N: gl.constexpr = acc.shape[1]
+    part = warpgroup_mma(a, b, gl.zeros(acc.shape, gl.float32, layout), use_acc=False, is_async=True)
+    following = block_scales(
+        epi, off_m, off_n, gl.minimum(kb + 1, k_blocks - 1), k_blocks, layout, BLOCK_M, BLOCK_N,
+        SCALE_BLOCK_A, SCALE_BLOCK_B,
+    )  # fmt: skip
     part = warpgroup_mma_wait(0, deps=(part,))
-    return acc + part * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
+    sa, sb = scales
+    if SCALE_BLOCK_A == 1 and SCALE_BLOCK_B == 1:
+        acc = acc + part * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
+    elif SCALE_BLOCK_A == 1:  # one scale for the tile's columns: one FMA an element
+        acc = acc + part * gl.expand_dims(sa * sb, 1)
+    else:
+        acc = acc + part * gl.expand_dims(sb * sa, 0)
+    return acc, following
 
 
 @gluon.jit

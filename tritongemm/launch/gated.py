@@ -199,6 +199,8 @@ class GluonGated:
                 MAX_IMPRECISE_ACC=None,
                 GATED=activation,
                 EPILOGUE_WARPS=0,
+                SCALE_BLOCK_A=0,
+                SCALE_BLOCK_B=0,
             ),
             (programs,),
             8,

@@ -46,11 +46,12 @@ def scaling_args(call, block_k: int, dtype: torch.dtype) -> tuple[tuple[str, ...
     fp8 = dtype.itemsize == 1
     precise = fp8 and call.precision != "fast"
     fixed = dict(MAX_IMPRECISE_ACC=min(block_k, PROMOTION_K) if precise else None)
-    if call.epilogue.scaling == "none":
-        return (), dict(sa_ptr=None, sb_ptr=None, SCALING="none", **fixed)
     if call.epilogue.scaling in BLOCK_SCALINGS:  # dequantized in the K loop (``gemm.k_step_scales``)
         rows, cols = BLOCK_SCALINGS[call.epilogue.scaling]
         return SCALES, dict(SCALING="blockwise", SCALE_BLOCK_A=rows, SCALE_BLOCK_B=cols, **fixed)
+    fixed.update(SCALE_BLOCK_A=0, SCALE_BLOCK_B=0)
+    if call.epilogue.scaling == "none":
+        return (), dict(sa_ptr=None, sb_ptr=None, SCALING="none", **fixed)
     return SCALES, dict(SCALING=call.epilogue.scaling, **fixed)
 
 

@@ -115,7 +115,7 @@ def block_scaled_config(cfg: TileConfig) -> tuple[TileConfig, str | None]:
     warp-specialized kernel adds each K-step's products, summed in an accumulator of their own, into
     the fp32 one: two accumulators per thread, which for more than 64 floats a thread (128 x 256 on 8
     warps: 128 each) overrun the 232 registers a consumer has; there, and for tiles it runs as two
-    (a split or subtiled epilogue), the 128 x 128 tile on 8 warps.
+    (a split or subtiled epilogue) or wider than a scale block, the 128 x 128 tile on 8 warps.
     """
     changes = []
     if cfg.block_k > SCALE_BLOCK_K or SCALE_BLOCK_K % cfg.block_k:
@@ -124,7 +124,7 @@ def block_scaled_config(cfg: TileConfig) -> tuple[TileConfig, str | None]:
     if cfg.kernel == "gluon_ws":
         floats = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
         two_parts = cfg.epilogue_subtile or cfg.block_n & (cfg.block_n - 1)
-        if floats > 64 or two_parts:
+        if floats > 64 or two_parts or cfg.block_n > SCALE_BLOCK_K:
             bm, bn, warps, stages, _ = FP8_MID_TILE
             cfg = replace(
                 cfg, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, epilogue_subtile=False,
