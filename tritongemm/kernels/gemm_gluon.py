@@ -280,7 +280,12 @@ def consumer(
     cannot tell that phase from the one two laps earlier.
 
     Block-scaled fp8 (SCALE_BLOCK_A > 0) runs each K-step through ``block_scaled_mma``, which waits
-    for its wgmma: no wgmma stays in flight across steps, so each step releases its own slot.
+    for its wgmma: no wgmma stays in flight across steps, so each step releases its own slot.  Two
+    consumers then split every tile's rows instead of taking turns (SPLIT_ROWS, DeepGEMM's schedule):
+    each runs its half of the tile on its half of A's slot, releases the slot itself (``empty`` counts
+    two arrivals) and stores its half, so the two run apart and one adds its scaled partial sum while
+    the other's wgmma keep the tensor cores busy.  A cooperative consumer's warpgroups cannot: their
+    release synchronizes all its warps every K-step.
     """
     a_ring, b_ring, b2_ring, ready, empty, turn, _ = ring
     dp_tiles, iters_per_program, tile_span = sk
@@ -288,8 +293,13 @@ def consumer(
     M = epi[0]
     N = epi[1]
     INSTR_K: gl.constexpr = 256 // a_ring.dtype.primitive_bitwidth  # one wgmma reads 32 bytes of K
+    # Block-scaled with two consumers: each takes one half of every tile's rows (see the docstring).
+    SPLIT_ROWS: gl.constexpr = CONSUMERS > 1 and SCALE_BLOCK_A > 0
+    ROWS: gl.constexpr = BLOCK_M // CONSUMERS if SPLIT_ROWS else BLOCK_M  # this consumer's rows of a tile
+    TAKES_TURNS: gl.constexpr = CONSUMERS > 1 and SCALE_BLOCK_A == 0
+    gl.static_assert(not SPLIT_ROWS or (A_ROW_MAJOR and not STREAM_K), "split rows: A row-major, no Stream-K")
     acc_layout: gl.constexpr = accumulator_layout(
-        BLOCK_M, BLOCK_N, gl.num_warps(), CLUSTER_M, CLUSTER_N, INSTR_K
+        ROWS, BLOCK_N, gl.num_warps(), CLUSTER_M, CLUSTER_N, INSTR_K
     )
     # (BLOCK_N2 == 0: a layout nothing uses)
     acc2_layout: gl.constexpr = accumulator_layout(
@@ -304,30 +314,33 @@ def consumer(
     k_tiles = gl.cdiv(K, BLOCK_K)
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    for tile_id in range(pid + CONSUMER * nprog, dp_tiles, CONSUMERS * nprog):
+    TILE_STRIDE: gl.constexpr = 1 if SPLIT_ROWS else CONSUMERS  # (split rows: every consumer, every tile)
+    FIRST: gl.constexpr = 0 if SPLIT_ROWS else CONSUMER
+    for tile_id in range(pid + FIRST * nprog, dp_tiles, TILE_STRIDE * nprog):
         step = (tile_id - pid) // nprog * k_tiles  # the ring step of this tile's first K-step
         pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, TILE_N, GROUP_M)
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+        row0 = pid_m * BLOCK_M + (CONSUMER * ROWS if SPLIT_ROWS else 0)  # this consumer's first row
+        acc = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=acc_layout)
         if BLOCK_N2 > 0:
             acc2 = gl.zeros((BLOCK_M, BLOCK_N2), dtype=gl.float32, layout=acc2_layout)
         else:
             acc2 = acc  # (a stand-in the epilogue never reads)
-        if CONSUMERS > 1:
+        if TAKES_TURNS:
             # This consumer's j-th turn is phase j of turn[CONSUMER]; consumer 0's first is free (a fresh
             # mbarrier counts as having completed the phase before phase 0).
             j = (tile_id - pid) // (CONSUMERS * nprog)
             mbarrier.wait(turn.index(CONSUMER), (j & 1) ^ (1 if CONSUMER == 0 else 0))
         if SCALE_BLOCK_A > 0:  # (the first K-step's scales; each step loads the next's)
             scales = block_scales(
-                epi, pid_m * BLOCK_M, pid_n * TILE_N, 0, k_tiles, acc_layout, BLOCK_M, BLOCK_N,
-                SCALE_BLOCK_A, SCALE_BLOCK_B,
+                epi, row0, pid_n * TILE_N, 0, k_tiles, acc_layout, ROWS, BLOCK_N, SCALE_BLOCK_A, SCALE_BLOCK_B
             )  # fmt: skip
         for ki in range(k_tiles):
             slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
+            if SPLIT_ROWS:
+                a = a.slice(CONSUMER * ROWS, ROWS)
             if SCALE_BLOCK_A > 0:
                 acc, scales = block_scaled_mma(
-                    a, b, acc, scales, epi, pid_m * BLOCK_M, pid_n * TILE_N, ki, k_tiles, SCALE_BLOCK_A,
-                    SCALE_BLOCK_B,
+                    a, b, acc, scales, epi, row0, pid_n * TILE_N, ki, k_tiles, SCALE_BLOCK_A, SCALE_BLOCK_B
                 )  # fmt: skip
             else:
                 acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
@@ -341,7 +354,7 @@ def consumer(
                 acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
             release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES, CLUSTERED)
             step += 1
-        if CONSUMERS > 1:
+        if TAKES_TURNS:
             mbarrier.arrive(turn.index((CONSUMER + 1) % CONSUMERS))  # every wgmma of this tile is issued
         if BLOCK_N2 > 0:
             acc, acc2 = warpgroup_mma_wait(0, deps=(acc, acc2))
@@ -350,7 +363,7 @@ def consumer(
         if IN_FLIGHT:
             free_slot(ring, (step + NUM_STAGES - 1) % NUM_STAGES, k_tiles > 0, CLUSTERED)
 
-        off_m = pid_m * BLOCK_M
+        off_m = row0
         off_n = pid_n * TILE_N
         if GATED != "":
             gated_epilogue(
@@ -534,7 +547,8 @@ def gemm_gluon_kernel(
     turn = barriers(2, CTAS, False)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+        # (split rows: both consumers read every slot, and each releases it)
+        mbarrier.init(empty.index(s), count=2 if CONSUMERS > 1 and SCALE_BLOCK_A > 0 else 1)
     for c in gl.static_range(2):
         mbarrier.init(turn.index(c), count=1)
     handoff_bars = barriers(2, CTAS, False)  # (staged, drained) of the epilogue warps' staging tile

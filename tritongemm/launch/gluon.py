@@ -6,7 +6,7 @@ of two: see ``configs.split_width``; its accumulators: ``TileConfig.accumulator_
 ``epilogue_subtile`` (a power-of-two tile as two halves through one half-width staging
 buffer), ``block_k``, ``group_m``, ``num_stages`` (the ring's slots), ``num_warps`` (the
 warps of each consumer: 4 per warpgroup; the producer warp comes on top), ``pingpong`` (two
-consumers on alternate tiles, else one) and ``stream_k`` (whole waves, then the last wave's
+consumers on alternate tiles, else one; block-scaled fp8: two consumers on the two halves of every tile) and ``stream_k`` (whole waves, then the last wave's
 tiles split into K-chunks: ``schedules.split_tail_schedule``, with ``StreamKBuffers``'
 workspace and counters), ``cluster_m`` / ``cluster_n`` (two CTAs a cluster: the kernel's tile is
 the cluster's, each descriptor's box carries the CGA layout that says which CTA holds which part,
@@ -20,6 +20,7 @@ import torch
 import triton
 
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, cluster_layouts, gemm_gluon_kernel
+from ..planning.call import BLOCK_SCALINGS
 from .common import KernelArgs, Launch
 from .pointer import epilogue_constexprs, scaling_args
 from .stream_k import StreamKBuffers
@@ -121,10 +122,12 @@ class GluonLauncher:
         a_cga, b_cga, c_cga = cluster_layouts(cm, cn, a2.stride(1) == 1, b2.stride(1) == 1)
         self.a_desc, a_row_major = descriptor(a2, block_m, cfg.block_k, a_cga)
         self.b_desc, b_row_major = descriptor(b2, cfg.block_k, bn, b_cga)
-        self.c_desc, _ = descriptor(c2, block_m, bn, c_cga)
+        consumers = 2 if cfg.pingpong else 1
+        # Block-scaled, two consumers split each tile's rows, each storing its half (the kernel's SPLIT_ROWS).
+        split_rows = consumers > 1 and call.epilogue.scaling in BLOCK_SCALINGS
+        self.c_desc, _ = descriptor(c2, block_m // 2 if split_rows else block_m, bn, c_cga)
         self.b2_desc = descriptor(b2, cfg.block_k, bn2, b_cga)[0] if split else self.b_desc
         self.c2_desc = descriptor(c2, block_m, bn2, c_cga)[0] if split else self.c_desc
-        consumers = 2 if cfg.pingpong else 1
         finishers = epilogue_warps(call, cfg)
         tiles = triton.cdiv(M, block_m) * triton.cdiv(N, bn + bn2)
         programs = max(1, min(plan.device.sm_count // ctas, tiles))  # (clusters, in a cluster)

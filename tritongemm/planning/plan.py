@@ -116,7 +116,7 @@ def plan(
     ``block_scaled``: fp8 operands with a scale per block of K (``call.BLOCK_SCALINGS``)."""
     chosen, source = select(problem, device, request)
     if block_scaled:
-        chosen, why = block_scaled_config(chosen)
+        chosen, why = block_scaled_config(chosen, chosen=request.config is not None)
         if why:
             source += f"; {why}"
     cfg, kernel, fallback = _kernel_for(chosen, problem, device, a, b, c, dtype, out_dtype)

@@ -108,29 +108,43 @@ def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, st
     return cfg, f"fp8: {bm}x{bn} tiles, a K step of {FP8_BLOCK_K} bytes, on {where} ({why})"
 
 
-def block_scaled_config(cfg: TileConfig) -> tuple[TileConfig, str | None]:
+#: Block-scaled fp8 on the warp-specialized kernel: (block_m, block_n, warps, stages, pingpong).  Two
+#: consumer warpgroups split each 128 x 128 tile's rows (see ``block_scaled_config``).
+FP8_BLOCK_SCALED_TILE = (128, 128, 4, 6, True)
+
+
+def _block_scaled_fields() -> dict:
+    bm, bn, warps, stages, pingpong = FP8_BLOCK_SCALED_TILE
+    return dict(
+        block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, epilogue_subtile=False, pingpong=pingpong,
+        stream_k=False, cluster_m=1, cluster_n=1,
+    )  # fmt: skip
+
+
+def block_scaled_config(cfg: TileConfig, chosen: bool = False) -> tuple[TileConfig, str | None]:
     """``cfg`` made fit for block-scaled fp8 (a scale per 128 of K), and what was changed (None: nothing).
 
     Each K-step must lie inside one scale block: a K step of at most 128, dividing it.  The
     warp-specialized kernel adds each K-step's products, summed in an accumulator of their own, into
-    the fp32 one: two accumulators per thread, which for more than 64 floats a thread (128 x 256 on 8
-    warps: 128 each) overrun the 232 registers a consumer has; there, and for tiles it runs as two
-    (a split or subtiled epilogue) or wider than a scale block, the 128 x 128 tile on 8 warps.
+    the fp32 one after waiting for them, so no wgmma is in flight while a warpgroup adds.  Two consumer
+    warpgroups that split every tile's rows and run apart (``pingpong``: the kernel's SPLIT_ROWS) keep
+    the tensor cores busy meanwhile, where a cooperative consumer's warpgroups wait together.  Each
+    holds two accumulators, which for more than 64 floats a thread (64 x 256 on 4 warps: 128 each)
+    overrun the 232 registers a consumer has.  So the warp-specialized kernel runs 128 x 128 tiles on
+    two 4-warp consumers (``FP8_BLOCK_SCALED_TILE``), unless the caller ``chose`` a tile that fits.
     """
     changes = []
     if cfg.block_k > SCALE_BLOCK_K or SCALE_BLOCK_K % cfg.block_k:
         cfg = replace(cfg, block_k=SCALE_BLOCK_K)
         changes.append(f"a K step of {SCALE_BLOCK_K}, one scale block")
     if cfg.kernel == "gluon_ws":
-        floats = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
+        rows = cfg.block_m // 2 if cfg.pingpong else cfg.block_m
+        floats = rows * cfg.block_n // (32 * cfg.num_warps)
         two_parts = cfg.epilogue_subtile or cfg.block_n & (cfg.block_n - 1)
-        if floats > 64 or two_parts or cfg.block_n > SCALE_BLOCK_K:
-            bm, bn, warps, stages, _ = FP8_MID_TILE
-            cfg = replace(
-                cfg, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, epilogue_subtile=False,
-                pingpong=False,
-            )  # fmt: skip
-            changes.append(f"{bm}x{bn} tiles on {warps} warps (two accumulators a thread)")
+        unfit = floats > 64 or two_parts or cfg.block_n > SCALE_BLOCK_K or (cfg.stream_k and cfg.pingpong)
+        if unfit or (not chosen and cfg != replace(cfg, **_block_scaled_fields())):
+            cfg = replace(cfg, **_block_scaled_fields())
+            changes.append(f"{cfg.block_m}x{cfg.block_n} tiles, two 4-warp consumers on their halves")
     if not changes:
         return cfg, None
     return cfg, "block-scaled fp8: " + ", ".join(changes)
@@ -143,6 +157,7 @@ __all__ = [
     "FP8_NARROW_TILE",
     "FP8_WIDE_TILE",
     "ONE_WAVE_ROWS",
+    "FP8_BLOCK_SCALED_TILE",
     "block_scaled_config",
     "few_rows_config",
     "fp8_choice",
