@@ -28,7 +28,7 @@ from .eligibility import (
     warp_specialized_shared_bytes,
     warp_specialized_unsupported_reason,
 )
-from .heuristics.fp8 import block_scaled_config
+from .heuristics.fp8 import block_scaled_config, fp8_choice
 from .problem import GemmProblem
 from .selection import select
 from .unaligned import elementwise_tile, padding_estimate
@@ -116,7 +116,10 @@ def plan(
     ``block_scaled``: fp8 operands with a scale per block of K (``call.BLOCK_SCALINGS``)."""
     chosen, source = select(problem, device, request)
     if block_scaled:
-        chosen, why = block_scaled_config(chosen, chosen=request.config is not None)
+        if request.config is None:  # (a tuned tile is the rowwise recipe's)
+            chosen, rule = fp8_choice(problem, device, block_scaled=True)
+            source = f"heuristic: {rule}"
+        chosen, why = block_scaled_config(chosen)
         if why:
             source += f"; {why}"
     cfg, kernel, fallback = _kernel_for(chosen, problem, device, a, b, c, dtype, out_dtype)

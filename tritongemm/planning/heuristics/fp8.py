@@ -50,16 +50,20 @@ FP8_BLOCK_K = 128
 FP8_NARROW_TILE = (64, 128, 4, 6, False)
 FP8_MID_TILE = (128, 128, 8, 6, False)
 FP8_WIDE_TILE = (128, 256, 8, 4, True)
+#: Block-scaled fp8 on the warp-specialized kernel: (block_m, block_n, warps, stages, pingpong).  Two
+#: consumer warpgroups split each 128 x 128 tile's rows (see ``block_scaled_config``).
+FP8_BLOCK_SCALED_TILE = (128, 128, 4, 6, True)
 #: Up to this many rows: the pointer kernel's few-rows tiles (see above).
 FEW_ROWS = 64
 #: Up to this many rows, 64 x 64 pointer tiles where they fit one wave (see above).
 ONE_WAVE_ROWS = 128
 
 
-def few_rows_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
-    """The pointer kernel's tile for an fp8 problem of at most ``FEW_ROWS`` rows (see above)."""
+def few_rows_config(problem: GemmProblem, device: DeviceInfo, max_block_k: int = 256) -> TileConfig:
+    """The pointer kernel's tile for an fp8 problem of at most ``FEW_ROWS`` rows (see above); block
+    scales cap the K step at one scale block (``max_block_k``)."""
     bm = pow2_at_least(problem.m, 16, FEW_ROWS)
-    bk = pow2_at_least(problem.k, 32, 256)
+    bk = pow2_at_least(problem.k, 32, max_block_k)
     bn, stages = 32, 4
     if tiles_of(problem, bm, bn) > 2 * device.sm_count:
         bn, stages = 128, 3
@@ -68,10 +72,14 @@ def few_rows_config(problem: GemmProblem, device: DeviceInfo) -> TileConfig:
     return TileConfig(bm, bn, bk, 8, 4, stages, split_k=split, split_k_inline=split > 1)
 
 
-def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, str]:
-    """The fp8 tile for ``problem`` on a GPU, and why."""
+def fp8_choice(
+    problem: GemmProblem, device: DeviceInfo, block_scaled: bool = False
+) -> tuple[TileConfig, str]:
+    """The fp8 tile for ``problem`` on a GPU, and why; ``block_scaled``: a scale per 128 of K
+    (``block_scaled_config``'s rules)."""
+    max_block_k = SCALE_BLOCK_K if block_scaled else 256
     if problem.m <= FEW_ROWS:
-        cfg = few_rows_config(problem, device)
+        cfg = few_rows_config(problem, device, max_block_k)
         split = f", K in {cfg.split_k} slices" if cfg.split_k > 1 else ""
         return cfg, (
             f"fp8, M = {problem.m}: {cfg.block_m}x{cfg.block_n} tiles, a K step of {cfg.block_k}{split}, "
@@ -79,11 +87,18 @@ def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, st
         )
     square = tiles_of(problem, 64, 64)
     if problem.m <= ONE_WAVE_ROWS and square <= device.sm_count:
-        cfg = TileConfig(64, 64, pow2_at_least(problem.k, 32, 256), 8, 4, 4)
+        cfg = TileConfig(64, 64, pow2_at_least(problem.k, 32, max_block_k), 8, 4, 4)
         return cfg, (
             f"fp8, M = {problem.m}: {square} tiles of 64x64 fit one wave, a K step of "
             f"{cfg.block_k}, on the pointer kernel"
         )
+    ws = device.capability == (9, 0)
+    if block_scaled:
+        bm, bn, warps, stages, pingpong = FP8_BLOCK_SCALED_TILE
+        kernel = dict(kernel="gluon_ws", pingpong=pingpong) if ws else dict(num_warps=8, num_stages=4)
+        cfg = replace(TileConfig(bm, bn, SCALE_BLOCK_K, 8, warps, stages), **kernel)
+        where = "two 4-warp consumers on their halves" if ws else "the pointer kernel"
+        return cfg, f"block-scaled fp8: {bm}x{bn} tiles, a K step of {SCALE_BLOCK_K}, {where}"
     mid = tiles_of(problem, 128, 128)
     wide = tiles_of(problem, 128, 256)
     if 2 * mid <= device.sm_count:
@@ -93,7 +108,6 @@ def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, st
     else:
         tile, why = FP8_WIDE_TILE, f"{wide} tiles of 128x256"
     bm, bn, warps, stages, subtile = tile
-    ws = device.capability == (9, 0)
     cfg = TileConfig(
         bm,
         bn,
@@ -108,30 +122,20 @@ def fp8_choice(problem: GemmProblem, device: DeviceInfo) -> tuple[TileConfig, st
     return cfg, f"fp8: {bm}x{bn} tiles, a K step of {FP8_BLOCK_K} bytes, on {where} ({why})"
 
 
-#: Block-scaled fp8 on the warp-specialized kernel: (block_m, block_n, warps, stages, pingpong).  Two
-#: consumer warpgroups split each 128 x 128 tile's rows (see ``block_scaled_config``).
-FP8_BLOCK_SCALED_TILE = (128, 128, 4, 6, True)
-
-
-def _block_scaled_fields() -> dict:
-    bm, bn, warps, stages, pingpong = FP8_BLOCK_SCALED_TILE
-    return dict(
-        block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, epilogue_subtile=False, pingpong=pingpong,
-        stream_k=False, cluster_m=1, cluster_n=1,
-    )  # fmt: skip
-
-
-def block_scaled_config(cfg: TileConfig, chosen: bool = False) -> tuple[TileConfig, str | None]:
-    """``cfg`` made fit for block-scaled fp8 (a scale per 128 of K), and what was changed (None: nothing).
+def block_scaled_config(cfg: TileConfig) -> tuple[TileConfig, str | None]:
+    """A tile the caller chose (or the tuner), made fit for block-scaled fp8, and what was changed
+    (None: nothing).  ``fp8_choice(block_scaled=True)`` picks fitting tiles itself.
 
     Each K-step must lie inside one scale block: a K step of at most 128, dividing it.  The
     warp-specialized kernel adds each K-step's products, summed in an accumulator of their own, into
     the fp32 one after waiting for them, so no wgmma is in flight while a warpgroup adds.  Two consumer
     warpgroups that split every tile's rows and run apart (``pingpong``: the kernel's SPLIT_ROWS) keep
-    the tensor cores busy meanwhile, where a cooperative consumer's warpgroups wait together.  Each
-    holds two accumulators, which for more than 64 floats a thread (64 x 256 on 4 warps: 128 each)
-    overrun the 232 registers a consumer has.  So the warp-specialized kernel runs 128 x 128 tiles on
-    two 4-warp consumers (``FP8_BLOCK_SCALED_TILE``), unless the caller ``chose`` a tile that fits.
+    the tensor cores busy meanwhile, where a cooperative consumer's warpgroups wait together: on the
+    H100, 1x128 x 128x128 scales, 512-8192 rows, 0.74-0.88 of ``torch._scaled_mm`` against 0.68-0.85
+    cooperative (``sweeps/fp8_blockwise.txt``).  Each consumer holds two accumulators, which for more
+    than 64 floats a thread (64 x 256 on 4 warps: 128 each) overrun the 232 registers a consumer has; a
+    tile beyond that, run as two parts, wider than a scale block or with Stream-K across two consumers
+    becomes ``FP8_BLOCK_SCALED_TILE``.
     """
     changes = []
     if cfg.block_k > SCALE_BLOCK_K or SCALE_BLOCK_K % cfg.block_k:
@@ -141,10 +145,13 @@ def block_scaled_config(cfg: TileConfig, chosen: bool = False) -> tuple[TileConf
         rows = cfg.block_m // 2 if cfg.pingpong else cfg.block_m
         floats = rows * cfg.block_n // (32 * cfg.num_warps)
         two_parts = cfg.epilogue_subtile or cfg.block_n & (cfg.block_n - 1)
-        unfit = floats > 64 or two_parts or cfg.block_n > SCALE_BLOCK_K or (cfg.stream_k and cfg.pingpong)
-        if unfit or (not chosen and cfg != replace(cfg, **_block_scaled_fields())):
-            cfg = replace(cfg, **_block_scaled_fields())
-            changes.append(f"{cfg.block_m}x{cfg.block_n} tiles, two 4-warp consumers on their halves")
+        if floats > 64 or two_parts or cfg.block_n > SCALE_BLOCK_K or (cfg.stream_k and cfg.pingpong):
+            bm, bn, warps, stages, pingpong = FP8_BLOCK_SCALED_TILE
+            cfg = replace(
+                cfg, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, epilogue_subtile=False,
+                pingpong=pingpong, stream_k=False, cluster_m=1, cluster_n=1,
+            )  # fmt: skip
+            changes.append(f"{bm}x{bn} tiles, two 4-warp consumers on their halves")
     if not changes:
         return cfg, None
     return cfg, "block-scaled fp8: " + ", ".join(changes)
