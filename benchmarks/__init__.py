@@ -17,7 +17,8 @@
 * ``epilogue.py`` — a linear layer's fused epilogue (bias + GELU, SiLU, tanh-GELU or residual)
   through ``tritongemm.linear`` against torch's unfused sequence, forward and forward + backward.
 * ``fp8.py``     — ``tritongemm.scaled_mm`` against ``torch._scaled_mm`` (fp8 e4m3 in, bf16
-  out; tensorwise and rowwise scales, fast accumulation off and on): ``python -m benchmarks fp8``.
+  out; tensorwise and rowwise scales, fast accumulation off and on, and 1x128 x 128x128 block
+  scales): ``python -m benchmarks fp8``; ``sweep_fp8_blockwise.py`` times every block-scaled recipe.
 * ``runner.py``  — what ``mlp``, ``epilogue`` and ``fp8`` share: the gate's row, the progress loop,
   the table against torch, and the command line from the GPU check to the exit status.
 

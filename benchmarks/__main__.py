@@ -6,7 +6,7 @@ python -m benchmarks run --suite square|llm|decode|stages|hierarchy|backward|mod
                          [--sabotaged]
 python -m benchmarks plot CSV [CSV ...] [--out DIR] [--figures KIND,...]
 python -m benchmarks soak [--calls N] [--out DIR]
-python -m benchmarks fp8 [--shape MxNxK ...] [--rounds N] [--out DIR]
+python -m benchmarks fp8 [--shape MxNxK ...] [--recipes NAME,...] [--rounds N] [--out DIR]
 python -m benchmarks fp8-train [--steps N] [--rounds N] [--out DIR]
 python -m benchmarks list
 """
@@ -57,6 +57,17 @@ def _shape(text: str) -> tuple[int, int, int]:
     from tritongemm.cli.arguments import parse_shape
 
     return parse_shape(text)
+
+
+def _fp8_recipes(text: str) -> list[str]:
+    """``--recipes tensorwise,blockwise``: fp8 recipe names, checked against the suite's (imported
+    only when given, as ``_shape``)."""
+    from .fp8 import select_recipes
+
+    try:
+        return [r.name for r in select_recipes(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:
@@ -150,7 +161,8 @@ def _parser() -> argparse.ArgumentParser:
 
     f8 = sub.add_parser(
         "fp8",
-        help="tritongemm.scaled_mm vs torch._scaled_mm, tensorwise and rowwise scales (CUDA GPU, sm_89+)",
+        help="tritongemm.scaled_mm vs torch._scaled_mm, tensorwise, rowwise and blockwise scales "
+        "(CUDA GPU, sm_89+)",
     )
     f8.add_argument(
         "--shape",
@@ -158,6 +170,14 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="MxNxK",
         help="only this shape (repeat for several; one the suite does not list runs too)",
+    )
+    f8.add_argument(
+        "--recipes",
+        type=_fp8_recipes,
+        default=None,
+        metavar="NAME,...",
+        help="only these recipes (comma-separated; default all): tensorwise, tensorwise+fast_accum, "
+        "rowwise, rowwise+fast_accum, blockwise",
     )
     f8.add_argument(
         "--rounds",

@@ -1,23 +1,29 @@
 """``python -m benchmarks fp8``: ``tritongemm.scaled_mm`` against ``torch._scaled_mm``, fp8 e4m3 in, bf16 out.
 
-Every shape runs four recipes: ``tensorwise`` scales (one fp32 scale per operand, 0-d) and
+Every shape runs five recipes: ``tensorwise`` scales (one fp32 scale per operand, 0-d) and
 ``rowwise`` scales (``scale_a`` (M, 1), ``scale_b`` (1, N)), each with ``use_fast_accum`` off and
-on (``rowwise+fast_accum``, ...).  The operands are laid out as ``torch._scaled_mm`` requires: ``a``
-= randn(M, K) as float8_e4m3fn, row-major; ``b`` the view ``w.t()`` of a row-major (N, K) e4m3
-weight (layout ``NT``); ``out_dtype`` bf16.
+on (``rowwise+fast_accum``, ...); and ``blockwise`` scales, DeepSeek-V3's forward recipe (the
+library's ``blockwise_1x128_128x128``): a scale per row of ``a`` per 128 of K (1 x 128 blocks of
+the activations) and one per 128 x 128 block of the weight, ``scale_a`` (M, ceil(K/128)) and
+``scale_b`` (ceil(K/128), ceil(N/128)) in ``torch._scaled_mm``'s layouts (``scale_a``
+M-contiguous, ``scale_b`` the transpose of a row-major (ceil(N/128), ceil(K/128)) weight scale),
+``use_fast_accum`` off.  ``--recipes`` times only some of them.  The operands are laid out as
+``torch._scaled_mm`` requires: ``a`` = randn(M, K) as float8_e4m3fn, row-major; ``b`` the view
+``w.t()`` of a row-major (N, K) e4m3 weight (layout ``NT``); ``out_dtype`` bf16.
 
 The shapes (``cases()``): 4096^3 and 8192x8192x4096; Llama-3-8B's attention (N x K = 4096 x 4096)
 and MLP (14336 x 4096) projections at M = 16 ... 8192 tokens; Qwen2.5-7B's MLP projection
 1024x18944x3584; the skinny 256x5120x5120 and 16x4096x4096.  A shape listed in two groups is
-measured once, in its projection sweep (19 shapes, 76 problems).
+measured once, in its projection sweep (19 shapes, 95 problems).
 
 The harness's rules hold: inputs rotate over enough copies that together they exceed twice the
 L2 cache; before anything is timed, each output (ours and torch's) on the first and the last copy
-is compared with the float64 product of the dequantized operands (relative Frobenius error, held
-to the harness's bf16 gate tolerance; both errors are in the CSV), and a wrong output is never
-timed; then the eight (recipe, implementation) pairs of a shape are timed with ``do_bench`` in
-``--rounds`` interleaved rounds, the order reversed every other round, each row holding the median
-of all its samples.
+is compared with the float64 product of the dequantized operands (for tensorwise and rowwise
+scales, ``a @ b`` scaled; for block scales, each operand's blocks scaled before the product;
+relative Frobenius error, held to the harness's bf16 gate tolerance; both errors are in the CSV),
+and a wrong output is never timed; then the ten (recipe, implementation) pairs of a shape are
+timed with ``do_bench`` in ``--rounds`` interleaved rounds, the order reversed every other round,
+each row holding the median of all its samples.
 
 One row per (shape, recipe, implementation), in the results schema: ``case`` is "MxNxK recipe",
 ``variant`` the recipe, ``dtype`` ``fp8_e4m3``.  ``torch._scaled_mm`` is the baseline row (family
@@ -40,6 +46,8 @@ from pathlib import Path
 import torch
 
 import tritongemm
+from tritongemm.frontend.scaled import block_scale_shapes, dequantize
+from tritongemm.planning.call import BLOCK_SCALINGS, SCALE_BLOCK_K
 from tritongemm.testing import random_tensor
 
 from . import harness, runner
@@ -96,19 +104,56 @@ class Fp8Case:
         return self.m * self.k + self.k * self.n + self.m * self.n * OUT_DTYPE.itemsize
 
 
+#: The block-scaled recipes (the ``scaling`` column) and the library's names for them
+#: (``planning.call.BLOCK_SCALINGS``, ``Epilogue.scaling``).
+BLOCK_RECIPES = {"blockwise": "blockwise_1x128_128x128"}
+
+
 @dataclass(frozen=True)
 class Recipe:
     """How the operands are scaled and the products summed."""
 
-    scaling: str  # "tensorwise" or "rowwise"
+    scaling: str  # "tensorwise", "rowwise" or "blockwise" (BLOCK_RECIPES)
     fast_accum: bool
 
     @property
     def name(self) -> str:
         return self.scaling + ("+fast_accum" if self.fast_accum else "")
 
+    @property
+    def blocked(self) -> bool:
+        """Scales per block of K (their reference cannot scale ``a @ b``)."""
+        return self.scaling in BLOCK_RECIPES
 
-RECIPES = tuple(Recipe(s, fast) for s in ("tensorwise", "rowwise") for fast in (False, True))
+    @property
+    def library_scaling(self) -> str:
+        """The scaling as tritongemm names it (``Epilogue.scaling``)."""
+        return BLOCK_RECIPES.get(self.scaling, self.scaling)
+
+
+#: Blockwise is 1x128 activation blocks x 128x128 weight blocks, without fast accumulation (torch's
+#: block-scaled GEMMs ignore or refuse it).
+RECIPES = (
+    *(Recipe(s, fast) for s in ("tensorwise", "rowwise") for fast in (False, True)),
+    Recipe("blockwise", False),
+)
+
+
+def select_recipes(names: str | Sequence[str] | None = None) -> tuple[Recipe, ...]:
+    """The suite's recipes, or only those named (``--recipes blockwise,rowwise``; a comma list or a
+    sequence), in the suite's order; ``ValueError`` naming the choices for a name it does not know."""
+    if names is None:
+        return RECIPES
+    if isinstance(names, str):
+        names = names.split(",")
+    wanted = {n.strip() for n in names if n.strip()}
+    by_name = {r.name: r for r in RECIPES}
+    unknown = sorted(wanted - by_name.keys())
+    if unknown or not wanted:
+        raise ValueError(
+            f"unknown fp8 recipe(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(by_name)}"
+        )
+    return tuple(r for r in RECIPES if r.name in wanted)
 
 
 def cases() -> list[Fp8Case]:
@@ -181,8 +226,14 @@ class InputSet:
 
 
 def input_set_bytes(case: Fp8Case) -> int:
-    """What one call reads: both fp8 operands and the rowwise scales."""
-    return case.m * case.k + case.n * case.k + 4 * (case.m + case.n)
+    """What one copy holds: both fp8 operands and every recipe's fp32 scales (a call reads the
+    operands and one recipe's scales; counting them all errs towards one copy more)."""
+    block = sum(
+        math.prod(sa) + math.prod(sb)
+        for name, (sa, sb) in block_scale_shapes(case.m, case.n, case.k).items()
+        if name in BLOCK_RECIPES.values()
+    )
+    return case.m * case.k + case.n * case.k + 4 * (2 + case.m + case.n + block)
 
 
 def _scales(shape: tuple[int, ...], low: float, device, gen: torch.Generator) -> torch.Tensor:
@@ -195,7 +246,10 @@ def make_inputs(case: Fp8Case, device: torch.device, n_copies: int, seed: int = 
 
     scale_a lies in [2, 4) and scale_b in [1/8, 1/4): ranges that do not overlap and exclude 1, so a
     scale dropped, applied twice or taken from the other operand errs by 50% or more (the gate
-    sees it), and their product (< 1) keeps the output well inside bf16's range.
+    sees it), and their product (< 1) keeps the output well inside bf16's range.  Block scales are
+    random per block, so one applied to the wrong block errs too; they are made in the layouts
+    ``torch._scaled_mm`` takes: ``scale_a`` (M, K/128) M-contiguous, ``scale_b`` (K/128, N/128)
+    the transpose of a row-major (N/128, K/128) tensor, the weight ``w``'s own (b = ``w.t()``).
     """
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -207,18 +261,55 @@ def make_inputs(case: Fp8Case, device: torch.device, n_copies: int, seed: int = 
             "tensorwise": (_scales((), 2.0, device, gen), _scales((), 0.125, device, gen)),
             "rowwise": (_scales((case.m, 1), 2.0, device, gen), _scales((1, case.n), 0.125, device, gen)),
         }
+        blocks = block_scale_shapes(case.m, case.n, case.k)
+        for recipe, library in BLOCK_RECIPES.items():
+            (m, kb), (_, nb) = blocks[library]
+            scales[recipe] = (
+                _scales((kb, m), 2.0, device, gen).t(),
+                _scales((nb, kb), 0.125, device, gen).t(),
+            )
         sets.append(InputSet(a, w.t(), scales))  # b = w.t(): column-major, as torch._scaled_mm requires
     return sets
 
 
 def unscaled_reference(s: InputSet) -> torch.Tensor:
-    """``a @ b`` in float64 on the fp8 values; each recipe's reference scales it (scaling the product
-    instead of the operands changes it by float64 rounding only, so one product serves all four)."""
+    """``a @ b`` in float64 on the fp8 values; each tensorwise or rowwise recipe's reference scales it
+    (scaling the product instead of the operands changes it by float64 rounding only, so one product
+    serves all four)."""
     return s.a.double() @ s.b.double()
 
 
 def scaled_reference(raw: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> torch.Tensor:
     return raw * scale_a.double() * scale_b.double()
+
+
+def block_reference(s: InputSet, recipe: Recipe) -> torch.Tensor:
+    """A block-scaled recipe's reference: the float64 product of the operands dequantized block by
+    block (the scales vary along K, so they cannot scale ``a @ b``)."""
+    rows, cols = BLOCK_SCALINGS[recipe.library_scaling]
+    scale_a, scale_b = s.scales[recipe.scaling]
+    a = dequantize(s.a.double(), scale_a.double(), rows, SCALE_BLOCK_K)
+    return a @ dequantize(s.b.double(), scale_b.double(), SCALE_BLOCK_K, cols)
+
+
+def references(s: InputSet, recipes: Sequence[Recipe]) -> dict[str, torch.Tensor]:
+    """The float64 products one checked copy's outputs are held to: ``"raw"`` (``a @ b``, which
+    ``reference`` scales for tensorwise and rowwise recipes) if any of ``recipes`` needs it, and each
+    block-scaled recipe's own, by its ``scaling``."""
+    refs = {}
+    if any(not r.blocked for r in recipes):
+        refs["raw"] = unscaled_reference(s)
+    for r in recipes:
+        if r.blocked and r.scaling not in refs:
+            refs[r.scaling] = block_reference(s, r)
+    return refs
+
+
+def reference(recipe: Recipe, s: InputSet, refs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``recipe``'s float64 reference on copy ``s``, from its ``references``."""
+    if recipe.blocked:
+        return refs[recipe.scaling]
+    return scaled_reference(refs["raw"], *s.scales[recipe.scaling])
 
 
 # ----------------------------------------------------------------------------------
@@ -248,15 +339,21 @@ def base_row(case: Fp8Case, recipe: Recipe) -> dict:
 
 
 def gate(
-    impl: Fp8Impl, recipe: Recipe, sets: Sequence[InputSet], refs: dict[int, torch.Tensor], tol: float
+    impl: Fp8Impl,
+    recipe: Recipe,
+    sets: Sequence[InputSet],
+    refs: dict[int, dict[str, torch.Tensor]],
+    tol: float,
 ) -> harness.GateResult:
-    """Run ``impl`` on the checked copies; the worst result, or the first that fails."""
+    """Run ``impl`` on the checked copies (``refs``: copy index -> its ``references``); the worst
+    result, or the first that fails."""
     worst = None
-    for index, raw in refs.items():
+    for index, copy_refs in refs.items():
         a, b, scale_a, scale_b = sets[index].args(recipe)
         with torch.no_grad():
             out = impl.fn(a, b, scale_a, scale_b, recipe.fast_accum)
-        result = harness.check_output(out, scaled_reference(raw, scale_a, scale_b), tol, dtype=OUT_DTYPE)
+        ref = reference(recipe, sets[index], copy_refs)
+        result = harness.check_output(out, ref, tol, dtype=OUT_DTYPE)
         if not result.ok:
             return result
         if worst is None or result.rel_err > worst.rel_err:
@@ -275,7 +372,7 @@ def kernel_columns(s: InputSet, recipe: Recipe) -> dict:
 
     try:
         call = GemmCall(
-            Epilogue(scaling=recipe.scaling),
+            Epilogue(scaling=recipe.library_scaling),
             make_request(None),
             OUT_DTYPE,
             "fast" if recipe.fast_accum else "ieee",
@@ -292,7 +389,7 @@ def prepare(
     recipe: Recipe,
     impl: Fp8Impl,
     sets: Sequence[InputSet],
-    refs: dict[int, torch.Tensor],
+    refs: dict[int, dict[str, torch.Tensor]],
     device: torch.device,
     tol: float,
 ) -> harness.Prepared | dict:
@@ -335,7 +432,7 @@ def measure_shape(
     pairs = [(recipe, impl) for recipe in recipes for impl in impls]
     try:
         sets = make_inputs(case, device, n_copies, seed)
-        refs = {i: unscaled_reference(sets[i]) for i in sorted({0, n_copies - 1})}
+        refs = {i: references(sets[i], recipes) for i in sorted({0, n_copies - 1})}
     except Exception as exc:  # e.g. out of memory: every pair recorded as not run
         runs = [
             (
@@ -362,16 +459,18 @@ def run_fp8(
     case_list: Sequence[Fp8Case],
     device: torch.device | str,
     *,
+    recipes: Sequence[Recipe] = RECIPES,
     rounds: int = ROUNDS,
     warmup_ms: float = 25,
     rep_ms: float = 100,
     progress: bool = True,
 ) -> list[dict]:
-    """Every shape of ``case_list``, one after the other, with a progress bar on stderr."""
+    """Every shape of ``case_list`` in ``recipes``, one after the other, with a progress bar on
+    stderr (a step per (shape, recipe, implementation))."""
     measure = functools.partial(
-        measure_shape, device=device, rounds=rounds, warmup_ms=warmup_ms, rep_ms=rep_ms
+        measure_shape, device=device, recipes=recipes, rounds=rounds, warmup_ms=warmup_ms, rep_ms=rep_ms
     )
-    return runner.measure_all(case_list, len(RECIPES) * len(IMPLS), measure, progress)
+    return runner.measure_all(case_list, len(recipes) * len(IMPLS), measure, progress)
 
 
 # ----------------------------------------------------------------------------------
@@ -424,9 +523,11 @@ def summary_table(rows: Sequence[dict]) -> str:
 
 
 def geomeans(rows: Sequence[dict]) -> list[dict]:
-    """The geometric mean of torch's time / ours per recipe, over the shapes both measured."""
+    """The geometric mean of torch's time / ours per recipe, over the shapes both measured; a line
+    for each recipe the rows hold (all of them, for a run of every recipe)."""
+    present = {r.get("variant") for r in rows if r.get("suite") == SUITE}
     out = []
-    for recipe in RECIPES:
+    for recipe in (r for r in RECIPES if r.name in present):
         ratios = [
             v
             for r in rows
@@ -468,6 +569,7 @@ COLORS = {
     "tensorwise+fast_accum": "#ff7f0e",
     "rowwise": "#2ca02c",
     "rowwise+fast_accum": "#d62728",
+    "blockwise": "#9467bd",
 }
 
 
@@ -589,13 +691,18 @@ def run_cli(args) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        recipes = select_recipes(getattr(args, "recipes", None))
+    except ValueError as exc:
+        print(f"benchmarks fp8: {exc}", file=sys.stderr)
+        return 2
     extra = {
-        "recipes": [r.name for r in RECIPES],
+        "recipes": [r.name for r in recipes],
         "reference": REFERENCE_NOTE,
         "tolerance": harness.gate_tolerance(OUT_DTYPE),
     }
     device = torch.device("cuda", torch.cuda.current_device())
-    run = functools.partial(run_fp8, select_cases(args.shape))
+    run = functools.partial(run_fp8, select_cases(args.shape), recipes=recipes)
     rows, csv, out_dir, env = runner.measure_and_write(args, SUITE, device, run, extra)
     files = [csv]
     if not args.no_plots:
@@ -612,6 +719,7 @@ def run_cli(args) -> int:
 
 
 __all__ = [
+    "BLOCK_RECIPES",
     "FIGURE",
     "IMPLS",
     "RECIPES",
@@ -630,6 +738,7 @@ __all__ = [
     "run_cli",
     "run_fp8",
     "select_cases",
+    "select_recipes",
     "summary_table",
     "unavailable_reason",
 ]

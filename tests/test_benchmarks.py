@@ -736,7 +736,18 @@ def test_fp8_cases_measure_each_listed_shape_once():
         "tensorwise+fast_accum",
         "rowwise",
         "rowwise+fast_accum",
+        "blockwise",
     ]
+    blockwise = fp8.RECIPES[-1]
+    assert blockwise.blocked and blockwise.library_scaling == "blockwise_1x128_128x128"
+    assert not blockwise.fast_accum and not any(r.blocked for r in fp8.RECIPES[:4])
+    # --recipes picks some, in the suite's order
+    assert fp8.select_recipes() == fp8.RECIPES
+    assert [r.name for r in fp8.select_recipes("blockwise, tensorwise")] == ["tensorwise", "blockwise"]
+    assert fp8.select_recipes(["rowwise+fast_accum"]) == (fp8.Recipe("rowwise", True),)
+    for bad in ("blockwise,rowwize", "", ","):
+        with pytest.raises(ValueError, match="choose from"):
+            fp8.select_recipes(bad)
     # --shape restricts the list, once per shape; a shape the suite does not list runs as "custom"
     picked = fp8.select_cases([(16, 4096, 4096), (100, 200, 300), (16, 4096, 4096)])
     assert [(c.group, c.shape) for c in picked] == [
@@ -752,7 +763,10 @@ def test_fp8_cli_parses_shapes_rounds_and_out():
     assert args.shape == [(16, 4096, 4096), (256, 5120, 5120)] and args.rounds == 5 and args.out == "d"
     defaults = cli_parser().parse_args(["fp8"])
     assert defaults.shape is None and defaults.rounds is None and not defaults.no_plots
-    for bad in (["--shape", "16x4096"], ["--rounds", "0"]):
+    assert defaults.recipes is None and fp8.select_recipes(defaults.recipes) == fp8.RECIPES
+    picked = cli_parser().parse_args(["fp8", "--recipes", "blockwise,tensorwise+fast_accum"])
+    assert picked.recipes == ["tensorwise+fast_accum", "blockwise"]
+    for bad in (["--shape", "16x4096"], ["--rounds", "0"], ["--recipes", "blockwise,1x128"]):
         with pytest.raises(SystemExit):
             cli_parser().parse_args(["fp8", *bad])
 
@@ -764,10 +778,23 @@ def test_fp8_without_gpu_explains_itself(capsys):
     assert "no CUDA GPU" in err and "torch._scaled_mm" in err and "plot" in err
 
 
-def test_fp8_shape_is_gated_against_float64_then_timed_in_interleaved_rounds(monkeypatch):
-    """Every recipe's output, ours and torch's, is held to the bf16 gate against the float64 product of
-    the dequantized operands; one that drops a scale is rejected untimed; the rest are timed in rounds
-    that reverse their order (A B .. | .. B A | A B ..), on the same rotated copies."""
+def _cpu_scaled_mm(a, b, scale_a, scale_b) -> torch.Tensor:
+    """``torch._scaled_mm`` where torch's CPU kernel takes the scales (tensorwise, rowwise); block
+    scales, which it does not take, dequantized block by block in fp32 instead (as ``scaled_mm``
+    does on a CPU without the interpreter)."""
+    from tritongemm.frontend.scaled import _torch_scaled_mm, scaling_of
+
+    if scaling_of(a, b, scale_a, scale_b) in ("tensorwise", "rowwise"):
+        return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
+    return _torch_scaled_mm(a, b, scale_a, scale_b, None, torch.bfloat16, "none", None, None)
+
+
+#: The suite's torch baseline on the CPU (same name and family): ``_cpu_scaled_mm``.
+CPU_TORCH = fp8.Fp8Impl("torch._scaled_mm", "cublas", lambda a, b, sa, sb, fast: _cpu_scaled_mm(a, b, sa, sb))
+
+
+def _fake_timing(monkeypatch) -> list:
+    """Replace do_bench by a fake that records the steps it times, in order."""
     timed: list = []
 
     def fake_samples(step, device, warmup_ms, rep_ms, grad_to_none=None):
@@ -775,14 +802,24 @@ def test_fp8_shape_is_gated_against_float64_then_timed_in_interleaved_rounds(mon
         return [float(len(timed))]
 
     monkeypatch.setattr(harness, "time_samples", fake_samples)
+    return timed
+
+
+def test_fp8_shape_is_gated_against_float64_then_timed_in_interleaved_rounds(monkeypatch):
+    """Every recipe's output, ours and torch's, is held to the bf16 gate against the float64 product of
+    the dequantized operands; one that drops a scale is rejected untimed; the rest are timed in rounds
+    that reverse their order (A B .. | .. B A | A B ..), on the same rotated copies.  (Torch's CPU
+    ``_scaled_mm`` takes no block scales: its stand-in computes the blockwise recipe, ours runs it
+    on the interpreter.)"""
+    timed = _fake_timing(monkeypatch)
 
     def drops_scale_b(a, b, scale_a, scale_b, fast_accum):
-        return torch._scaled_mm(a, b, scale_a, torch.ones_like(scale_b), out_dtype=torch.bfloat16)
+        return _cpu_scaled_mm(a, b, scale_a, torch.ones_like(scale_b))
 
     wrong = fp8.Fp8Impl("drops scale_b", "test", drops_scale_b)
     case = fp8.Fp8Case("tiny", 32, 48, 64)
     rows = fp8.measure_shape(
-        case, "cpu", impls=(*fp8.IMPLS, wrong), rounds=3, l2_bytes=3 * fp8.input_set_bytes(case)
+        case, "cpu", impls=(fp8.IMPLS[0], CPU_TORCH, wrong), rounds=3, l2_bytes=3 * fp8.input_set_bytes(case)
     )
     assert len(rows) == len(fp8.RECIPES) * 3
     by = {(r["variant"], r["impl"]): r for r in rows}
@@ -803,9 +840,77 @@ def test_fp8_shape_is_gated_against_float64_then_timed_in_interleaved_rounds(mon
         assert bad["status"] == "failed_gate" and bad["rel_err"] > 1 and "relative error" in bad["message"]
         assert bad.get("ms") is None and bad.get("tflops") is None  # rejected, never timed
     first_seen = list(dict.fromkeys(timed))
-    assert len(first_seen) == 8  # the four recipes' two timed implementations
-    forward = list(range(8))
+    assert len(first_seen) == 10  # the five recipes' two timed implementations
+    forward = list(range(10))
     assert [first_seen.index(s) for s in timed] == forward + forward[::-1] + forward
+
+
+def test_fp8_blockwise_gate_rejects_scales_on_the_wrong_block(monkeypatch):
+    """The blockwise recipe on a shape of several K blocks and weight blocks, both ragged (300 = 2 x 128
+    + 44, 200 = 128 + 72): ours (on the interpreter) and torch's pass a reference that scales each
+    operand block by block; an output with a scale on the wrong block of K (of ``a`` or of the
+    weight), on the wrong block of N, or with the recipe's scales read as rowwise ones is rejected."""
+    timed = _fake_timing(monkeypatch)
+    from tritongemm.frontend.scaled import _torch_scaled_mm
+
+    def with_scales(name, change):
+        def fn(a, b, scale_a, scale_b, fast_accum):
+            sa, sb = change(scale_a, scale_b)
+            return _torch_scaled_mm(a, b, sa, sb, None, torch.bfloat16, "none", None, None)
+
+        return fp8.Fp8Impl(name, "test", fn)
+
+    def as_rowwise(a, b, scale_a, scale_b, fast_accum):  # each row's / block's first K block for all of K
+        sa = scale_a[:, 0].unsqueeze(1)  # (M, 1), stride (1, 1) as torch wants
+        sb = scale_b[0].repeat_interleave(128)[: b.shape[1]].unsqueeze(0)
+        return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+
+    wrongs = (
+        with_scales("a's K blocks rolled", lambda sa, sb: (sa.roll(1, 1), sb)),
+        with_scales("w's K blocks rolled", lambda sa, sb: (sa, sb.roll(1, 0))),
+        with_scales("w's N blocks swapped", lambda sa, sb: (sa, sb.flip(1))),
+        fp8.Fp8Impl("read as rowwise", "test", as_rowwise),
+    )
+    blockwise = fp8.select_recipes("blockwise")
+    case = fp8.Fp8Case("tiny", 40, 200, 300)
+    set_bytes = fp8.input_set_bytes(case)
+    assert set_bytes == 40 * 300 + 300 * 200 + 4 * (2 + 40 + 200 + 40 * 3 + 3 * 2)
+    rows = fp8.measure_shape(
+        case, "cpu", recipes=blockwise, impls=(fp8.IMPLS[0], CPU_TORCH, *wrongs), rounds=2,
+        l2_bytes=3 * set_bytes,
+    )  # fmt: skip
+    by = {r["impl"]: r for r in rows}
+    assert len(rows) == 6 and {r["variant"] for r in rows} == {r["scaling"] for r in rows} == {"blockwise"}
+    tol = harness.gate_tolerance(torch.bfloat16)
+    for name in ("tritongemm.scaled_mm", "torch._scaled_mm"):
+        r = by[name]
+        assert r["status"] == "ok", r.get("message")
+        assert 0 < r["rel_err"] < r["tol"] == tol and r["fast_accum"] is False
+        assert r["case"] == "40x200x300 blockwise" and r["n_copies"] == 6
+    assert by["tritongemm.scaled_mm"]["config"] and by["tritongemm.scaled_mm"]["kernel"]
+    for wrong in wrongs:
+        bad = by[wrong.name]
+        assert bad["status"] == "failed_gate" and bad["rel_err"] > tol, (wrong.name, bad)
+        assert bad.get("ms") is None
+    assert len(set(timed)) == 2  # ours and torch's, nothing else
+
+
+def test_fp8_progress_counts_the_recipes_asked_for(monkeypatch):
+    """``run_fp8`` (``--recipes``): the progress bar's total and each shape's runs follow the recipes."""
+    from benchmarks import runner
+
+    seen: dict = {}
+
+    def fake_measure_all(case_list, runs_per_case, measure, progress):
+        seen.update(runs=runs_per_case, recipes=measure.keywords["recipes"], cases=list(case_list))
+        return []
+
+    monkeypatch.setattr(runner, "measure_all", fake_measure_all)
+    picked = fp8.select_recipes("blockwise,rowwise")
+    fp8.run_fp8(fp8.select_cases([(16, 4096, 4096)]), "cpu", recipes=picked, progress=False)
+    assert seen["runs"] == 2 * len(fp8.IMPLS) and seen["recipes"] == picked
+    fp8.run_fp8(fp8.select_cases([(16, 4096, 4096)]), "cpu", progress=False)
+    assert seen["runs"] == 5 * len(fp8.IMPLS) and seen["recipes"] == fp8.RECIPES
 
 
 def _fake_fp8_rows() -> list[dict]:
@@ -850,15 +955,25 @@ def test_fp8_rows_tables_figure_and_plot_command(tmp_path, capsys):
     assert (ours["speedup_vs_cublas"] > 0).all() and (theirs["speedup_vs_cublas"] == 1).all()
 
     table = fp8.summary_table(rows)
-    assert len(table.splitlines()) == 2 + 19 * 4  # heading, rule, one line per (shape, recipe)
+    assert len(table.splitlines()) == 2 + 19 * 5  # heading, rule, one line per (shape, recipe)
     assert "torch ms / ours ms" in table and "ours failed_gate" in table
+    assert sum(" blockwise " in line for line in table.splitlines()) == 19
     means = {(g["recipe"], g["fast"]): g for g in fp8.geomeans(rows)}
     assert means["rowwise", "no"]["shapes"] == 18 and means["tensorwise", "yes"]["shapes"] == 19
+    assert list(means) == [(r.scaling, "yes" if r.fast_accum else "no") for r in fp8.RECIPES]
+    assert means["blockwise", "no"]["shapes"] == 19
+    # a run of some recipes (--recipes) lists only those
+    only = [r for r in rows if r["variant"] == "blockwise"]
+    assert [(g["recipe"], g["shapes"]) for g in fp8.geomeans(only)] == [("blockwise", 19)]
     assert all(0.9 < g["geomean"] < 1.1 for g in means.values())
     assert "geomean" in fp8.geomean_table(rows)
 
     fig = fp8.fig_fp8(harness.read_results(csv))
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [r.name for r in fp8.RECIPES]
     ratio_ax, rate_ax = _visible_axes(fig)
+    drawn = {line.get_color() for line in ratio_ax.get_lines()}
+    assert {fp8.COLORS[r.name] for r in fp8.RECIPES} <= drawn  # every recipe's series, blockwise too
     assert any(list(line.get_ydata()) == [1.0, 1.0] for line in ratio_ax.get_lines()), "no parity line"
     assert ratio_ax.get_ylabel() and rate_ax.get_ylabel() == "TFLOP/s" and rate_ax.get_xlabel()
     assert [t.get_text() for t in rate_ax.get_xticklabels()] == [c.shape for c in fp8.cases()]
@@ -1198,3 +1313,17 @@ def test_fp8_rows_sweep_smoke(tmp_path):
     assert records and all(r["status"] == "ok" and r["rel_err"] < sweep_fp8_rows.TOL for r in records)
     assert {r["scaling"] for r in records} == {"rowwise", "tensorwise"}
     assert "default" in {r["impl"] for r in records}
+
+
+@pytest.mark.skipif(not tritongemm.interpreter_enabled(), reason="runs the kernels on Triton's interpreter")
+def test_fp8_blockwise_sweep_smoke(tmp_path):
+    """The block-scaled sweep's smoke run checks ours (and the alternative config) on every recipe."""
+    from benchmarks import sweep_fp8_blockwise
+
+    assert sweep_fp8_blockwise.main(["--smoke", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "fp8_blockwise.json").read_text())["records"]
+    assert [r["recipe"] for r in records] == list(sweep_fp8_blockwise.RECIPES)
+    for r in records:
+        assert r["ours_status"] == "ok" and r["ours_rel_err"] < sweep_fp8_blockwise.TOL, r
+        assert r["recipe"] == "rowwise" or r["alt_status"] == "ok", r
+    assert "blockwise_1x128_128x128" in (tmp_path / "fp8_blockwise.txt").read_text()

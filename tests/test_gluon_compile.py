@@ -145,12 +145,14 @@ def compile_kernel(
         )  # fmt: skip
     out_dtype = out_dtype or dtype
     bn2 = bn2 or bn  # without a second part the launcher passes B's and C's descriptors again
+    # Block-scaled with two consumers, each stores its half of the tile's rows (the kernel's SPLIT_ROWS).
+    c_rows = bm // consumers if consumers > 1 and scale_blocks[0] > 0 else bm
     ga, gb, gc = gg.cluster_layouts(cluster_m, cluster_n, a_row_major, b_row_major)
     types = dict(
         a_desc=descriptor_type(dtype, [bm, bk] if a_row_major else [bk, bm], ga),
         b_desc=descriptor_type(dtype, [bk, bn] if b_row_major else [bn, bk], gb),
         b2_desc=descriptor_type(dtype, [bk, bn2] if b_row_major else [bn2, bk], gb),
-        c_desc=descriptor_type(out_dtype, [bm, bn], gc),
+        c_desc=descriptor_type(out_dtype, [c_rows, bn], gc),
         c2_desc=descriptor_type(out_dtype, [bm, bn2], gc),
         d_ptr=f"*{out_dtype}",
         r_ptr=f"*{out_dtype}",
@@ -464,6 +466,56 @@ def test_fp8_compiles_to_e4m3_wgmma_with_scales_in_the_epilogue(case):
     out_size = 4 if out == "fp32" else 2
     ring = stages * (bm + bn + bn2) * 128
     staged = bm * (bn + bn2) * out_size // (2 if subtile else 1) * consumers
+    assert ring + staged <= smem <= H100_SMEM, f"{smem} bytes of shared memory"
+
+
+#: Block-scaled fp8 (a scale per 128 of K, dequantized each K-step in the mainloop), K-major operands,
+#: K-steps of 128: (BM, BN, stages, warps, consumers, Stream-K, scale_blocks, C's dtype), scale_blocks
+#: the rows of A and columns of B per scale (1 x 128 / 128 x 128 blocks).  Two consumers split each
+#: tile's rows (the kernel's SPLIT_ROWS), each staging its half.  The first case is the heuristic's
+#: tile (``heuristics.fp8.FP8_BLOCK_SCALED_TILE``); the rest run in the slow tier.
+SCALE_BLOCK_IDS = {(1, 128): "1x128-128x128", (1, 1): "1x128-1x128", (128, 1): "128x128-1x128"}
+BLOCK_SCALED_CASES = [
+    pytest.param(128, 128, 6, 4, 2, False, (1, 128), "bf16", id="128x128-s6-w4-c2-1x128-128x128-bf16"),
+    *(
+        pytest.param(
+            *c,
+            id=f"{c[0]}x{c[1]}-s{c[2]}-w{c[3]}-c{c[4]}{'-streamk' if c[5] else ''}-{SCALE_BLOCK_IDS[c[6]]}-{c[7]}",
+            marks=pytest.mark.slow,
+        )
+        for c in [
+            (128, 128, 6, 4, 2, False, (1, 1), "bf16"),  # 1x128 x 1x128
+            (128, 128, 6, 4, 2, False, (128, 1), "bf16"),  # 128x128 x 1x128
+            (128, 128, 3, 4, 2, False, (1, 128), "fp32"),  # as planned for an fp32 output
+            (128, 128, 6, 8, 1, False, (1, 128), "bf16"),  # one consumer of 8 warps (a caller's tile)
+            (128, 128, 6, 8, 1, False, (1, 1), "bf16"),
+            (128, 128, 6, 8, 1, False, (128, 1), "bf16"),
+            (64, 128, 6, 4, 1, False, (1, 128), "bf16"),  # heuristics.fp8.FP8_NARROW_TILE, forced
+            (128, 128, 5, 8, 1, True, (1, 128), "fp32"),  # Stream-K, fp32 out
+        ]
+    ),
+]
+
+
+@needs_gluon
+@pytest.mark.parametrize("bm, bn, stages, warps, consumers, stream_k, scale_blocks, out", BLOCK_SCALED_CASES)
+def test_block_scaled_fp8_compiles_without_spills(
+    bm, bn, stages, warps, consumers, stream_k, scale_blocks, out
+):
+    ptx, smem = compiled_facts(
+        "fp8e4nv", bm, bn, 128, stages, True, False, warps, "none", False, consumers, 0, stream_k, False,
+        1, 1, out, "blockwise", 128, "", 0, list(scale_blocks),
+    )  # fmt: skip
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bn}k32\.f32\.e4m3\.e4m3", ptx), "no fp8 wgmma"
+    assert ".local" not in ptx, "the accumulators spill"
+    assert "ld.global" in ptx, "no scale is read"
+    if consumers == 2:  # both consumer warpgroups raise their registers, and each stores its half
+        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232", ptx), "no register raise"
+        stores = re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::\w+\.bulk_group", ptx)
+        assert len(stores) >= 2, "the halves are not stored by both consumers"
+    # The ring and the output tile (two half tiles with two consumers), within an H100's shared memory.
+    ring = stages * (bm + bn) * 128
+    staged = bm * bn * (4 if out == "fp32" else 2)
     assert ring + staged <= smem <= H100_SMEM, f"{smem} bytes of shared memory"
 
 

@@ -134,8 +134,8 @@ def block_scaled_config(cfg: TileConfig) -> tuple[TileConfig, str | None]:
     H100, 1x128 x 128x128 scales, 512-8192 rows, 0.74-0.88 of ``torch._scaled_mm`` against 0.68-0.85
     cooperative (``sweeps/fp8_blockwise.txt``).  Each consumer holds two accumulators, which for more
     than 64 floats a thread (64 x 256 on 4 warps: 128 each) overrun the 232 registers a consumer has; a
-    tile beyond that, run as two parts, wider than a scale block or with Stream-K across two consumers
-    becomes ``FP8_BLOCK_SCALED_TILE``.
+    tile beyond that, run as two parts, wider than a scale block, split into halves under a wgmma's 64
+    rows or with Stream-K across two consumers becomes ``FP8_BLOCK_SCALED_TILE``.
     """
     changes = []
     if cfg.block_k > SCALE_BLOCK_K or SCALE_BLOCK_K % cfg.block_k:
@@ -145,7 +145,9 @@ def block_scaled_config(cfg: TileConfig) -> tuple[TileConfig, str | None]:
         rows = cfg.block_m // 2 if cfg.pingpong else cfg.block_m
         floats = rows * cfg.block_n // (32 * cfg.num_warps)
         two_parts = cfg.epilogue_subtile or cfg.block_n & (cfg.block_n - 1)
-        if floats > 64 or two_parts or cfg.block_n > SCALE_BLOCK_K or (cfg.stream_k and cfg.pingpong):
+        halves_too_short = cfg.pingpong and rows < 64  # (a wgmma is 64 rows)
+        unfit = floats > 64 or two_parts or cfg.block_n > SCALE_BLOCK_K or halves_too_short
+        if unfit or (cfg.stream_k and cfg.pingpong):
             bm, bn, warps, stages, pingpong = FP8_BLOCK_SCALED_TILE
             cfg = replace(
                 cfg, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, epilogue_subtile=False,
