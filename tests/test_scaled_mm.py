@@ -662,22 +662,22 @@ print(json.dumps(dict(
 """
 
 
-@pytest.mark.heavy
-def test_cpu_without_interpreter_in_a_subprocess():
-    """The real thing: a process without TRITON_INTERPRET, on CPU tensors."""
+def run_without_interpreter(script: str) -> dict:
+    """Run ``script`` in a process without TRITON_INTERPRET; the JSON its last line prints."""
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-c", _FALLBACK_SCRIPT],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.heavy
+def test_cpu_without_interpreter_in_a_subprocess():
+    """The real thing: a process without TRITON_INTERPRET, on CPU tensors."""
+    result = run_without_interpreter(_FALLBACK_SCRIPT)
     assert result["interpreter"] is False
     assert result["dtype"] == "torch.float32"
     assert result["error"] <= TOL[torch.float32], result

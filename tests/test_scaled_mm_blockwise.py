@@ -20,12 +20,7 @@ interpreter; the planner's tiles for block scales; torch.compile; on a GPU, full
 problems against float64 and ``torch._scaled_mm`` and the kernel the plan picks.
 """
 
-import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -40,6 +35,7 @@ from test_scaled_mm import (
     dtype_pair_id,
     operands,
     poisoned_outputs,  # noqa: F401  (autouse: every output tritongemm allocates starts as NaN)
+    run_without_interpreter,
     tolerance,
     warp_specialized_fp8_unavailable,
 )
@@ -780,19 +776,7 @@ print(json.dumps(dict(interpreter=tritongemm.interpreter_enabled(), results=resu
 @pytest.mark.heavy
 def test_cpu_without_interpreter_in_a_subprocess():
     """The real thing: a process without TRITON_INTERPRET, on CPU tensors."""
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", _FALLBACK_SCRIPT],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_without_interpreter(_FALLBACK_SCRIPT)
     assert result["interpreter"] is False
     assert set(result["results"]) == set(RECIPES)
     for recipe, r in result["results"].items():
