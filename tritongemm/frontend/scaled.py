@@ -162,7 +162,8 @@ def scaled_mm(
     """``act((a @ b) * scale_a * scale_b + bias) + residual`` for float8 ``a`` (M, K) and ``b`` (K, N).
 
     Scales are fp32: tensorwise (one element each), rowwise (``scale_a`` (M, 1), ``scale_b``
-    (1, N)) or blockwise (one per 128 of K: ``block_scale_shapes``).  ``out_dtype`` defaults to ``a``'s dtype, as ``torch._scaled_mm``'s.  With
+    (1, N)) or blockwise (one per 128 of K: ``block_scale_shapes``).  ``out_dtype`` defaults to
+    ``a``'s dtype, as ``torch._scaled_mm``'s.  With
     ``use_fast_accum`` the products are summed in the tensor cores' reduced-precision
     accumulator throughout (faster, as torch's flag); without it they are added into fp32 every
     K-step.  ``activation``: "none", "relu", "gelu", "gelu_tanh" or "silu", fused.  ``config``

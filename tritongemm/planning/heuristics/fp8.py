@@ -131,7 +131,7 @@ def block_scaled_config(cfg: TileConfig) -> tuple[TileConfig, str | None]:
     the fp32 one after waiting for them, so no wgmma is in flight while a warpgroup adds.  Two consumer
     warpgroups that split every tile's rows and run apart (``pingpong``: the kernel's SPLIT_ROWS) keep
     the tensor cores busy meanwhile, where a cooperative consumer's warpgroups wait together: on the
-    H100, 1x128 x 128x128 scales, 512-8192 rows, 0.74-0.88 of ``torch._scaled_mm`` against 0.68-0.85
+    H100, 1x128 x 128x128 scales, 512-8192 rows, 0.75-0.88 of ``torch._scaled_mm`` against 0.69-0.85
     cooperative (``sweeps/fp8_blockwise.txt``).  Each consumer holds two accumulators, which for more
     than 64 floats a thread (64 x 256 on 4 warps: 128 each) overrun the 232 registers a consumer has; a
     tile beyond that, run as two parts, wider than a scale block, split into halves under a wgmma's 64
