@@ -6,6 +6,8 @@
   clusters of CTAs (``CLUSTER_AVAILABLE``: CGA layouts and TMA multicast, Triton 3.7+).
 * The tile arithmetic: wgmma's accumulator layout, a slot's bytes, clusters' CGA layouts
   and mbarriers.
+* The producer partition (TMA loads of the A and B K-tiles into the ring, ``producer``) and the
+  consumers' K-step helpers: the wgmma of one step, block-scaled or not, and the ring's slots.
 * Stream-K's fix-up (``gemm_streamk``'s protocol): a contributor stores its partial
   tile in its program's slot and counts it in; the finisher waits for the count,
   adds the partials in program order and re-arms the counter.
@@ -269,6 +271,122 @@ def tile_coords(tile_id, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GRO
     pid_m = first_m + (tile_id % per_group) % rows
     pid_n = (tile_id % per_group) // rows
     return pid_m, pid_n
+
+
+@gluon.jit
+def load_k_steps(
+    descs,
+    ring,
+    off_m,
+    off_n,
+    k_begin,
+    k_end,
+    step,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    A_ROW_MAJOR: gl.constexpr,
+    B_ROW_MAJOR: gl.constexpr,
+    BLOCK_N2: gl.constexpr,
+    CLUSTER_M: gl.constexpr,
+    CLUSTER_N: gl.constexpr,
+    GATED: gl.constexpr,
+):
+    """Load K-steps ``k_begin .. k_end - 1`` of the tile at (off_m, off_n) into the ring from ring step
+    ``step`` on; returns the next ring step.
+
+    In a cluster of two along M (N), B's (A's) box is the same for both CTAs: the first CTA's copy
+    writes it into both CTAs' slots (TMA multicast), which it may do once both CTAs' consumers are
+    done with the slot (``gathered``); each CTA loads its own half of the other operand."""
+    a_desc, b_desc, b2_desc = descs
+    # B2's box: the tile's last BLOCK_N2 columns of B, or the same columns of the second weight (GATED).
+    B2_SHIFT: gl.constexpr = 0 if GATED != "" else BLOCK_N
+    a_ring, b_ring, b2_ring, ready, empty, _, gathered = ring
+    if CLUSTER_M * CLUSTER_N > 1:
+        nbytes: gl.constexpr = slot_bytes(
+            a_desc.nbytes_per_cta, b_desc.nbytes_per_cta, b2_desc.nbytes_per_cta, BLOCK_N2 > 0
+        )
+    else:
+        nbytes: gl.constexpr = slot_bytes(
+            a_desc.block_type.nbytes, b_desc.block_type.nbytes, b2_desc.block_type.nbytes, BLOCK_N2 > 0
+        )
+    for ki in range(k_begin, k_end):
+        slot = step % NUM_STAGES
+        # A fresh mbarrier counts as having completed the phase before phase 0,
+        # so the first lap finds every slot empty.
+        phase = ((step // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(empty.index(slot), phase)
+        if CLUSTER_M * CLUSTER_N > 1:
+            mbarrier.wait(gathered.index(slot), phase)  # (a wait in the first CTA only)
+        bar = ready.index(slot)
+        mbarrier.expect(bar, nbytes)
+        off_k = ki * BLOCK_K
+        if A_ROW_MAJOR:
+            load_box(a_desc, off_m, off_k, bar, a_ring.index(slot), CLUSTER_N > 1)
+        else:
+            load_box(a_desc, off_k, off_m, bar, a_ring.index(slot), CLUSTER_N > 1)
+        if B_ROW_MAJOR:
+            load_box(b_desc, off_k, off_n, bar, b_ring.index(slot), CLUSTER_M > 1)
+        else:
+            load_box(b_desc, off_n, off_k, bar, b_ring.index(slot), CLUSTER_M > 1)
+        if BLOCK_N2 > 0:
+            if B_ROW_MAJOR:
+                load_box(b2_desc, off_k, off_n + B2_SHIFT, bar, b2_ring.index(slot), CLUSTER_M > 1)
+            else:
+                load_box(b2_desc, off_n + B2_SHIFT, off_k, bar, b2_ring.index(slot), CLUSTER_M > 1)
+        step += 1
+    return step
+
+
+@gluon.jit
+def producer(
+    a_desc,
+    b_desc,
+    b2_desc,
+    ring,
+    M,
+    N,
+    K,
+    sk,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    A_ROW_MAJOR: gl.constexpr,
+    B_ROW_MAJOR: gl.constexpr,
+    BLOCK_N2: gl.constexpr,
+    STREAM_K: gl.constexpr,
+    CLUSTER_M: gl.constexpr,
+    CLUSTER_N: gl.constexpr,
+    GATED: gl.constexpr,
+):
+    """The load partition: fill ring slots in the order the consumers drain them (whole tiles, then, with
+    STREAM_K, this program's share of the streamed K-steps, walked backwards as the consumer walks it)."""
+    dp_tiles, iters_per_program, tile_span = sk
+    descs = (a_desc, b_desc, b2_desc)
+    TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2, GATED)
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, TILE_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    step = 0  # K-steps issued by this program so far, over all its tiles
+    for tile_id in range(gl.program_id(0), dp_tiles, gl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, TILE_N, GROUP_M)
+        step = load_k_steps(
+            descs, ring, pid_m * BLOCK_M, pid_n * TILE_N, 0, k_tiles, step,
+            BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2, CLUSTER_M, CLUSTER_N, GATED,
+        )  # fmt: skip
+    if STREAM_K:
+        first = gl.program_id(0) * iters_per_program
+        last = gl.minimum(first + iters_per_program, (num_tiles - dp_tiles) * tile_span)
+        while last > first:
+            tile, tile_start, seg_start = streamk_segment(first, last, tile_span)
+            pid_m, pid_n = tile_coords(dp_tiles + tile, M, N, BLOCK_M, TILE_N, GROUP_M)
+            seg_end = gl.minimum(last - tile_start, k_tiles)  # (a tile's span may end past its K-steps)
+            step = load_k_steps(
+                descs, ring, pid_m * BLOCK_M, pid_n * TILE_N, seg_start - tile_start, seg_end,
+                step, BLOCK_N, BLOCK_K, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_N2, 1, 1, "",
+            )  # fmt: skip
+            last = seg_start
 
 
 @gluon.jit
