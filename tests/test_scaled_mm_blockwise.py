@@ -364,7 +364,13 @@ def test_a_scale_on_the_wrong_block_is_caught(device, recipe, swap):
     assert excess(ours_swapped, ref, bound, tol) > 100
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS.get)
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        pytest.param(r, id=RECIPE_IDS[r], marks=() if r == "blockwise_1x128_128x128" else pytest.mark.slow)
+        for r in RECIPES
+    ],
+)
 def test_scale_layouts_give_the_same_result(device, recipe):
     """Contiguous scales, torch's layouts and views with no unit stride (in a NaN buffer)."""
     a, b = operands(M_, N_, K_, (E4M3, E4M3), device)
@@ -803,9 +809,15 @@ def _fused(a, b, scale_a, scale_b, bias, residual):
 
 @pytest.mark.parametrize(
     "backend, recipe",
-    [("aot_eager", r) for r in RECIPES] + [("inductor", "blockwise_1x128_128x128")],
-    ids=[f"aot_eager-{RECIPE_IDS[r]}" for r in RECIPES] + ["inductor-1x128-128x128"],
-)
+    [
+        pytest.param(
+            "aot_eager", r, id=f"aot_eager-{RECIPE_IDS[r]}",
+            marks=() if r == "blockwise_1x128_1x128" else pytest.mark.slow,
+        )
+        for r in RECIPES
+    ]
+    + [pytest.param("inductor", "blockwise_1x128_128x128", id="inductor-1x128-128x128")],
+)  # fmt: skip
 def test_torch_compile_fullgraph_matches_eager(device, backend, recipe):
     from torch._dynamo.utils import counters
 
