@@ -715,7 +715,8 @@ def test_torch_compile_fullgraph_matches_eager(device, backend):
     check(compiled, *inputs[:4], torch.bfloat16, bias=inputs[4], activation="gelu_tanh", residual=inputs[5])
 
 
-def test_torch_compile_traces_one_scaled_mm_op(device):
+def assert_traces_one_scaled_mm_op(fused, inputs):
+    """``fused`` compiled with ``fullgraph=True`` is one ``tritongemm.scaled_mm`` op, giving the eager result."""
     seen = []
 
     def recording_backend(gm, example_inputs):
@@ -723,10 +724,13 @@ def test_torch_compile_traces_one_scaled_mm_op(device):
         return gm.forward
 
     torch._dynamo.reset()
-    inputs = _compile_inputs(device)
-    out = torch.compile(lambda *t: _fused(*t), fullgraph=True, backend=recording_backend)(*inputs)
+    out = torch.compile(lambda *t: fused(*t), fullgraph=True, backend=recording_backend)(*inputs)
     assert seen == ["tritongemm.scaled_mm.default"], seen
-    assert torch.equal(out, _fused(*inputs))
+    assert torch.equal(out, fused(*inputs))
+
+
+def test_torch_compile_traces_one_scaled_mm_op(device):
+    assert_traces_one_scaled_mm_op(_fused, _compile_inputs(device))
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, E4M3], ids=OUT_IDS.get)

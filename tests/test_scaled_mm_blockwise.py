@@ -32,6 +32,7 @@ from test_scaled_mm import (
     H100,
     OUT_IDS,
     TOL,
+    assert_traces_one_scaled_mm_op,
     dtype_pair_id,
     operands,
     poisoned_outputs,  # noqa: F401  (autouse: every output tritongemm allocates starts as NaN)
@@ -840,17 +841,7 @@ def test_torch_compile_fullgraph_matches_eager(device, backend, recipe):
 
 
 def test_torch_compile_traces_one_scaled_mm_op(device):
-    seen = []
-
-    def recording_backend(gm, example_inputs):
-        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm.forward
-
-    torch._dynamo.reset()
-    inputs = _compile_inputs(device)
-    out = torch.compile(lambda *t: _fused(*t), fullgraph=True, backend=recording_backend)(*inputs)
-    assert seen == ["tritongemm.scaled_mm.default"], seen
-    assert torch.equal(out, _fused(*inputs))
+    assert_traces_one_scaled_mm_op(_fused, _compile_inputs(device))
 
 
 def test_torch_compile_checks_block_scales_at_trace_time(device):
