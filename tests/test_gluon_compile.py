@@ -145,8 +145,8 @@ def compile_kernel(
         )  # fmt: skip
     out_dtype = out_dtype or dtype
     bn2 = bn2 or bn  # without a second part the launcher passes B's and C's descriptors again
-    # Block-scaled with two consumers, each stores its half of the tile's rows (the kernel's SPLIT_ROWS).
-    c_rows = bm // consumers if consumers > 1 and scale_blocks[0] > 0 else bm
+    # fp8 on two consumers: each stores its half of the tile's rows (the kernel's SPLIT_ROWS).
+    c_rows = bm // consumers if consumers > 1 and dtype.startswith("fp8") else bm
     ga, gb, gc = gg.cluster_layouts(cluster_m, cluster_n, a_row_major, b_row_major)
     types = dict(
         a_desc=descriptor_type(dtype, [bm, bk] if a_row_major else [bk, bm], ga),
@@ -442,7 +442,8 @@ FP8_CASES = [
     (128, 128, 128, 4, 8, 1, "bf16", "rowwise", 128, "none"),  # 128 x 256 subtiled, precise sums
     (128, 128, 0, 6, 8, 1, "bf16", "tensorwise", None, "gelu"),  # fast accumulation, bias + GELU
     (64, 128, 0, 6, 4, 1, "fp32", "rowwise", 128, "none"),  # fp32 out
-    (128, 128, 0, 5, 4, 2, "bf16", "rowwise", None, "none"),  # ping-pong
+    (128, 128, 0, 6, 4, 2, "bf16", "rowwise", 128, "none"),  # two consumers on the rows' halves, precise
+    (128, 128, 0, 5, 4, 2, "bf16", "rowwise", None, "none"),  # the same, fast accumulation
 ]
 
 
@@ -463,9 +464,13 @@ def test_fp8_compiles_to_e4m3_wgmma_with_scales_in_the_epilogue(case):
     assert ".local" not in ptx, "the accumulators spill"
     # The scales are read in the epilogue: one per tile (tensorwise) or a vector per row / column.
     assert ptx.count("ld.global") >= 2
+    if consumers == 2:  # fp8's two consumers split each tile's rows: each releases slots and stores its half
+        assert not re.search(r"bar\.sync\s+\d+, 256", ptx), "the two consumers synchronize with each other"
+        stores = re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::\w+\.bulk_group", ptx)
+        assert len(stores) >= 2, "the halves are not stored by both consumers"
     out_size = 4 if out == "fp32" else 2
     ring = stages * (bm + bn + bn2) * 128
-    staged = bm * (bn + bn2) * out_size // (2 if subtile else 1) * consumers
+    staged = bm * (bn + bn2) * out_size // (2 if subtile else 1)  # (two consumers: a half tile each)
     assert ring + staged <= smem <= H100_SMEM, f"{smem} bytes of shared memory"
 
 

@@ -863,6 +863,30 @@ def test_more_rows_than_one_wave_of_64x64_tiles_take_the_warp_specialized_kernel
         assert cfg.block_k == 128
 
 
+@pytest.mark.parametrize(
+    "m, n, k, tile",
+    [
+        (256, 4096, 4096, (64, 128, 4, False, False)),  # 64 tiles of 128x128: at most half the SMs
+        (512, 4096, 4096, (128, 128, 4, True, False)),  # 64 of 128x256: under 3/4 of the SMs
+        (1024, 14336, 4096, (128, 128, 4, True, False)),  # 128x256 keeps 85% busy, 128x128 97%
+        (1024, 18944, 3584, (128, 128, 4, True, False)),  # 90% against 99.7%
+        (1024, 4096, 4096, (128, 256, 8, False, True)),  # 128 wide tiles: 97% busy
+        (512, 14336, 4096, (128, 256, 8, False, True)),  # 85% either way
+        (8192, 14336, 4096, (128, 256, 8, False, True)),
+    ],
+)
+def test_more_rows_tiles(m, n, k, tile):
+    """fp8 past the few-rows rules on sm_90 (heuristics/fp8.py): 128x128 tiles on two 4-warp consumers
+    splitting its rows where 128x256 tiles would leave SMs idle, else 128x256 on 8 warps, staged in
+    halves; on other GPUs the pointer kernel, whose 128-row tiles take 8 warps."""
+    cfg = gpu_plan(m, n, k, H100, "col").config
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.pingpong, cfg.epilogue_subtile) == tile
+    assert cfg.block_k == 128
+    elsewhere = gpu_plan(m, n, k, A100, "col").config  # (108 SMs: its own count of tiles)
+    assert elsewhere.kernel == "pointer" and not elsewhere.pingpong
+    assert elsewhere.num_warps == (4 if elsewhere.block_m == 64 else 8)
+
+
 @pytest.mark.parametrize("m, n, k", PLAN_SHAPES[1::2], ids=[shape_id(*s) for s in PLAN_SHAPES[1::2]])
 def test_plan_without_warp_specialization(m, n, k):
     """Not sm_90: the pointer kernel, whatever the layout."""

@@ -162,13 +162,13 @@ def consumer(
     ``ready`` barrier more than one phase ahead of the producer: a parity wait
     cannot tell that phase from the one two laps earlier.
 
-    Block-scaled fp8 (SCALE_BLOCK_A > 0) runs each K-step through ``block_scaled_mma``, which waits
-    for its wgmma: no wgmma stays in flight across steps, so each step releases its own slot.  Two
-    consumers then split every tile's rows instead of taking turns (SPLIT_ROWS, DeepGEMM's schedule):
-    each runs its half of the tile on its half of A's slot, releases the slot itself (``empty`` counts
-    two arrivals) and stores its half, so the two run apart and one adds its scaled partial sum while
-    the other's wgmma keep the tensor cores busy.  A cooperative consumer's warpgroups cannot: their
-    release synchronizes all its warps every K-step.
+    fp8 on two consumers splits every tile's rows instead of taking turns (SPLIT_ROWS, DeepGEMM's
+    schedule): each runs its half of the tile on its half of A's slot, releases the slot itself
+    (``empty`` counts two arrivals) and stores its half, so the two run apart.  Where a K-step waits
+    for its wgmma (block scales: ``block_scaled_mma``; precise sums: the wait ptxas puts before each
+    promotion), one consumer adds its partial sum while the other's wgmma keep the tensor cores busy.
+    A cooperative consumer's warpgroups cannot: their release synchronizes all its warps every K-step.
+    Block-scaled steps keep no wgmma in flight, so each step releases its own slot.
     """
     a_ring, b_ring, b2_ring, ready, empty, turn, _ = ring
     dp_tiles, iters_per_program, tile_span = sk
@@ -176,11 +176,14 @@ def consumer(
     M = epi[0]
     N = epi[1]
     INSTR_K: gl.constexpr = 256 // a_ring.dtype.primitive_bitwidth  # one wgmma reads 32 bytes of K
-    # Block-scaled with two consumers: each takes one half of every tile's rows (see the docstring).
-    SPLIT_ROWS: gl.constexpr = CONSUMERS > 1 and SCALE_BLOCK_A > 0
+    # fp8 on two consumers: each takes one half of every tile's rows (see the docstring).
+    SPLIT_ROWS: gl.constexpr = CONSUMERS > 1 and INSTR_K == 32
     ROWS: gl.constexpr = BLOCK_M // CONSUMERS if SPLIT_ROWS else BLOCK_M  # this consumer's rows of a tile
-    TAKES_TURNS: gl.constexpr = CONSUMERS > 1 and SCALE_BLOCK_A == 0
-    gl.static_assert(not SPLIT_ROWS or (A_ROW_MAJOR and not STREAM_K), "split rows: A row-major, no Stream-K")
+    TAKES_TURNS: gl.constexpr = CONSUMERS > 1 and not SPLIT_ROWS
+    gl.static_assert(
+        not SPLIT_ROWS or (A_ROW_MAJOR and not STREAM_K and BLOCK_N2 == 0 and ROWS >= 64),
+        "split rows: A row-major, halves of 64 rows or more, one accumulator, no Stream-K",
+    )
     acc_layout: gl.constexpr = accumulator_layout(
         ROWS, BLOCK_N, gl.num_warps(), CLUSTER_M, CLUSTER_N, INSTR_K
     )
@@ -430,8 +433,8 @@ def gemm_gluon_kernel(
     turn = barriers(2, CTAS, False)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(s), count=1)
-        # (split rows: both consumers read every slot, and each releases it)
-        mbarrier.init(empty.index(s), count=2 if CONSUMERS > 1 and SCALE_BLOCK_A > 0 else 1)
+        # (split rows, fp8 on two consumers: both read every slot, and each releases it)
+        mbarrier.init(empty.index(s), count=2 if CONSUMERS > 1 and a_desc.dtype.primitive_bitwidth == 8 else 1)
     for c in gl.static_range(2):
         mbarrier.init(turn.index(c), count=1)
     handoff_bars = barriers(2, CTAS, False)  # (staged, drained) of the epilogue warps' staging tile

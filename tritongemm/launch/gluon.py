@@ -20,7 +20,6 @@ import torch
 import triton
 
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, cluster_layouts, gemm_gluon_kernel
-from ..planning.call import BLOCK_SCALINGS
 from .common import KernelArgs, Launch
 from .pointer import epilogue_constexprs, scaling_args
 from .stream_k import StreamKBuffers
@@ -123,8 +122,8 @@ class GluonLauncher:
         self.a_desc, a_row_major = descriptor(a2, block_m, cfg.block_k, a_cga)
         self.b_desc, b_row_major = descriptor(b2, cfg.block_k, bn, b_cga)
         consumers = 2 if cfg.pingpong else 1
-        # Block-scaled, two consumers split each tile's rows, each storing its half (the kernel's SPLIT_ROWS).
-        split_rows = consumers > 1 and call.epilogue.scaling in BLOCK_SCALINGS
+        # fp8 on two consumers: they split each tile's rows, each storing its half (the kernel's SPLIT_ROWS).
+        split_rows = consumers > 1 and a2.dtype.itemsize == 1
         self.c_desc, _ = descriptor(c2, block_m // 2 if split_rows else block_m, bn, c_cga)
         self.b2_desc = descriptor(b2, cfg.block_k, bn2, b_cga)[0] if split else self.b_desc
         self.c2_desc = descriptor(c2, block_m, bn2, c_cga)[0] if split else self.c_desc

@@ -180,10 +180,12 @@ __all__ = [
 def warp_specialized_shared_bytes(cfg, elem_size: int = 2, out_size: int | None = None) -> int:
     """Shared memory of the warp-specialized kernel (``kernels/gemm_gluon.py``): the ring of
     ``num_stages`` A and B tiles, the output tile staged for its TMA store (one per ping-pong
-    consumer; half of it with ``epilogue_subtile``), and one mbarrier pair per slot.
+    consumer, of half its rows for fp8; half of it with ``epilogue_subtile``), and one mbarrier pair
+    per slot.
     ``out_size``: C's element size where it differs from the operands' (fp8 in, bf16 out)."""
     ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem_size
-    out_tiles = 2 if cfg.pingpong else 1
+    # (fp8's two consumers split each tile's rows, each staging half a tile)
+    out_tiles = 2 if cfg.pingpong and elem_size != 1 else 1
     out_size = elem_size if out_size is None else out_size
     out_tile = cfg.block_m * cfg.block_n * out_size // (2 if cfg.epilogue_subtile else 1)
     barriers = 16 if cfg.cluster_m * cfg.cluster_n == 1 else 24  # (a cluster's slots have a third)
@@ -239,7 +241,13 @@ def warp_specialized_unsupported_reason(
             f"the warp-specialized kernel needs num_warps 4 or 8, block_m a multiple of 16 x num_warps "
             f"and a K step of 128 bytes (block_k {128 // dtype.itemsize}; got {cfg.short()})"
         )
-    if cfg.block_m * cfg.block_n > 128 * 128 * (cfg.num_warps // 4):
+    split_rows = fp8 and cfg.pingpong  # (fp8's two consumers split each tile's rows: the kernel's SPLIT_ROWS)
+    if split_rows and (cfg.block_m < 128 or cfg.accumulator_widths[1] or cfg.stream_k):
+        return (
+            f"fp8's two consumers each take half of a tile's rows: block_m 128 or more (a wgmma's 64 rows "
+            f"each), one accumulator, no Stream-K (got {cfg.short()})"
+        )
+    if cfg.block_m // (2 if split_rows else 1) * cfg.block_n > 128 * 128 * (cfg.num_warps // 4):
         return f"a {cfg.block_m}x{cfg.block_n} accumulator needs {2 * cfg.num_warps} warps"
     # (pingpong's num_warps=4 is TileConfig's rule: each consumer is one warpgroup.)
     smem = warp_specialized_shared_bytes(cfg, dtype.itemsize, out_dtype.itemsize)

@@ -28,10 +28,23 @@ tensorwise, with and without fast accumulation, 19 shapes from 16x4096x4096 to 8
 
 * 128 x 128 tiles for at most half the SMs: 64 x 128 on 4 warps, which loses where more tiles would
   fill the SMs (512 x 4096 x 4096: 0.68 against 128 x 128's 0.89);
-* fewer 128 x 256 tiles than three quarters of the SMs: 128 x 128 on 8 warps, 6 stages
-  (512 x 4096 x 4096: 0.89 against 128 x 256's 0.62; 256 x 5120 x 5120: 0.89 against 0.60);
+* fewer 128 x 256 tiles than three quarters of the SMs: 128 x 128, 6 stages (512 x 4096 x 4096:
+  0.89 against 128 x 256's 0.62; 256 x 5120 x 5120: 0.89 against 0.60);
 * else 128 x 256 on 8 warps, its output staged in halves for a fourth stage (0.84-0.90 of
-  torch's precise mode, 0.93-1.00 of its fast mode, against 128 x 128's 0.78-0.84 and 0.89-0.97).
+  torch's precise mode, 0.93-1.00 of its fast mode, against 128 x 128's 0.78-0.84 and 0.89-0.97),
+  unless its last wave leaves the SMs idle where 128 x 128's would not (``SPLIT_WAVE_GAIN``).
+
+On the warp-specialized kernel the 128 x 128 tile runs on two 4-warp consumers that split its rows
+and run apart (the kernel's SPLIT_ROWS), where one 8-warp consumer's warpgroups wait for each other at
+every ring slot.  From ``benchmarks/results/h100/sweeps/fp8_split_rows.txt`` (the four tensorwise /
+rowwise, precise / fast recipes): 512 x 4096 x 4096 0.90 / 0.91 / 1.03 / 0.98 against one consumer's
+0.87 / 0.88 / 0.99 / 1.00, 256 x 5120 x 5120 0.77 / 0.94 / 0.85 / 0.97 against 0.77 / 0.90 / 0.84 /
+0.94.  Against 128 x 256 it wins only where 128 x 256 tiles leave the last wave part empty:
+1024 x 14336 x 4096 (448 wide tiles, 85% of 4 waves busy; 896 narrow ones, 97% of 7) 0.83 / 0.88 /
+0.97 / 0.97 against 0.79 / 0.85 / 0.87 / 0.90, 1024 x 18944 x 3584 (90% against 99.7%) 0.83 / 0.87 /
+1.02 / 0.96 against 0.83 / 0.87 / 0.96 / 0.92; where both fill their waves alike (1024-8192 rows by
+4096, 4096-8192 by 14336) it read 0.80-0.86 precise against 0.87-0.92: a 64 x 128 half waits for
+its short wgmma and adds its partial sums too often to keep up.
 """
 
 from __future__ import annotations
@@ -41,7 +54,7 @@ from dataclasses import replace
 from ...device import DeviceInfo
 from ..call import SCALE_BLOCK_K
 from ..configs import TileConfig
-from ..problem import GemmProblem
+from ..problem import GemmProblem, wave_efficiency
 from ..schedules import cdiv
 from .tiles import pow2_at_least, tiles_of
 
@@ -50,9 +63,12 @@ FP8_BLOCK_K = 128
 FP8_NARROW_TILE = (64, 128, 4, 6, False)
 FP8_MID_TILE = (128, 128, 8, 6, False)
 FP8_WIDE_TILE = (128, 256, 8, 4, True)
-#: Block-scaled fp8 on the warp-specialized kernel: (block_m, block_n, warps, stages, pingpong).  Two
-#: consumer warpgroups split each 128 x 128 tile's rows (see ``block_scaled_config``).
-FP8_BLOCK_SCALED_TILE = (128, 128, 4, 6, True)
+#: 128 x 128 tiles instead of 128 x 256 where they keep the SMs this much busier over their waves.
+SPLIT_WAVE_GAIN = 0.05
+#: The 128 x 128 tile on the warp-specialized kernel: (block_m, block_n, warps, stages, pingpong), two
+#: 4-warp consumers on the halves of its rows (the kernel's SPLIT_ROWS; see above).  Block scales take
+#: it from 129 rows on (see ``block_scaled_config``).
+FP8_SPLIT_TILE = FP8_BLOCK_SCALED_TILE = (128, 128, 4, 6, True)
 #: Up to this many rows: the pointer kernel's few-rows tiles (see above).
 FEW_ROWS = 64
 #: Up to this many rows, 64 x 64 pointer tiles where they fit one wave (see above).
@@ -101,13 +117,21 @@ def fp8_choice(
         return cfg, f"block-scaled fp8: {bm}x{bn} tiles, a K step of {SCALE_BLOCK_K}, {where}"
     mid = tiles_of(problem, 128, 128)
     wide = tiles_of(problem, 128, 256)
+    busy_mid, busy_wide = wave_efficiency(mid, device.sm_count), wave_efficiency(wide, device.sm_count)
     if 2 * mid <= device.sm_count:
         tile, why = FP8_NARROW_TILE, f"M = {problem.m}, {mid} tiles of 128x128"
     elif 4 * wide < 3 * device.sm_count:
         tile, why = FP8_MID_TILE, f"{wide} tiles of 128x256 fill under 3/4 of the SMs"
+    elif busy_mid >= busy_wide + SPLIT_WAVE_GAIN:
+        tile = FP8_MID_TILE
+        why = f"{mid} tiles of 128x128 keep the SMs {busy_mid:.0%} busy, {wide} of 128x256 {busy_wide:.0%}"
     else:
         tile, why = FP8_WIDE_TILE, f"{wide} tiles of 128x256"
     bm, bn, warps, stages, subtile = tile
+    pingpong = False
+    if ws and tile == FP8_MID_TILE:
+        bm, bn, warps, stages, pingpong = FP8_SPLIT_TILE
+        why += "; two 4-warp consumers on its halves"
     cfg = TileConfig(
         bm,
         bn,
@@ -117,6 +141,7 @@ def fp8_choice(
         stages,
         kernel="gluon_ws" if ws else "pointer",
         epilogue_subtile=subtile and ws,
+        pingpong=pingpong,
     )
     where = "the warp-specialized kernel" if ws else "the pointer kernel"
     return cfg, f"fp8: {bm}x{bn} tiles, a K step of {FP8_BLOCK_K} bytes, on {where} ({why})"

@@ -1,0 +1,193 @@
+"""fp8 on two consumers that split each tile's rows, against the fp8 rule's tiles and ``torch._scaled_mm``.
+
+The warp-specialized kernel runs two 4-warp consumers on fp8 as halves of every tile (each takes half
+the rows, releases the ring's slots itself and stores its half: the kernel's SPLIT_ROWS), so that one
+waits for its wgmma and adds while the other's run.  Per problem and recipe it times torch, the
+heuristic's plan, and the split tiles that fit the registers with the partial sums of precise mode:
+128x128 at 6 and 5 stages.  Recipes: tensorwise and rowwise scales
+with precise sums and with fast accumulation, and 1x128 x 128x128 block scales.
+
+Run from the repository root on the GPU machine (about five minutes):
+
+    python -m benchmarks.sweep_fp8_split_rows --out DIR      # DIR/fp8_split_rows.json and .txt
+    python -m benchmarks.sweep_fp8_split_rows --shapes 4096x4096x4096 --out DIR
+
+Method as ``sweep_fp8_blockwise``: e4m3 operands (``b = w.t()``), bf16 out, random scales in [0.5, 1.5)
+in torch's layouts, every output compared with float64 of the dequantized operands first (not timed
+if wrong), ``do_bench`` medians with inputs rotated past the L2, ``ROUNDS`` interleaved rounds (order
+reversed every other round).  Ratio = torch's time / ours (> 1: ours faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+import tritongemm
+from tritongemm import TileConfig
+from tritongemm.testing import relative_error
+
+from . import harness
+from .gpu_check import rotating
+from .sweep_fp8_blockwise import FP8, OUT, TOL, reference, scales
+
+SHAPES = (
+    (256, 4096, 4096), (512, 4096, 4096), (1024, 4096, 4096), (2048, 4096, 4096), (4096, 4096, 4096),
+    (8192, 4096, 4096), (256, 14336, 4096), (1024, 14336, 4096), (4096, 14336, 4096),
+    (8192, 14336, 4096), (256, 5120, 5120), (1024, 18944, 3584), (8192, 8192, 4096),
+)  # fmt: skip
+BLOCKWISE = "blockwise_1x128_128x128"
+#: (recipe, use_fast_accum)
+RECIPES = (
+    ("tensorwise", False),
+    ("rowwise", False),
+    ("tensorwise", True),
+    ("rowwise", True),
+    (BLOCKWISE, False),
+)
+ROUNDS = 3
+
+
+def split(bm: int, bn: int, stages: int) -> TileConfig:
+    return TileConfig(bm, bn, 128, 8, 4, stages, kernel="gluon_ws", pingpong=True)
+
+
+def candidates(recipe: str, fast: bool) -> dict[str, TileConfig]:
+    return {"split128x128s6": split(128, 128, 6), "split128x128s5": split(128, 128, 5)}
+
+
+def planned(recipe: str, fast: bool, a, b, config=None) -> str:
+    """The kernel and tile a call with ``config`` (None: the heuristic's) runs."""
+    from tritongemm import launch
+    from tritongemm.planning.call import Epilogue, GemmCall, make_request
+
+    call = GemmCall(Epilogue(scaling=recipe), make_request(config), OUT, "fast" if fast else "ieee")
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=OUT, device=a.device)
+    chosen = launch.plan_for(call, a, b, out)
+    return f"{chosen.kernel} {chosen.config.short()}"
+
+
+def measure(m: int, n: int, k: int, recipe: str, fast: bool, device, gen) -> dict:
+    l2 = harness.l2_cache_bytes(device)
+    copies = harness.copies_to_exceed_l2(m * k + n * k + 4 * (m + n) * (k // 128 + 1), l2)
+    sets = []
+    for _ in range(copies):
+        a = torch.randn(m, k, device=device, generator=gen).to(FP8)
+        w = torch.randn(n, k, device=device, generator=gen).to(FP8)
+        if recipe == "tensorwise":
+            sa, sb = (0.5 + torch.rand((), device=device, generator=gen) for _ in range(2))
+        else:
+            sa, sb = scales(recipe, m, n, k, device, gen)
+        sets.append((a, w.t(), sa, sb))
+    ref = reference("rowwise" if recipe == "tensorwise" else recipe, *sets[0])  # (broadcasts a scalar)
+
+    def ours(config=None):
+        return lambda a, b, sa, sb: tritongemm.scaled_mm(
+            a, b, sa, sb, out_dtype=OUT, use_fast_accum=fast, config=config
+        )
+
+    impls = {
+        "torch": lambda a, b, sa, sb: torch._scaled_mm(a, b, sa, sb, out_dtype=OUT, use_fast_accum=fast),
+        "rule": ours(),
+    }
+    tiles = candidates(recipe, fast)
+    impls.update({name: ours(cfg) for name, cfg in tiles.items()})
+    row = {
+        "m": m,
+        "n": n,
+        "k": k,
+        "recipe": recipe,
+        "fast_accum": fast,
+        "rule": planned(recipe, fast, *sets[0][:2]),
+    }
+    for name, cfg in tiles.items():
+        row[f"{name}_plan"] = planned(recipe, fast, *sets[0][:2], cfg)
+    live = {}
+    for name, fn in impls.items():
+        try:
+            err = relative_error(fn(*sets[0]).double(), ref)
+        except Exception as exc:  # (recorded, not timed)
+            row[f"{name}_status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        row[f"{name}_rel_err"] = err
+        row[f"{name}_status"] = "ok" if err < TOL else "wrong"
+        if err < TOL:
+            live[name] = rotating(fn, sets)
+    times: dict[str, list[float]] = {name: [] for name in live}
+    for r in range(ROUNDS):
+        for name in list(live) if r % 2 == 0 else list(live)[::-1]:
+            times[name].append(triton.testing.do_bench(live[name], warmup=25, rep=100, return_mode="median"))
+    for name, samples in times.items():
+        row[f"{name}_ms"] = statistics.median(samples)
+    if "torch_ms" in row:
+        row["torch_tflops"] = 2 * m * n * k / row["torch_ms"] / 1e9
+        for name in live:
+            if name != "torch":
+                row[f"{name}_ratio"] = row["torch_ms"] / row[f"{name}_ms"]
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    names = ("rule", "split128x128s6", "split128x128s5")
+    lines = [
+        f"{'shape':<18} {'recipe':<24} {'torch TF':>8} "
+        + " ".join(f"{n:>15}" for n in names)
+        + "  rule's plan"
+    ]
+    for r in rows:
+        recipe = r["recipe"] + ("+fast" if r["fast_accum"] else "")
+        cells = [
+            format(r[f"{n}_ratio"], ".3f") if f"{n}_ratio" in r else r.get(f"{n}_status", "-")[:15]
+            for n in names
+        ]
+        torch_tf = format(r["torch_tflops"], ".0f") if "torch_tflops" in r else "-"
+        shape = f"{r['m']}x{r['n']}x{r['k']}"
+        lines.append(
+            f"{shape:<18} {recipe:<24} {torch_tf:>8} "
+            + " ".join(f"{c:>15}" for c in cells)
+            + f"  {r['rule']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.sweep_fp8_split_rows", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--out", default=".", help="folder for fp8_split_rows.json and .txt")
+    parser.add_argument("--shapes", default=None, help="comma-separated MxNxK (default: the sweep's)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(
+            "the split-rows sweep times the warp-specialized kernel: it needs an sm_90 GPU", file=sys.stderr
+        )
+        return 2
+    device = torch.device("cuda")
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    gen = torch.Generator(device=device)
+    gen.manual_seed(0)
+    rows = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = harness.environment(device)
+    jobs = [(shape, recipe) for shape in shapes for recipe in RECIPES]
+    for i, ((m, n, k), (recipe, fast)) in enumerate(jobs, 1):
+        print(f"[{i}/{len(jobs)}] {m}x{n}x{k} {recipe}{'+fast' if fast else ''}", file=sys.stderr, flush=True)
+        rows.append(measure(m, n, k, recipe, fast, device, gen))
+        # (written as it goes: a run cut short keeps what it measured)
+        (out / "fp8_split_rows.json").write_text(
+            json.dumps({"env": env, "records": rows}, indent=1, default=str)
+        )
+        (out / "fp8_split_rows.txt").write_text(table(rows) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
