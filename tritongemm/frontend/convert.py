@@ -64,7 +64,8 @@ def convert(
     ``fusion_summary(model)``.  ``fuse_mlp=False`` fuses nothing.
 
     ``precision="fp8"`` makes ``Float8Linear`` layers instead (fp8 GEMMs in forward and backward,
-    dynamic ``recipe`` scales: "rowwise" or "tensorwise"; the forward GEMM with ``fast_accum``, the
+    dynamic ``recipe`` scales: "rowwise", "tensorwise" or "blockwise" (DeepSeek-V3's 1x128
+    activations and 128x128 weights); the forward GEMM with ``fast_accum``, the
     gradient GEMMs precise; see ``tritongemm.frontend.float8``), for every
     layer whose in and out features are multiples of 16; the others become ``Linear``.  It fuses no
     MLP: the gated kernel has no fp8 variant, so each projection takes the fp8 path on its own.

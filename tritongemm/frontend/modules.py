@@ -131,7 +131,7 @@ class Float8Linear(Linear):
     """A ``Linear`` whose forward and backward GEMMs run in fp8 with dynamic scales (``float8``).
 
     The parameters stay in their dtype; the output is in the input's dtype (autocast's under
-    ``torch.autocast``).  ``recipe``: "rowwise" (default) or "tensorwise" scales.  ``fast_accum``:
+    ``torch.autocast``).  ``recipe``: "rowwise" (default), "tensorwise" or "blockwise" scales.  ``fast_accum``:
     whether the forward GEMM sums in the tensor cores' accumulator (default, as torchao's; the
     gradient GEMMs always sum in fp32).  Made by ``convert(model, precision="fp8")`` for layers
     whose in and out features are multiples of 16.

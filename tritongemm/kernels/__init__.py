@@ -12,7 +12,7 @@ from .gemm_streamk import streamk_kernel
 from .gemm_tma import gemm_tma_kernel
 from .gemv import gemv_kernel
 from .pad_copy import pad_copy_kernel
-from .quantize import amax_kernel, cast_kernel, rowwise_cast_kernel
+from .quantize import amax_kernel, block_cast_kernel, cast_kernel, rowwise_cast_kernel
 
 # Triton decides at decoration time whether a kernel runs compiled or on the
 # CPU interpreter (TRITON_INTERPRET=1 must be set before tritongemm is imported).
@@ -20,6 +20,7 @@ KERNELS_INTERPRETED: bool = type(gemm_kernel).__name__ == "InterpretedFunction"
 
 __all__ = [
     "amax_kernel",
+    "block_cast_kernel",
     "cast_kernel",
     "gated_grad_kernel",
     "rowwise_cast_kernel",

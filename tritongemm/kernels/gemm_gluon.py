@@ -434,7 +434,9 @@ def gemm_gluon_kernel(
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(s), count=1)
         # (split rows, fp8 on two consumers: both read every slot, and each releases it)
-        mbarrier.init(empty.index(s), count=2 if CONSUMERS > 1 and a_desc.dtype.primitive_bitwidth == 8 else 1)
+        mbarrier.init(
+            empty.index(s), count=2 if CONSUMERS > 1 and a_desc.dtype.primitive_bitwidth == 8 else 1
+        )
     for c in gl.static_range(2):
         mbarrier.init(turn.index(c), count=1)
     handoff_bars = barriers(2, CTAS, False)  # (staged, drained) of the epilogue warps' staging tile

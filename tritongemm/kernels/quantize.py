@@ -9,6 +9,9 @@ the second sweep reads what the first brought into L2, so the matrix crosses DRA
 before any element is cast, or too few rows to fill the GPU with blocks of them (a transposed view:
 its rows are strided, so a block must hold many) -- two kernels over a 2-D grid: the maxima
 (``amax_kernel``, atomic), then the cast (``cast_kernel``).
+
+Block scales (a scale per 1 x 128 or 128 x 128 block) need no global maximum: one kernel
+(``block_cast_kernel``) holds each block whole, finds its maxima and casts it.
 """
 
 import triton
@@ -121,4 +124,46 @@ def cast_kernel(
     tl.store(q_ptr + rows[:, None] * C + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
-__all__ = ["amax_kernel", "cast_kernel", "rowwise_cast_kernel"]
+@triton.jit
+def block_cast_kernel(
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    R,
+    C,
+    stride_r,
+    stride_c,
+    stride_sr,
+    stride_sc,
+    LIMIT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+):
+    """q = clamp(x / scale, +-LIMIT) in q's fp8 dtype, row-major (R, C), a scale per SCALE_ROWS (1 or
+    BLOCK_R) rows by BLOCK_C columns: scale[i, j] (at ``i * stride_sr + j * stride_sc``) = that
+    block's max |x| / LIMIT, 1 for an all-zero block.  A program holds BLOCK_R x BLOCK_C of x."""
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    x = tl.load(
+        x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :].to(tl.int64) * stride_c,
+        mask=mask,
+        other=0.0,
+    ).to(tl.float32)
+    row_max = tl.max(tl.abs(x), axis=1)
+    if SCALE_ROWS == 1:
+        scale = _scale_of(row_max, LIMIT)
+        tl.store(scale_ptr + rows * stride_sr + pid_c * stride_sc, scale, mask=rows < R)
+        q = x / scale[:, None]
+    else:
+        scale = _scale_of(tl.max(row_max, axis=0), LIMIT)
+        tl.store(scale_ptr + pid_r * stride_sr + pid_c * stride_sc, scale)
+        q = x / scale
+    q = tl.clamp(q, -LIMIT, LIMIT)
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * C + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+__all__ = ["amax_kernel", "block_cast_kernel", "cast_kernel", "rowwise_cast_kernel"]

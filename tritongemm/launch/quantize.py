@@ -12,7 +12,7 @@ import torch
 import triton
 
 from .. import launch as _launch  # (the package, for its plan cache: this module loads after it)
-from ..kernels import amax_kernel, cast_kernel, rowwise_cast_kernel
+from ..kernels import amax_kernel, block_cast_kernel, cast_kernel, rowwise_cast_kernel
 from .common import KernelArgs, Launch
 from .keys import layout_signature
 
@@ -88,4 +88,33 @@ def amax_then_cast(
     _launch.run_on(x.device, launches[1], x, q, amax, scale)
 
 
-__all__ = ["amax_then_cast", "rowwise_cast"]
+def block_cast(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, limit: float, rows: int, cols: int, scale_rows: int
+):
+    """``block_cast_kernel``: ``rows`` x ``cols`` of ``x`` a program, a scale per ``scale_rows`` (1 or
+    ``rows``) rows by ``cols`` columns into ``scale`` (any strides), the cast into ``q``."""
+    r, c = x.shape
+    key = ("block_cast", limit, rows, cols, scale_rows, layout_signature(x, q, scale))
+    launch = _launch.PLANS.launchers.get(key)
+    if launch is None:
+        args = KernelArgs(
+            block_cast_kernel,
+            ("x_ptr", "q_ptr", "scale_ptr"),
+            R=r,
+            C=c,
+            stride_r=x.stride(0),
+            stride_c=x.stride(1),
+            stride_sr=scale.stride(0),
+            stride_sc=scale.stride(1),
+            LIMIT=limit,
+            BLOCK_R=rows,
+            BLOCK_C=cols,
+            SCALE_ROWS=scale_rows,
+        )
+        warps = 8 if rows * cols > 4096 else NUM_WARPS
+        grid = (triton.cdiv(r, rows), triton.cdiv(c, cols))
+        launch = _launch.PLANS.keep(key, Launch(args, grid, warps, NUM_STAGES))
+    _launch.run_on(x.device, launch, x, q, scale)
+
+
+__all__ = ["amax_then_cast", "block_cast", "rowwise_cast"]
