@@ -6,8 +6,8 @@ Two parts, one CSV (``fp8_train.csv``) and one figure (``fp8_train.png``):
   trained from the same initialization for ``--steps`` AdamW steps on a fixed synthetic corpus,
   a seeded Markov chain over 256 tokens whose transitions each favour a handful of successors
   (so there is structure to learn and a loss floor below log 256).  bf16 stock (autocast over
-  fp32 weights) against the converted model, rowwise and tensorwise scales.  One row per run and
-  logged step (``x`` the step, ``loss`` the mean of the last 10 steps' losses);
+  fp32 weights) against the converted model, rowwise, tensorwise and blockwise scales.  One row
+  per run and logged step (``x`` the step, ``loss`` the mean of the last 10 steps' losses);
 * **step time**: Llama-3-8B's block projections (q, k, v, o, gate, up, down on 4096 hidden
   units, 14336 intermediate) on 4096 tokens, forward (prefill) and forward + backward, bf16
   stock against the fp8 layers, in interleaved rounds (``do_bench`` medians).  ``speedup``
@@ -31,7 +31,7 @@ from .tiny_models import TinyConfig, TinyLM
 SUITE = "fp8_train"
 FIGURE = "fp8_train.png"
 VOCAB = 256
-RECIPES = ("rowwise", "tensorwise")
+RECIPES = ("rowwise", "tensorwise", "blockwise")
 
 
 def markov_corpus(tokens: int, seed: int, device) -> torch.Tensor:

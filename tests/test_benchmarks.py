@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -1327,3 +1328,33 @@ def test_fp8_blockwise_sweep_smoke(tmp_path):
         assert r["ours_status"] == "ok" and r["ours_rel_err"] < sweep_fp8_blockwise.TOL, r
         assert r["recipe"] == "rowwise" or r["alt_status"] == "ok", r
     assert "blockwise_1x128_128x128" in (tmp_path / "fp8_blockwise.txt").read_text()
+
+
+def test_fp8_split_rows_sweep_times_only_eligible_split_tiles_and_tabulates(monkeypatch, capsys):
+    """The split-rows sweep needs the GPU's warp-specialized kernel (it says so and exits 2 without
+    one); its tiles are ones the kernel takes for fp8 on sm_90 (two consumers on 64-row halves), and
+    its table reads a record's ratios and statuses."""
+    from benchmarks import sweep_fp8_split_rows as sweep
+    from tritongemm.device import DeviceInfo
+    from tritongemm.planning.eligibility import Operand, warp_specialized_unsupported_reason
+
+    h100 = DeviceInfo("H100", (9, 0), 132, 232448)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert sweep.main(["--out", "unused"]) == 2
+    assert "sm_90" in capsys.readouterr().err
+    fp8 = torch.float8_e4m3fn
+    a = Operand.of(torch.empty(1024, 4096, dtype=fp8, device="meta"))
+    b = Operand.of(torch.empty(4096, 4096, dtype=fp8, device="meta").t())
+    c = Operand.of(torch.empty(1024, 4096, dtype=torch.bfloat16, device="meta"))
+    for name, cfg in sweep.SPLIT_TILES.items():
+        assert cfg.pingpong and cfg.block_m == 128, name
+        reason = warp_specialized_unsupported_reason(cfg, a, b, c, fp8, torch.bfloat16, h100, False)
+        assert reason is None or "Gluon" in reason or "Triton" in reason, (name, reason)
+    halves_too_short = replace(sweep.SPLIT_TILES["split128x128s6"], block_m=64)
+    reason = warp_specialized_unsupported_reason(halves_too_short, a, b, c, fp8, torch.bfloat16, h100, False)
+    assert reason is not None and ("block_m 128" in reason or "Gluon" in reason or "Triton" in reason)
+    row = {"m": 8, "n": 16, "k": 32, "recipe": "rowwise", "fast_accum": True, "rule": "gluon_ws 128x256"}
+    row.update(rule_ratio=0.9, split128x128s6_ratio=1.25, split128x128s5_status="wrong", torch_tflops=1.0)
+    text = sweep.table([row])
+    assert "rowwise+fast" in text and "1.250" in text and "wrong" in text and "gluon_ws 128x256" in text
