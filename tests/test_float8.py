@@ -99,7 +99,7 @@ def test_convert_rejects_unknown_precision_and_recipe():
     with pytest.raises(ValueError, match="precision"):
         tnn.convert(torch.nn.Linear(16, 16), precision="fp4")
     with pytest.raises(ValueError, match="recipe"):
-        tnn.convert(torch.nn.Linear(16, 16), precision="fp8", recipe="blockwise")
+        tnn.convert(torch.nn.Linear(16, 16), precision="fp8", recipe="mxfp8")
 
 
 def test_fp8_model_trains_and_keeps_parameters_and_grads_in_the_models_dtype():
@@ -204,7 +204,7 @@ def test_quantize_kernels_match_torchs_quantization(recipe, dtype, view, kernels
     if view == "transposed":
         x = x.t().contiguous().t()  # the same values, column-major
     q, scale = quantize_kernels(x, dtype, recipe)
-    q_ref, scale_ref = quantize(x.contiguous(), dtype, recipe)
+    q_ref, scale_ref = float8.quantize_torch(x.contiguous(), dtype, recipe)  # (torch's ops, x's device)
     assert q.is_contiguous() and q.dtype == dtype and q.shape == (rows, cols)
     torch.testing.assert_close(scale, scale_ref, rtol=0, atol=0)
     assert torch.equal(q.float(), q_ref.float())
@@ -380,3 +380,35 @@ def test_forward_gemm_sums_fast_and_the_gradient_gemms_precisely(monkeypatch):
     assert modes == [False, False, False]
     with pytest.raises(TypeError, match="fast_accum"):
         tnn.convert(torch.nn.Linear(32, 48), precision="fp8", fast_accum="yes")
+
+
+@pytest.mark.parametrize("scaling", ["rowwise", "tensorwise", "1x128", "128x128"])
+def test_nan_and_inf_inputs_come_out_nan_on_both_paths(scaling):
+    """An inf or NaN in a cast's input is not made finite.  A NaN makes its row's (block's, tensor's)
+    scale NaN and an inf makes it inf (finite values then cast to 0, the inf to NaN), on torch's ops and
+    in the kernels alike (their maxima and clamp keep NaN), and a layer fed either gives a non-finite
+    output in that row.  (Triton's interpreter casts NaN to a finite fp8 value: the kernels' fp8 values
+    are compared on a GPU only.)"""
+    from tritongemm.frontend.float8 import quantize_kernels, quantize_torch
+
+    device = device_for_kernels()
+    x = _on_the_grid(6, 256, E4M3, "tensorwise", device) / 4
+    x[0, 3] = float("inf")
+    x[1, 200] = float("nan")
+    x[4, 7] = -float("inf")
+    q, scale = quantize_kernels(x, E4M3, scaling)
+    q_ref, scale_ref = quantize_torch(x, E4M3, scaling)
+    torch.testing.assert_close(scale, scale_ref, rtol=0, atol=0, equal_nan=True)
+    assert not scale_ref.isfinite().all()
+    nan = q_ref.float().isnan()
+    assert nan[0, 3] and nan[1, 200] and nan[4, 7]
+    if device.type == "cuda":
+        assert torch.equal(q.float().isnan(), nan)
+        assert torch.equal(q.float()[~nan], q_ref.float()[~nan])
+    recipe = {"rowwise": "rowwise", "tensorwise": "tensorwise", "1x128": "blockwise"}.get(scaling)
+    if recipe is not None:  # (the layer whose activations take this scaling)
+        layer = torch.nn.Linear(256, 32, device=device)
+        tnn.convert(layer, precision="fp8", recipe=recipe)
+        y = layer(x)
+        for row in (0, 1, 4):
+            assert not y[row].isfinite().any(), row

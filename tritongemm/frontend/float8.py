@@ -81,6 +81,12 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, scaling: str) -> tuple[torch.T
     """
     if x.device.type == "cuda" and not torch.compiler.is_compiling():
         return quantize_kernels(x, dtype, scaling)
+    return quantize_torch(x, dtype, scaling)
+
+
+def quantize_torch(x: torch.Tensor, dtype: torch.dtype, scaling: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize`` by torch's ops, on any device (the kernels give the same bits: the same maxima, the
+    division rounded the same, NaN kept; a NaN or inf input comes out NaN)."""
     limit = FP8_MAX[dtype]
     if scaling in BLOCK_ROWS:
         return _block_quantize(x, dtype, BLOCK_ROWS[scaling])
@@ -104,8 +110,10 @@ def _block_quantize(x: torch.Tensor, dtype: torch.dtype, rows: int) -> tuple[tor
 
 
 def _scale(amax: torch.Tensor, limit: float) -> torch.Tensor:
-    """The dequantizing scale mapping ``amax`` to ``limit``; 1 where ``amax`` is 0 (an all-zero row)."""
-    return torch.where(amax > 0, amax / limit, torch.ones_like(amax))
+    """The dequantizing scale mapping ``amax`` to ``limit``; 1 where ``amax`` is 0 (an all-zero row).  A
+    NaN in the tensor (row, block) makes its scale NaN and an inf makes it inf, so the products that
+    read it come out NaN, as they would have without fp8, rather than finite."""
+    return torch.where(amax == 0, torch.ones_like(amax), amax / limit)
 
 
 def quantize_kernels(x: torch.Tensor, dtype: torch.dtype, scaling: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,5 +325,6 @@ __all__ = [
     "float8_unsupported_reason",
     "quantize",
     "quantize_kernels",
+    "quantize_torch",
     "WEIGHT_SCALING",
 ]

@@ -20,8 +20,27 @@ import triton.language as tl
 
 @triton.jit
 def _scale_of(amax, LIMIT: tl.constexpr):
-    """The dequantizing scale mapping ``amax`` to the format's largest value; 1 for an all-zero row."""
-    return tl.where(amax > 0, amax / LIMIT, 1.0)
+    """The dequantizing scale mapping ``amax`` to the format's largest value; 1 for an all-zero row (a
+    NaN maximum gives a NaN scale, an inf one an inf scale: ``frontend.float8.quantize_torch``'s rule)."""
+    return tl.where(amax == 0, 1.0, amax / LIMIT)
+
+
+@triton.jit
+def _max_keep_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _abs_max(x, axis: tl.constexpr):
+    """max |x| along ``axis``, NaN where a NaN is among them (as torch's ``amax``: ``tl.max`` skips it)."""
+    return tl.reduce(tl.abs(x), axis, _max_keep_nan)
+
+
+@triton.jit
+def _cast(x, scale, LIMIT: tl.constexpr):
+    """clamp(x / scale, +-LIMIT), the division rounded as torch's (``/`` is approximate on NVIDIA), NaN
+    kept (so a NaN or inf input reaches the GEMM's output, as on torch's path)."""
+    return tl.clamp(tl.div_rn(x, scale), -LIMIT, LIMIT, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -32,7 +51,7 @@ def _row_maxima(x_rows, row_ok, c_start, c_end, stride_c, BLOCK_R: tl.constexpr,
     for c0 in range(c_start, c_end, BLOCK_C):
         mask = row_ok[:, None] & (cols[None, :] + c0 < c_end)
         x = tl.load(x_rows + (cols[None, :] + c0) * stride_c, mask=mask, other=0.0)
-        best = tl.maximum(best, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+        best = _max_keep_nan(best, _abs_max(x.to(tl.float32), 1))
     return best
 
 
@@ -61,7 +80,7 @@ def rowwise_cast_kernel(
     for c0 in range(0, C, BLOCK_C):
         mask = row_ok[:, None] & (cols[None, :] + c0 < C)
         x = tl.load(x_rows + (cols[None, :] + c0) * stride_c, mask=mask, other=0.0)
-        q = tl.clamp(x.to(tl.float32) / scale[:, None], -LIMIT, LIMIT)
+        q = _cast(x.to(tl.float32), scale[:, None], LIMIT)
         tl.store(q_rows + cols[None, :] + c0, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
@@ -84,10 +103,11 @@ def amax_kernel(
     c_start = tl.program_id(1) * SPAN_C
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_r
     best = _row_maxima(x_rows, rows < R, c_start, tl.minimum(c_start + SPAN_C, C), stride_c, BLOCK_R, BLOCK_C)
+    # (|NaN| is a positive NaN, whose bits order above +inf's: the atomic max keeps it)
     if ROWWISE:
         tl.atomic_max(amax_ptr + rows, best, mask=rows < R)
     else:
-        tl.atomic_max(amax_ptr, tl.max(best, axis=0))
+        tl.atomic_max(amax_ptr, tl.reduce(best, 0, _max_keep_nan))
 
 
 @triton.jit
@@ -120,7 +140,7 @@ def cast_kernel(
             tl.store(scale_ptr, scale)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     x = tl.load(x_ptr + rows[:, None] * stride_r + cols[None, :] * stride_c, mask=mask, other=0.0)
-    q = tl.clamp(x.to(tl.float32) / scale, -LIMIT, LIMIT)
+    q = _cast(x.to(tl.float32), scale, LIMIT)
     tl.store(q_ptr + rows[:, None] * C + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
@@ -153,16 +173,15 @@ def block_cast_kernel(
         mask=mask,
         other=0.0,
     ).to(tl.float32)
-    row_max = tl.max(tl.abs(x), axis=1)
+    row_max = _abs_max(x, 1)
     if SCALE_ROWS == 1:
         scale = _scale_of(row_max, LIMIT)
         tl.store(scale_ptr + rows * stride_sr + pid_c * stride_sc, scale, mask=rows < R)
-        q = x / scale[:, None]
+        q = _cast(x, scale[:, None], LIMIT)
     else:
-        scale = _scale_of(tl.max(row_max, axis=0), LIMIT)
+        scale = _scale_of(tl.reduce(row_max, 0, _max_keep_nan), LIMIT)
         tl.store(scale_ptr + pid_r * stride_sr + pid_c * stride_sc, scale)
-        q = x / scale
-    q = tl.clamp(q, -LIMIT, LIMIT)
+        q = _cast(x, scale, LIMIT)
     tl.store(q_ptr + rows[:, None].to(tl.int64) * C + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
