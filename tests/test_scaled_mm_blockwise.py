@@ -1119,15 +1119,22 @@ def test_gpu_kernel_choice(device, plans, recipe, m):
 @pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS.get)
 @pytest.mark.parametrize("m", [48, 1024])
 def test_gpu_repeated_calls_read_each_calls_scales(device, recipe, m):
-    """Block scales skip the repeated-call fast path: every call reads its own scales and operands."""
+    """Repeated calls with block scales in torch's layouts take the fast path (the first is remembered)
+    and every call reads its own scales and operands; scales in a layout that needs a copy are not
+    remembered, and their calls stay right."""
     n, k = 512, 1024
-    for _ in range(3):
-        a, b = operands(m, n, k, (E4M3, E4M3), device)
-        scale_a, scale_b = block_scales(recipe, m, n, k, device, "torch")
-        ours = tritongemm.scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
-        check(ours, a, b, scale_a, scale_b, recipe, torch.bfloat16)
-    key = tritongemm.frontend.scaled._fast_key(a, b, scale_a, scale_b, torch.bfloat16, False, "none")
-    assert key not in launch.PLANS.entries
+    launch.clear_plan_cache()
+    for layout in ("torch", "contiguous"):
+        for _ in range(3):
+            a, b = operands(m, n, k, (E4M3, E4M3), device)
+            scale_a, scale_b = block_scales(recipe, m, n, k, device, layout)
+            ours = tritongemm.scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
+            check(ours, a, b, scale_a, scale_b, recipe, torch.bfloat16)
+        key = tritongemm.frontend.scaled._fast_key(a, b, scale_a, scale_b, torch.bfloat16, False, "none")
+        copied = not all(
+            t.is_contiguous() for t in tritongemm.frontend.scaled._kernel_views(recipe, scale_a, scale_b)
+        )
+        assert (key in launch.PLANS.entries) == (not copied), (layout, copied)
 
 
 @pytest.mark.gpu

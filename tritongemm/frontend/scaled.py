@@ -89,12 +89,16 @@ def kernel_scales(
     K-step's scales are one vector; a scale per 128 rows (columns) with its K blocks contiguous.
     These are the layouts ``torch._scaled_mm`` takes (``scale_a`` (M, K/128) M-contiguous; ``scale_b``
     (K/128, N/128) the transpose of a row-major (N/128, K/128)), which need no copy."""
+    sa, sb = _kernel_views(scaling, scale_a, scale_b)
+    return sa.contiguous(), sb.contiguous()
+
+
+def _kernel_views(scaling: str, scale_a: torch.Tensor, scale_b: torch.Tensor):
+    """The scales as the kernels index them (views; ``kernel_scales`` makes them contiguous)."""
     if scaling in BLOCK_SCALINGS:
         rows, cols = BLOCK_SCALINGS[scaling]
-        sa = scale_a.t() if rows == 1 else scale_a
-        sb = scale_b if cols == 1 else scale_b.t()
-        return sa.contiguous(), sb.contiguous()
-    return scale_a.reshape(-1).contiguous(), scale_b.reshape(-1).contiguous()
+        return (scale_a.t() if rows == 1 else scale_a), (scale_b if cols == 1 else scale_b.t())
+    return scale_a.reshape(-1), scale_b.reshape(-1)
 
 
 def dequantize(x: torch.Tensor, scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -252,10 +256,12 @@ def _fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation):
 
 
 def _remember(call, a, b, scale_a, scale_b, target, out_dtype, use_fast_accum, activation) -> None:
-    """Keep what a later identical call needs: its launcher and the output's shape."""
-    if a.device.type != "cuda" or not (scale_a.is_contiguous() and scale_b.is_contiguous()):
+    """Keep what a later identical call needs: its launcher and the output's shape.  Only scales the
+    kernels read where they lie (block scales in torch's layouts) are kept: the launcher takes their
+    data pointers, and the key's strides hold later calls to the same layout."""
+    if a.device.type != "cuda":
         return
-    if call.epilogue.scaling in BLOCK_SCALINGS:  # (the launcher reads block scales transposed)
+    if not all(t.is_contiguous() for t in _kernel_views(call.epilogue.scaling, scale_a, scale_b)):
         return
     launcher = launch.launcher_for(call, a, b, target)
     if not getattr(launcher, "takes_bases", False):
