@@ -2,10 +2,14 @@
 
 The warp-specialized kernel runs two 4-warp consumers on fp8 as halves of every tile (each takes half
 the rows, releases the ring's slots itself and stores its half: the kernel's SPLIT_ROWS), so that one
-waits for its wgmma and adds while the other's run.  Per problem and recipe it times torch, the
-heuristic's plan, and the split tiles that fit the registers with the partial sums of precise mode:
-128x128 at 6 and 5 stages.  Recipes: tensorwise and rowwise scales
-with precise sums and with fast accumulation, and 1x128 x 128x128 block scales.
+waits for its wgmma and adds while the other's run, and neither waits for the other's warps at a
+slot release.  Per problem and recipe it times torch, the heuristic's plan, the tiles on one
+cooperative 8-warp consumer (128x256 staged in halves, 128x128) and the split tiles that fit the
+registers: 128x128 (its halves hold their partial sums too), and with fast accumulation 128x256 at
+3 stages (64 x 256 a consumer, no partial sums).  Block scales run every tile as their rule makes it
+fit (``block_scaled_config``): their rule's split 128x128 at 6 stages against 5.  Recipes:
+tensorwise and rowwise scales with precise sums and with fast accumulation, and 1x128 x 128x128
+block scales.
 
 Run from the repository root on the GPU machine (about five minutes):
 
@@ -58,8 +62,31 @@ def split(bm: int, bn: int, stages: int) -> TileConfig:
     return TileConfig(bm, bn, 128, 8, 4, stages, kernel="gluon_ws", pingpong=True)
 
 
-#: The split tiles timed beside the rule's plan.
-SPLIT_TILES = {"split128x128s6": split(128, 128, 6), "split128x128s5": split(128, 128, 5)}
+def cooperative(bm: int, bn: int, stages: int, subtile: bool = False) -> TileConfig:
+    return TileConfig(bm, bn, 128, 8, 8, stages, kernel="gluon_ws", epilogue_subtile=subtile)
+
+
+#: The split tiles that fit a consumer's registers whatever the accumulation.
+SPLIT_TILES = {"split128x128s6": split(128, 128, 6)}
+#: The tiles timed beside the rule's plan, by recipe kind.
+TILES = {
+    "precise": {
+        "coop128x256": cooperative(128, 256, 4, subtile=True),
+        "coop128x128": cooperative(128, 128, 6),
+        **SPLIT_TILES,
+    },
+    "fast": {
+        "coop128x256": cooperative(128, 256, 4, subtile=True),
+        "coop128x128": cooperative(128, 128, 6),
+        **SPLIT_TILES,
+        "split128x256s3": split(128, 256, 3),
+    },
+    "block": {**SPLIT_TILES, "split128x128s5": split(128, 128, 5)},
+}
+
+
+def tiles_for(recipe: str, fast: bool) -> dict[str, TileConfig]:
+    return TILES["block" if recipe == BLOCKWISE else "fast" if fast else "precise"]
 
 
 def planned(recipe: str, fast: bool, a, b, config=None) -> str:
@@ -96,7 +123,7 @@ def measure(m: int, n: int, k: int, recipe: str, fast: bool, device, gen) -> dic
         "torch": lambda a, b, sa, sb: torch._scaled_mm(a, b, sa, sb, out_dtype=OUT, use_fast_accum=fast),
         "rule": ours(),
     }
-    tiles = SPLIT_TILES
+    tiles = tiles_for(recipe, fast)
     impls.update({name: ours(cfg) for name, cfg in tiles.items()})
     row = {
         "m": m,
@@ -134,7 +161,7 @@ def measure(m: int, n: int, k: int, recipe: str, fast: bool, device, gen) -> dic
 
 
 def table(rows: list[dict]) -> str:
-    names = ("rule", "split128x128s6", "split128x128s5")
+    names = ("rule", "coop128x256", "coop128x128", "split128x128s6", "split128x256s3", "split128x128s5")
     lines = [
         f"{'shape':<18} {'recipe':<24} {'torch TF':>8} "
         + " ".join(f"{n:>15}" for n in names)

@@ -146,7 +146,7 @@ class TileConfig:
         # the TMA store stages C (or half of it; one per ping-pong consumer) in shared memory
         if self.uses_tma:
             epilogue = self.block_m * self.block_n * elem_size // (2 if self.epilogue_subtile else 1)
-            epilogue *= 2 if self.pingpong else 1
+            epilogue *= 2 if self.pingpong and elem_size != 1 else 1  # (fp8's two consumers: half each)
         return mainloop + epilogue
 
     def accumulator_registers(self, acc_size: int = 4) -> int:
@@ -295,6 +295,8 @@ class TileConfig:
                 f"by {smem - device.smem_per_block} B"
             )
         regs = self.accumulator_registers(acc_size)
+        if self.pingpong and elem_size == 1:  # fp8's two consumers split each tile's rows
+            regs //= 2
         if regs > ACCUMULATOR_REGISTER_BUDGET:
             raise ConfigError(
                 f"{self.short()}: {regs} accumulator registers per thread "
