@@ -444,6 +444,7 @@ FP8_CASES = [
     (64, 128, 0, 6, 4, 1, "fp32", "rowwise", 128, "none"),  # fp32 out
     (128, 128, 0, 6, 4, 2, "bf16", "rowwise", 128, "none"),  # two consumers on the rows' halves, precise
     (128, 128, 0, 5, 4, 2, "bf16", "rowwise", None, "none"),  # the same, fast accumulation
+    (128, 256, 0, 3, 4, 2, "bf16", "tensorwise", None, "none"),  # 64 x 256 halves, fast accumulation
 ]
 
 

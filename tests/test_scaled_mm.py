@@ -887,6 +887,39 @@ def test_more_rows_tiles(m, n, k, tile):
     assert elsewhere.num_warps == (4 if elsewhere.block_m == 64 else 8)
 
 
+@pytest.mark.parametrize(
+    "m, n, k, split",
+    [
+        (8192, 8192, 4096, True),  # 2048 tiles of 128x256
+        (4096, 4096, 4096, True),  # 512
+        (2048, 4096, 4096, False),  # 256: one consumer of 8 warps, staged in halves
+        (1024, 14336, 4096, False),  # the 128x128 rule's (split already)
+    ],
+)
+def test_fast_accumulation_splits_the_wide_tiles_rows_from_many_tiles(m, n, k, split):
+    """With ``use_fast_accum`` and at least ``FP8_FAST_SPLIT_TILES`` tiles of 128x256, the wide tile
+    runs on two 4-warp consumers splitting its rows (3 stages, not staged in halves); precise sums,
+    bf16 and fewer tiles keep the heuristic's tile."""
+    a = torch.empty(m, k, dtype=E4M3, device="meta")
+    b = torch.empty(n, k, dtype=E4M3, device="meta").t()
+    c = torch.empty(m, n, dtype=torch.bfloat16, device="meta")
+    ops = (Operand.of(a), Operand.of(b), Operand.of(c))
+    fast = plan(problem_of(a, b), H100, NO_REQUEST, *ops, E4M3, torch.bfloat16, fast_accumulation=True)
+    precise = plan(problem_of(a, b), H100, NO_REQUEST, *ops, E4M3, torch.bfloat16)
+    cfg = fast.config
+    if split:
+        assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (128, 256, 4, 3)
+        assert cfg.pingpong and not cfg.epilogue_subtile and "fast accumulation" in fast.source
+        assert (precise.config.num_warps, precise.config.pingpong) == (8, False)
+    else:
+        assert cfg == precise.config and "fast accumulation" not in fast.source
+    bf16 = [torch.empty(s, dtype=torch.bfloat16, device="meta") for s in ((m, k), (n, k), (m, n))]
+    ops16 = (Operand.of(bf16[0]), Operand.of(bf16[1].t()), Operand.of(bf16[2]))
+    problem16 = problem_of(bf16[0], bf16[1].t())
+    args16 = (problem16, H100, NO_REQUEST, *ops16, torch.bfloat16, torch.bfloat16)
+    assert plan(*args16, fast_accumulation=True).config == plan(*args16).config
+
+
 @pytest.mark.parametrize("m, n, k", PLAN_SHAPES[1::2], ids=[shape_id(*s) for s in PLAN_SHAPES[1::2]])
 def test_plan_without_warp_specialization(m, n, k):
     """Not sm_90: the pointer kernel, whatever the layout."""

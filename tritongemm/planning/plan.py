@@ -28,7 +28,7 @@ from .eligibility import (
     warp_specialized_shared_bytes,
     warp_specialized_unsupported_reason,
 )
-from .heuristics.fp8 import block_scaled_config, fp8_choice
+from .heuristics.fp8 import block_scaled_config, fast_accumulation_config, fp8_choice
 from .problem import GemmProblem
 from .selection import select
 from .unaligned import elementwise_tile, padding_estimate
@@ -110,11 +110,17 @@ def plan(
     out_dtype: torch.dtype,
     padding: str = "auto",
     block_scaled: bool = False,
+    fast_accumulation: bool = False,
 ) -> Plan:
     """Choose the config (``selection.select``), then the kernel the operands allow, then whether to copy
     unaligned operands into aligned workspaces (``padding``: one of ``PADDING_POLICIES``).
-    ``block_scaled``: fp8 operands with a scale per block of K (``call.BLOCK_SCALINGS``)."""
+    ``block_scaled``: fp8 operands with a scale per block of K (``call.BLOCK_SCALINGS``);
+    ``fast_accumulation``: fp8 products summed without promotion (``use_fast_accum``)."""
     chosen, source = select(problem, device, request)
+    if fast_accumulation and dtype in FP8_DTYPES and not block_scaled and source.startswith("heuristic"):
+        chosen, why = fast_accumulation_config(chosen, problem, device)
+        if why:
+            source += f"; {why}"
     if block_scaled:
         if request.config is None:  # (a tuned tile is the rowwise recipe's)
             chosen, rule = fp8_choice(problem, device, block_scaled=True)

@@ -65,6 +65,10 @@ FP8_MID_TILE = (128, 128, 8, 6, False)
 FP8_WIDE_TILE = (128, 256, 8, 4, True)
 #: 128 x 128 tiles instead of 128 x 256 where they keep the SMs this much busier over their waves.
 SPLIT_WAVE_GAIN = 0.05
+#: Fast accumulation from this many 128 x 256 tiles (about 4 waves on an H100): the wide tile on two
+#: 4-warp consumers splitting its rows, 3 stages (see ``fast_accumulation_config``).
+FP8_FAST_SPLIT_TILES = 512
+FP8_FAST_SPLIT_TILE = (128, 256, 4, 3, True)
 #: The 128 x 128 tile on the warp-specialized kernel: (block_m, block_n, warps, stages, pingpong), two
 #: 4-warp consumers on the halves of its rows (the kernel's SPLIT_ROWS; see above).  Block scales take
 #: it from 129 rows on (see ``block_scaled_config``).
@@ -147,6 +151,35 @@ def fp8_choice(
     return cfg, f"fp8: {bm}x{bn} tiles, a K step of {FP8_BLOCK_K} bytes, on {where} ({why})"
 
 
+def fast_accumulation_config(
+    cfg: TileConfig, problem: GemmProblem, device: DeviceInfo
+) -> tuple[TileConfig, str | None]:
+    """With fast accumulation (no wait for each K step's wgmma), the heuristic's 128 x 256 tile on two
+    4-warp consumers that split its rows (64 x 256 each, 128 accumulator registers a thread) instead of
+    one 8-warp consumer, from ``FP8_FAST_SPLIT_TILES`` tiles, and what was changed (None: nothing).
+
+    The cooperative consumer's warpgroups wait for each other at every ring slot they release; split,
+    neither does (``benchmarks/results/h100/sweeps/fp8_split_rows.txt``, H100): tensorwise 0.99 /
+    1.03 / 1.03 / 1.07 / 1.04 of torch at 4096x4096x4096, 8192x4096x4096, 4096x14336x4096,
+    8192x14336x4096 and 8192x8192x4096 against 0.97 / 0.98 / 0.99 / 0.99 / 1.00 cooperative; rowwise
+    1.01 / 1.00 / 0.93 / 0.91 / 0.93 against 0.99 / 0.97 / 0.94 / 0.90 / 0.94.  With fewer tiles
+    it lost (1024 x 4096 x 4096: 0.94 against 0.96; 256 x 14336 x 4096: 0.87 against 0.94), and
+    precise sums need a partial accumulator as large again, which 64 x 256 halves cannot hold."""
+    bm, bn, warps, stages, subtile = FP8_WIDE_TILE
+    wide = (cfg.kernel, cfg.block_m, cfg.block_n, cfg.num_warps, cfg.pingpong) == (
+        "gluon_ws",
+        bm,
+        bn,
+        warps,
+        False,
+    )
+    if not wide or tiles_of(problem, bm, bn) < FP8_FAST_SPLIT_TILES:
+        return cfg, None
+    bm, bn, warps, stages, pingpong = FP8_FAST_SPLIT_TILE
+    cfg = replace(cfg, num_warps=warps, num_stages=stages, pingpong=pingpong, epilogue_subtile=False)
+    return cfg, f"fast accumulation: {bm}x{bn} tiles on two 4-warp consumers splitting their rows"
+
+
 def block_scaled_config(cfg: TileConfig) -> tuple[TileConfig, str | None]:
     """A tile the caller chose (or the tuner), made fit for block-scaled fp8, and what was changed
     (None: nothing).  ``fp8_choice(block_scaled=True)`` picks fitting tiles itself.
@@ -194,5 +227,6 @@ __all__ = [
     "FP8_BLOCK_SCALED_TILE",
     "block_scaled_config",
     "few_rows_config",
+    "fast_accumulation_config",
     "fp8_choice",
 ]
