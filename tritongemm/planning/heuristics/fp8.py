@@ -36,15 +36,16 @@ tensorwise, with and without fast accumulation, 19 shapes from 16x4096x4096 to 8
 
 On the warp-specialized kernel the 128 x 128 tile runs on two 4-warp consumers that split its rows
 and run apart (the kernel's SPLIT_ROWS), where one 8-warp consumer's warpgroups wait for each other at
-every ring slot.  From ``benchmarks/results/h100/sweeps/fp8_split_rows.txt`` (the four tensorwise /
-rowwise, precise / fast recipes): 512 x 4096 x 4096 0.90 / 0.91 / 1.03 / 0.98 against one consumer's
-0.87 / 0.88 / 0.99 / 1.00, 256 x 5120 x 5120 0.77 / 0.94 / 0.85 / 0.97 against 0.77 / 0.90 / 0.84 /
-0.94.  Against 128 x 256 it wins only where 128 x 256 tiles leave the last wave part empty:
-1024 x 14336 x 4096 (448 wide tiles, 85% of 4 waves busy; 896 narrow ones, 97% of 7) 0.83 / 0.88 /
-0.97 / 0.97 against 0.79 / 0.85 / 0.87 / 0.90, 1024 x 18944 x 3584 (90% against 99.7%) 0.83 / 0.87 /
-1.02 / 0.96 against 0.83 / 0.87 / 0.96 / 0.92; where both fill their waves alike (1024-8192 rows by
-4096, 4096-8192 by 14336) it read 0.80-0.86 precise against 0.87-0.92: a 64 x 128 half waits for
-its short wgmma and adds its partial sums too often to keep up.
+every ring slot.  From ``benchmarks/results/h100/sweeps/fp8_split_rows.txt`` (CUDA-graph replays; the
+four tensorwise / rowwise, precise / fast recipes): 512 x 4096 x 4096 0.82 / 0.84 / 0.98 / 0.96 of torch
+against one consumer's 0.79 / 0.81 / 0.98 / 0.96.  Its first, eager-timed run (the file at commit
+ac7ceee) gave 256 x 5120 x 5120 0.77 / 0.94 / 0.85 / 0.97 against 0.77 / 0.90 / 0.84 / 0.94, and
+against 128 x 256 a win only where 128 x 256 tiles leave the last wave part empty: 1024 x 14336 x 4096
+(448 wide tiles, 85% of 4 waves busy; 896 narrow ones, 97% of 7) 0.83 / 0.88 / 0.97 / 0.97 against
+0.79 / 0.85 / 0.87 / 0.90, 1024 x 18944 x 3584 (90% against 99.7%) 0.83 / 0.87 / 1.02 / 0.96 against
+0.83 / 0.87 / 0.96 / 0.92.  Where both fill their waves alike (1024-8192 rows by 4096) it reads
+0.81-0.85 precise against 0.88-0.93 (graph-timed): a 64 x 128 half waits for its short wgmma and adds
+its partial sums too often to keep up.
 """
 
 from __future__ import annotations
@@ -159,12 +160,14 @@ def fast_accumulation_config(
     one 8-warp consumer, from ``FP8_FAST_SPLIT_TILES`` tiles, and what was changed (None: nothing).
 
     The cooperative consumer's warpgroups wait for each other at every ring slot they release; split,
-    neither does (``benchmarks/results/h100/sweeps/fp8_split_rows.txt``, H100): tensorwise 0.99 /
-    1.03 / 1.03 / 1.07 / 1.04 of torch at 4096x4096x4096, 8192x4096x4096, 4096x14336x4096,
-    8192x14336x4096 and 8192x8192x4096 against 0.97 / 0.98 / 0.99 / 0.99 / 1.00 cooperative; rowwise
-    1.01 / 1.00 / 0.93 / 0.91 / 0.93 against 0.99 / 0.97 / 0.94 / 0.90 / 0.94.  With fewer tiles
-    it lost (1024 x 4096 x 4096: 0.94 against 0.96; 256 x 14336 x 4096: 0.87 against 0.94), and
-    precise sums need a partial accumulator as large again, which 64 x 256 halves cannot hold."""
+    neither does (``benchmarks/results/h100/sweeps/fp8_split_rows.txt``, H100, CUDA-graph replays):
+    tensorwise / rowwise 1.035 / 1.002 of torch at 4096x4096x4096 and 1.032 / 0.993 at 8192x4096x4096
+    against 1.013 / 0.982 and 1.002 / 0.970 cooperative, 0.999 / 1.021 at 2048x4096x4096 (256 tiles)
+    against 0.967 / 0.991; with few tiles it loses (256x14336x4096, 112 tiles: 0.87 / 0.91 against
+    0.91 / 0.95).  The eager-timed run of the same sweep (the file at commit 0c9adc8) read tensorwise
+    1.03-1.07 against 0.98-1.00 on 4096-8192 x 14336 and 8192 x 8192.  Precise sums need a partial
+    accumulator as large again, which 64 x 256 halves cannot hold.
+    """
     bm, bn, warps, stages, subtile = FP8_WIDE_TILE
     wide = (cfg.kernel, cfg.block_m, cfg.block_n, cfg.num_warps, cfg.pingpong) == (
         "gluon_ws",
