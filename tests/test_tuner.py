@@ -852,6 +852,15 @@ def test_fp8_candidates_on_h100_take_128_byte_k_steps_on_the_warp_specialized_ke
     ws = [c for c in configs if c.kernel == "gluon_ws"]
     assert ws and all(c.block_k == 128 for c in ws)
     assert all(c.block_k in (64, 128, 256) for c in configs)
+    # Two fp8 consumers split a tile's rows: 128-row tiles only, 128x256 among them; bf16's take turns
+    # on whole tiles of at most 128x128.
+    split = {(c.block_m, c.block_n) for c in ws if c.pingpong}
+    assert split == {(128, 128), (128, 256)}, split
+    bf16 = candidate_configs(
+        GemmProblem(4096, 4096, 4096, dtype="bfloat16", layout="NT"), KNOWN_DEVICES["h100"]
+    )
+    turns = {(c.block_m, c.block_n) for c in bf16 if c.kernel == "gluon_ws" and c.pingpong}
+    assert turns == {(128, 128), (64, 128), (64, 256)}, turns
 
 
 def test_cli_takes_fp8_dtypes():

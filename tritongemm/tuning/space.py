@@ -35,6 +35,10 @@ WARP_SPECIALIZED_TILES = (
     (128, 128, 4, 5, True, False),
     (64, 128, 4, 6, True, False),
     (64, 256, 4, 4, True, False),
+    # fp8 only: two consumers splitting the rows of 128x128 (heuristics.fp8.FP8_SPLIT_TILE) and, fast
+    # accumulation, 128x256 (FP8_FAST_SPLIT_TILE); 64-row tiles cannot split (a wgmma is 64 rows)
+    (128, 128, 4, 6, True, False),
+    (128, 256, 4, 3, True, False),
     # widths that are not powers of two (two accumulators): heuristics.SPLIT_WIDTH_TILES
     (128, 192, 8, 4, False, False),
     (128, 160, 8, 5, False, False),
@@ -66,7 +70,9 @@ def candidate_configs(
        warpgroup on 128x128 or 64x128 at 6 stages, two cooperating on
        128x256 (3 stages, or 4 with the output staged in halves), and
        ping-pong consumers on 128x128, 64x128 and 64x256
-       (``benchmarks/results/h100/sweeps/pingpong_sweep.txt``), with a K step of 128 bytes.
+       (``benchmarks/results/h100/sweeps/pingpong_sweep.txt``), with a K step of 128 bytes;
+       for fp8, two consumers splitting the rows of 128x128 and 128x256 tiles instead
+       (``sweeps/fp8_split_rows.txt``).
     Then the ``max_configs`` best by a rough score (SM fill x operand reuse)
     are kept, and the heuristic's own choice is always among them.
     """
@@ -143,7 +149,11 @@ def candidate_configs(
     )  # never interprets
     if gluon and problem.batch == 1 and problem.k > 0:  # rule 7
         ws = dict(kernel="gluon_ws")
+        fp8 = problem.elem_size == 1
         for bm, bn, warps, stages, pingpong, subtile in WARP_SPECIALIZED_TILES:
+            rows = bm // 2 if pingpong and fp8 else bm  # (fp8's two consumers split a tile's rows)
+            if pingpong and (rows < 64 or rows * bn > 128 * 128):
+                continue  # a consumer's rows: a wgmma's 64 or more, at most 128x128 accumulators
             if bm <= cap_m and bn <= cap_n:  # rule 1
                 k_step = 128 // problem.elem_size  # 128 bytes of K, as wgmma reads it
                 cfg = TileConfig(
