@@ -97,6 +97,24 @@ def plan_of(recipe: str, a, b) -> str:
     return f"{chosen.kernel} {chosen.config.short()}"
 
 
+def checked(impls: dict, sets: list, ref: torch.Tensor, row: dict) -> dict:
+    """Each implementation's output on the first input set against ``ref`` (its ``_rel_err`` and
+    ``_status`` into ``row``); those within ``TOL``, each a call rotating over ``sets``, to be timed.
+    An implementation that raises (torch may not take a recipe) is recorded, not timed."""
+    live = {}
+    for name, fn in impls.items():
+        try:
+            err = relative_error(fn(*sets[0]).double(), ref)
+        except Exception as exc:
+            row[f"{name}_status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        row[f"{name}_rel_err"] = err
+        row[f"{name}_status"] = "ok" if err < TOL else "wrong"
+        if err < TOL:
+            live[name] = rotating(fn, sets)
+    return live
+
+
 def measure(m: int, n: int, k: int, recipe: str, device, gen, smoke: bool) -> dict:
     l2 = 1 if smoke else harness.l2_cache_bytes(device)
     copies = 1 if smoke else harness.copies_to_exceed_l2(m * k + n * k + 4 * (m + n) * (k // 128 + 1), l2)
@@ -116,17 +134,7 @@ def measure(m: int, n: int, k: int, recipe: str, device, gen, smoke: bool) -> di
     row = {"m": m, "n": n, "k": k, "recipe": recipe, "plan": plan_of(recipe, *sets[0][:2])}
     if alt is not None:
         row["alt_config"] = alt.short()
-    live = {}
-    for name, fn in impls.items():
-        try:
-            err = relative_error(fn(*sets[0]).double(), ref)
-        except Exception as exc:  # (torch may not take a recipe: recorded, not timed)
-            row[f"{name}_status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
-            continue
-        row[f"{name}_rel_err"] = err
-        row[f"{name}_status"] = "ok" if err < TOL else "wrong"
-        if err < TOL:
-            live[name] = rotating(fn, sets)
+    live = checked(impls, sets, ref, row)
     if smoke:
         return row
     times: dict[str, list[float]] = {name: [] for name in live}

@@ -39,11 +39,9 @@ import triton
 
 import tritongemm
 from tritongemm import TileConfig
-from tritongemm.testing import relative_error
 
 from . import harness
-from .gpu_check import rotating
-from .sweep_fp8_blockwise import FP8, OUT, TOL, reference, scales
+from .sweep_fp8_blockwise import FP8, OUT, checked, reference, scales
 
 SHAPES = (
     (256, 4096, 4096), (512, 4096, 4096), (1024, 4096, 4096), (2048, 4096, 4096), (4096, 4096, 4096),
@@ -139,17 +137,7 @@ def measure(m: int, n: int, k: int, recipe: str, fast: bool, device, gen) -> dic
     }
     for name, cfg in tiles.items():
         row[f"{name}_plan"] = planned(recipe, fast, *sets[0][:2], cfg)
-    live = {}
-    for name, fn in impls.items():
-        try:
-            err = relative_error(fn(*sets[0]).double(), ref)
-        except Exception as exc:  # (recorded, not timed)
-            row[f"{name}_status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
-            continue
-        row[f"{name}_rel_err"] = err
-        row[f"{name}_status"] = "ok" if err < TOL else "wrong"
-        if err < TOL:
-            live[name] = rotating(fn, sets)
+    live = checked(impls, sets, ref, row)
     times: dict[str, list[float]] = {name: [] for name in live}
     for r in range(ROUNDS):
         for name in list(live) if r % 2 == 0 else list(live)[::-1]:
