@@ -35,15 +35,16 @@ WARP_SPECIALIZED_TILES = (
     (128, 128, 4, 5, True, False),
     (64, 128, 4, 6, True, False),
     (64, 256, 4, 4, True, False),
-    # fp8 only: two consumers splitting the rows of 128x128 (heuristics.fp8.FP8_SPLIT_TILE) and, fast
-    # accumulation, 128x256 (FP8_FAST_SPLIT_TILE); 64-row tiles cannot split (a wgmma is 64 rows)
-    (128, 128, 4, 6, True, False),
-    (128, 256, 4, 3, True, False),
     # widths that are not powers of two (two accumulators): heuristics.SPLIT_WIDTH_TILES
     (128, 192, 8, 4, False, False),
     (128, 160, 8, 5, False, False),
     (128, 96, 4, 6, False, False),
 )
+
+
+#: fp8's two consumers split a tile's rows rather than take turns: instead of the ping-pong tiles above,
+#: 128x128 (heuristics.fp8.FP8_SPLIT_TILE) and, for fast accumulation, 128x256 (FP8_FAST_SPLIT_TILE).
+FP8_SPLIT_ROWS_TILES = ((128, 128, 4, 6, True, False), (128, 256, 4, 3, True, False))
 
 
 def candidate_configs(
@@ -150,10 +151,8 @@ def candidate_configs(
     if gluon and problem.batch == 1 and problem.k > 0:  # rule 7
         ws = dict(kernel="gluon_ws")
         fp8 = problem.elem_size == 1
-        for bm, bn, warps, stages, pingpong, subtile in WARP_SPECIALIZED_TILES:
-            rows = bm // 2 if pingpong and fp8 else bm  # (fp8's two consumers split a tile's rows)
-            if pingpong and (rows < 64 or rows * bn > 128 * 128):
-                continue  # a consumer's rows: a wgmma's 64 or more, at most 128x128 accumulators
+        tiles = [t for t in WARP_SPECIALIZED_TILES if not (fp8 and t[4])]
+        for bm, bn, warps, stages, pingpong, subtile in tiles + list(FP8_SPLIT_ROWS_TILES if fp8 else ()):
             if bm <= cap_m and bn <= cap_n:  # rule 1
                 k_step = 128 // problem.elem_size  # 128 bytes of K, as wgmma reads it
                 cfg = TileConfig(
