@@ -126,9 +126,10 @@ def test_fp8_model_trains_and_keeps_parameters_and_grads_in_the_models_dtype():
     assert abs(losses["fp8"] - losses["fp32"]) <= 0.05 * losses["fp32"], losses
 
 
-def test_autocast_output_in_autocast_dtype_and_grads_in_the_parameters_dtype():
+@pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
+def test_autocast_output_in_autocast_dtype_and_grads_in_the_parameters_dtype(recipe):
     device = device_for_kernels()
-    layer = tnn.convert(torch.nn.Linear(32, 48).to(device), precision="fp8")
+    layer = tnn.convert(torch.nn.Linear(32, 48).to(device), precision="fp8", recipe=recipe)
     x = torch.randn(16, 32, device=device, requires_grad=True)
     with torch.autocast(device.type, dtype=torch.bfloat16):
         y = layer(x)
