@@ -695,23 +695,44 @@ def _compile_inputs(device):
     return a, b, scale_a, scale_b, bias, residual
 
 
-def _fused(a, b, scale_a, scale_b, bias, residual):
+def fused_scaled_mm(a, b, scale_a, scale_b, bias, residual):
+    """``scaled_mm`` with every epilogue part, as the compile tests trace it (here and for block scales)."""
     return tritongemm.scaled_mm(
         a, b, scale_a, scale_b, bias=bias, activation="gelu_tanh", residual=residual, out_dtype=torch.bfloat16
     )
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_torch_compile_fullgraph_matches_eager(device, backend):
+def compiled_matches_eager(fused, inputs, backend):
+    """``fused`` compiled with ``fullgraph=True`` on ``backend``: no graph break, the eager result bit
+    for bit; returns the compiled result."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    inputs = _compile_inputs(device)
-    eager = _fused(*inputs)
-    compiled = torch.compile(lambda *t: _fused(*t), fullgraph=True, backend=backend)(*inputs)
+    eager = fused(*inputs)
+    compiled = torch.compile(lambda *t: fused(*t), fullgraph=True, backend=backend)(*inputs)
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert torch.equal(compiled, eager)
+    return compiled
+
+
+def assert_opcheck_passes(inputs):
+    """torch.library's checks of the custom op's fake kernel and registrations on ``inputs`` (test_schema
+    is left out: it compares the fp8 inputs before and after with torch.allclose, which CPU fp8 lacks)."""
+    a, b, scale_a, scale_b, bias, residual = inputs
+    args = (a, b, scale_a, scale_b, bias, torch.bfloat16, False, "silu", residual)
+    result = torch.library.opcheck(
+        torch.ops.tritongemm.scaled_mm.default,
+        args,
+        test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph_matches_eager(device, backend):
+    inputs = _compile_inputs(device)
+    compiled = compiled_matches_eager(fused_scaled_mm, inputs, backend)
     check(compiled, *inputs[:4], torch.bfloat16, bias=inputs[4], activation="gelu_tanh", residual=inputs[5])
 
 
@@ -730,7 +751,7 @@ def assert_traces_one_scaled_mm_op(fused, inputs):
 
 
 def test_torch_compile_traces_one_scaled_mm_op(device):
-    assert_traces_one_scaled_mm_op(_fused, _compile_inputs(device))
+    assert_traces_one_scaled_mm_op(fused_scaled_mm, _compile_inputs(device))
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, E4M3], ids=OUT_IDS.get)
@@ -749,16 +770,7 @@ def test_torch_compile_with_out_argument(device, out_dtype):
 
 
 def test_custom_op_opcheck(device):
-    """torch.library's checks of the fake kernel and the registrations.  (test_schema is left out:
-    it compares the fp8 inputs before and after with torch.allclose, which CPU fp8 lacks.)"""
-    a, b, scale_a, scale_b, bias, residual = _compile_inputs(device)
-    args = (a, b, scale_a, scale_b, bias, torch.bfloat16, False, "silu", residual)
-    result = torch.library.opcheck(
-        torch.ops.tritongemm.scaled_mm.default,
-        args,
-        test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
-    )
-    assert set(result.values()) == {"SUCCESS"}, result
+    assert_opcheck_passes(_compile_inputs(device))
 
 
 # ----------------------------------------------------------------------------------

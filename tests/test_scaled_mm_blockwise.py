@@ -32,8 +32,11 @@ from test_scaled_mm import (
     H100,
     OUT_IDS,
     TOL,
+    assert_opcheck_passes,
     assert_traces_one_scaled_mm_op,
+    compiled_matches_eager,
     dtype_pair_id,
+    fused_scaled_mm,
     operands,
     poisoned_outputs,  # noqa: F401  (autouse: every output tritongemm allocates starts as NaN)
     run_without_interpreter,
@@ -75,6 +78,13 @@ RECIPES = {
     "blockwise_128x128_1x128": (128, 1),
 }
 RECIPE_IDS = {name: name.removeprefix("blockwise_").replace("_", "-") for name in RECIPES}
+
+
+def recipes_fast_tier(fast: str) -> list:
+    """Every recipe as a parameter, ``fast`` in the default tier and the others under slow."""
+    return [pytest.param(r, id=RECIPE_IDS[r], marks=() if r == fast else pytest.mark.slow) for r in RECIPES]
+
+
 BLOCK = 128
 OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 #: (M, N, K): none a multiple of 128 or of a tile but 256; K = 300 (a ragged last scale block),
@@ -365,13 +375,7 @@ def test_a_scale_on_the_wrong_block_is_caught(device, recipe, swap):
     assert excess(ours_swapped, ref, bound, tol) > 100
 
 
-@pytest.mark.parametrize(
-    "recipe",
-    [
-        pytest.param(r, id=RECIPE_IDS[r], marks=() if r == "blockwise_1x128_128x128" else pytest.mark.slow)
-        for r in RECIPES
-    ],
-)
+@pytest.mark.parametrize("recipe", recipes_fast_tier("blockwise_1x128_128x128"))
 def test_scale_layouts_give_the_same_result(device, recipe):
     """Contiguous scales, torch's layouts and views with no unit stride (in a NaN buffer)."""
     a, b = operands(M_, N_, K_, (E4M3, E4M3), device)
@@ -386,13 +390,7 @@ def test_scale_layouts_give_the_same_result(device, recipe):
         assert torch.equal(results["sliced"], results["contiguous"])
 
 
-@pytest.mark.parametrize(
-    "recipe",
-    [
-        pytest.param(r, id=RECIPE_IDS[r], marks=() if r == "blockwise_1x128_1x128" else pytest.mark.slow)
-        for r in RECIPES
-    ],
-)
+@pytest.mark.parametrize("recipe", recipes_fast_tier("blockwise_1x128_1x128"))
 def test_scales_are_applied_per_block_not_once(device, recipe):
     """The scales multiply each block's products: all of them times 4 (exact) is the result times
     4, all ones is the unscaled product, which differs."""
@@ -619,13 +617,7 @@ def test_out_argument_strided_view(device):
     assert buf[:, 1::2].isnan().all(), "elements outside the out view were written"
 
 
-@pytest.mark.parametrize(
-    "recipe",
-    [
-        pytest.param(r, id=RECIPE_IDS[r], marks=() if r == "blockwise_128x128_1x128" else pytest.mark.slow)
-        for r in RECIPES
-    ],
-)
+@pytest.mark.parametrize("recipe", recipes_fast_tier("blockwise_128x128_1x128"))
 def test_fast_accum_on_and_off(device, recipe):
     """Both match float64; on the interpreter (no reduced-precision accumulator) bit for bit."""
     a, b = operands(M_, N_, K_, (E4M3, E4M3), device)
@@ -802,12 +794,6 @@ def _compile_inputs(device, recipe="blockwise_1x128_128x128"):
     return a, b, scale_a, scale_b, bias, residual
 
 
-def _fused(a, b, scale_a, scale_b, bias, residual):
-    return tritongemm.scaled_mm(
-        a, b, scale_a, scale_b, bias=bias, activation="gelu_tanh", residual=residual, out_dtype=torch.bfloat16
-    )
-
-
 @pytest.mark.parametrize(
     "backend, recipe",
     [
@@ -820,15 +806,8 @@ def _fused(a, b, scale_a, scale_b, bias, residual):
     + [pytest.param("inductor", "blockwise_1x128_128x128", id="inductor-1x128-128x128")],
 )  # fmt: skip
 def test_torch_compile_fullgraph_matches_eager(device, backend, recipe):
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
     inputs = _compile_inputs(device, recipe)
-    eager = _fused(*inputs)
-    compiled = torch.compile(lambda *t: _fused(*t), fullgraph=True, backend=backend)(*inputs)
-    assert not counters["graph_break"], dict(counters["graph_break"])
-    assert torch.equal(compiled, eager)
+    compiled = compiled_matches_eager(fused_scaled_mm, inputs, backend)
     check(
         compiled,
         *inputs[:4],
@@ -841,27 +820,20 @@ def test_torch_compile_fullgraph_matches_eager(device, backend, recipe):
 
 
 def test_torch_compile_traces_one_scaled_mm_op(device):
-    assert_traces_one_scaled_mm_op(_fused, _compile_inputs(device))
+    assert_traces_one_scaled_mm_op(fused_scaled_mm, _compile_inputs(device))
 
 
 def test_torch_compile_checks_block_scales_at_trace_time(device):
     torch._dynamo.reset()
     a, b, scale_a, scale_b, bias, residual = _compile_inputs(device)
     with pytest.raises(Exception, match="Invalid scaling configuration"):
-        torch.compile(_fused, fullgraph=True, backend="aot_eager")(
+        torch.compile(fused_scaled_mm, fullgraph=True, backend="aot_eager")(
             a, b, scale_a[:, :-1], scale_b, bias, residual
         )
 
 
 def test_custom_op_opcheck_with_block_scales(device):
-    a, b, scale_a, scale_b, bias, residual = _compile_inputs(device)
-    args = (a, b, scale_a, scale_b, bias, torch.bfloat16, False, "silu", residual)
-    result = torch.library.opcheck(
-        torch.ops.tritongemm.scaled_mm.default,
-        args,
-        test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
-    )
-    assert set(result.values()) == {"SUCCESS"}, result
+    assert_opcheck_passes(_compile_inputs(device))
 
 
 # ----------------------------------------------------------------------------------

@@ -122,9 +122,10 @@ class GluonLauncher:
         self.a_desc, a_row_major = descriptor(a2, block_m, cfg.block_k, a_cga)
         self.b_desc, b_row_major = descriptor(b2, cfg.block_k, bn, b_cga)
         consumers = 2 if cfg.pingpong else 1
-        # fp8 on two consumers: they split each tile's rows, each storing its half (the kernel's SPLIT_ROWS).
-        split_rows = consumers > 1 and a2.dtype.itemsize == 1
-        self.c_desc, _ = descriptor(c2, block_m // 2 if split_rows else block_m, bn, c_cga)
+        # (two consumers splitting each tile's rows store a half each)
+        self.c_desc, _ = descriptor(
+            c2, block_m // 2 if cfg.splits_rows(a2.dtype.itemsize) else block_m, bn, c_cga
+        )
         self.b2_desc = descriptor(b2, cfg.block_k, bn2, b_cga)[0] if split else self.b_desc
         self.c2_desc = descriptor(c2, block_m, bn2, c_cga)[0] if split else self.c_desc
         finishers = epilogue_warps(call, cfg)

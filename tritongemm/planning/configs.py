@@ -137,6 +137,11 @@ class TileConfig:
         rows = self.block_k if self.kernel == "gemv" else self.block_m
         return rows * self.block_n // (32 * self.num_warps)
 
+    def splits_rows(self, elem_size: int) -> bool:
+        """Do two consumers split each tile's rows (the Gluon kernel's SPLIT_ROWS: fp8 ping-pong), each
+        holding and staging half the tile, rather than take whole tiles in turn?"""
+        return self.pingpong and elem_size == 1
+
     def smem_bytes(self, elem_size: int) -> int:
         """Shared memory: one A and one B tile per stage (+ the TMA store's staging tile)."""
         stages = max(self.num_stages, 1)
@@ -146,7 +151,7 @@ class TileConfig:
         # the TMA store stages C (or half of it; one per ping-pong consumer) in shared memory
         if self.uses_tma:
             epilogue = self.block_m * self.block_n * elem_size // (2 if self.epilogue_subtile else 1)
-            epilogue *= 2 if self.pingpong and elem_size != 1 else 1  # (fp8's two consumers: half each)
+            epilogue *= 2 if self.pingpong and not self.splits_rows(elem_size) else 1
         return mainloop + epilogue
 
     def accumulator_registers(self, acc_size: int = 4) -> int:
@@ -295,7 +300,7 @@ class TileConfig:
                 f"by {smem - device.smem_per_block} B"
             )
         regs = self.accumulator_registers(acc_size)
-        if self.pingpong and elem_size == 1:  # fp8's two consumers split each tile's rows
+        if self.splits_rows(elem_size):
             regs //= 2
         if regs > ACCUMULATOR_REGISTER_BUDGET:
             raise ConfigError(

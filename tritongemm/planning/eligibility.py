@@ -184,8 +184,7 @@ def warp_specialized_shared_bytes(cfg, elem_size: int = 2, out_size: int | None 
     per slot.
     ``out_size``: C's element size where it differs from the operands' (fp8 in, bf16 out)."""
     ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem_size
-    # (fp8's two consumers split each tile's rows, each staging half a tile)
-    out_tiles = 2 if cfg.pingpong and elem_size != 1 else 1
+    out_tiles = 2 if cfg.pingpong and not cfg.splits_rows(elem_size) else 1
     out_size = elem_size if out_size is None else out_size
     out_tile = cfg.block_m * cfg.block_n * out_size // (2 if cfg.epilogue_subtile else 1)
     barriers = 16 if cfg.cluster_m * cfg.cluster_n == 1 else 24  # (a cluster's slots have a third)
@@ -241,7 +240,7 @@ def warp_specialized_unsupported_reason(
             f"the warp-specialized kernel needs num_warps 4 or 8, block_m a multiple of 16 x num_warps "
             f"and a K step of 128 bytes (block_k {128 // dtype.itemsize}; got {cfg.short()})"
         )
-    split_rows = fp8 and cfg.pingpong  # (fp8's two consumers split each tile's rows: the kernel's SPLIT_ROWS)
+    split_rows = cfg.splits_rows(dtype.itemsize)
     if split_rows and (cfg.block_m < 128 or cfg.accumulator_widths[1] or cfg.stream_k):
         return (
             f"fp8's two consumers each take half of a tile's rows: block_m 128 or more (a wgmma's 64 rows "
