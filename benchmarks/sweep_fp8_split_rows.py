@@ -87,6 +87,10 @@ TILES = {
 }
 
 
+def recipe_name(recipe: str, fast: bool) -> str:
+    return recipe + ("+fast" if fast else "")
+
+
 def tiles_for(recipe: str, fast: bool) -> dict[str, TileConfig]:
     return TILES["block" if recipe == BLOCKWISE else "fast" if fast else "precise"]
 
@@ -170,7 +174,7 @@ def table(rows: list[dict]) -> str:
         + "  rule's plan"
     ]
     for r in rows:
-        recipe = r["recipe"] + ("+fast" if r["fast_accum"] else "")
+        recipe = recipe_name(r["recipe"], r["fast_accum"])
         cells = [
             (format(r[f"{n}_ratio"], ".3f") + ("*" if r.get(f"{n}_timer") == "eager" else ""))
             if f"{n}_ratio" in r
@@ -193,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=".", help="folder for fp8_split_rows.json and .txt")
     parser.add_argument("--shapes", default=None, help="comma-separated MxNxK (default: the sweep's)")
+    parser.add_argument(
+        "--recipes",
+        default=None,
+        help="comma-separated recipes, '+fast' for fast accumulation (default: all): "
+        + ",".join(recipe_name(r, f) for r, f in RECIPES),
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print(
@@ -207,9 +217,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = harness.environment(device)
-    jobs = [(shape, recipe) for shape in shapes for recipe in RECIPES]
+    recipes = RECIPES
+    if args.recipes:
+        wanted = args.recipes.split(",")
+        unknown = sorted(set(wanted) - {recipe_name(r, f) for r, f in RECIPES})
+        if unknown:
+            parser.error(f"unknown recipes {unknown}")
+        recipes = tuple(rf for rf in RECIPES if recipe_name(*rf) in wanted)
+    jobs = [(shape, recipe) for shape in shapes for recipe in recipes]
     for i, ((m, n, k), (recipe, fast)) in enumerate(jobs, 1):
-        print(f"[{i}/{len(jobs)}] {m}x{n}x{k} {recipe}{'+fast' if fast else ''}", file=sys.stderr, flush=True)
+        print(f"[{i}/{len(jobs)}] {m}x{n}x{k} {recipe_name(recipe, fast)}", file=sys.stderr, flush=True)
         rows.append(measure(m, n, k, recipe, fast, device, gen))
         # (written as it goes: a run cut short keeps what it measured)
         (out / "fp8_split_rows.json").write_text(

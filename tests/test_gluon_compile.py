@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -186,9 +187,39 @@ def compiled_facts(*args) -> tuple[str, int]:
     """(PTX, shared-memory bytes) of ``compile_kernel(*args)``, compiled in a fresh process where this one
     may have run Triton's interpreter: an interpreted launch patches ``triton.language`` in its process,
     and a compile there would build on the interpreter's builder."""
+    ptx, shared, _ = compiled(args)
+    return ptx, shared
+
+
+def disassembled(cubin_hex: str) -> str:
+    """The SASS of a cubin (as ``compiled``'s hex), from the cuobjdump Triton bundles."""
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernel.cubin"
+        path.write_bytes(bytes.fromhex(cubin_hex))
+        done = subprocess.run(
+            [str(cuobjdump), "-sass", str(path)], capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def wgmma_pipeline(sass: str) -> tuple[int, int, int]:
+    """(wgmma instructions, waits for none in flight, waits leaving one in flight) in ``sass``.  ptxas
+    serializes a kernel's wgmma where an instruction could touch registers a wgmma in flight writes
+    (info C7514/C7515): then every wgmma is followed by a wait for none in flight."""
+    return (
+        len(re.findall(r"\b[HQI]GMMA\.", sass)),
+        sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x0"),
+        sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1"),
+    )
+
+
+def compiled(args) -> tuple[str, int, str]:
+    """(PTX, shared-memory bytes, cubin in hex) of ``compile_kernel(*args)`` (see ``compiled_facts``)."""
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         compiled = compile_kernel(*args)
-        return compiled.asm["ptx"], compiled.metadata.shared
+        return compiled.asm["ptx"], compiled.metadata.shared, compiled.asm["cubin"].hex()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
         "import importlib.util, json, sys\n"
@@ -196,7 +227,7 @@ def compiled_facts(*args) -> tuple[str, int]:
         "mod = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(mod)\n"
         "compiled = mod.compile_kernel(*json.loads(sys.argv[2]))\n"
-        "print(json.dumps([compiled.asm['ptx'], compiled.metadata.shared]))\n"
+        "print(json.dumps([compiled.asm['ptx'], compiled.metadata.shared, compiled.asm['cubin'].hex()]))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, __file__, json.dumps(args)],
@@ -207,8 +238,8 @@ def compiled_facts(*args) -> tuple[str, int]:
     )
     if done.returncode:
         raise AssertionError(f"compiling {args} failed:\n{done.stderr[-4000:]}")
-    ptx, shared = json.loads(done.stdout.splitlines()[-1])
-    return ptx, shared
+    ptx, shared, cubin = json.loads(done.stdout.splitlines()[-1])
+    return ptx, shared, cubin
 
 
 CASES = [
@@ -441,6 +472,7 @@ def test_launcher_binds_every_kernel_argument_and_describes_each_operand_as_stor
 FP8_CASES = [
     (128, 128, 128, 4, 8, 1, "bf16", "rowwise", 128, "none"),  # 128 x 256 subtiled, precise sums
     (128, 128, 0, 6, 8, 1, "bf16", "tensorwise", None, "gelu"),  # fast accumulation, bias + GELU
+    (128, 128, 0, 6, 8, 1, "bf16", "tensorwise", 128, "none"),  # precise, one 8-warp consumer
     (64, 128, 0, 6, 4, 1, "fp32", "rowwise", 128, "none"),  # fp32 out
     (128, 128, 0, 6, 4, 2, "bf16", "rowwise", 128, "none"),  # two consumers on the rows' halves, precise
     (128, 128, 0, 5, 4, 2, "bf16", "rowwise", None, "none"),  # the same, fast accumulation
@@ -457,12 +489,21 @@ FP8_CASES = [
 def test_fp8_compiles_to_e4m3_wgmma_with_scales_in_the_epilogue(case):
     bm, bn, bn2, stages, warps, consumers, out, scaling, imprecise, activation = case
     subtile = bn2 == bn
-    ptx, smem = compiled_facts(
+    ptx, smem, cubin = compiled((
         "fp8e4nv", bm, bn, 128, stages, True, False, warps, activation, False, consumers, bn2, False,
         subtile, 1, 1, out, scaling, imprecise,
-    )  # fmt: skip
+    ))  # fmt: skip
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bn}k32\.f32\.e4m3\.e4m3", ptx), "no fp8 wgmma"
     assert ".local" not in ptx, "the accumulators spill"
+    wgmmas, drained, one_in_flight = wgmma_pipeline(disassembled(cubin))
+    assert drained < wgmmas, (
+        f"ptxas serialized the wgmma ({drained} waits for none in flight, {wgmmas} wgmma)"
+    )
+    # Precise sums on 64-float accumulators add each K-step's partial under the next step's wgmma.
+    deferred = (
+        imprecise is not None and bn2 == 0 and (bm // consumers) * bn // (32 * warps // consumers) <= 64
+    )
+    assert one_in_flight > 0 or not deferred, "precise partial sums are added with no wgmma in flight"
     # The scales are read in the epilogue: one per tile (tensorwise) or a vector per row / column.
     assert ptx.count("ld.global") >= 2
     if consumers == 2:  # fp8's two consumers split each tile's rows: each releases slots and stores its half

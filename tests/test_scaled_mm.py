@@ -791,7 +791,7 @@ def warp_specialized_fp8_unavailable() -> str | None:
     return None
 
 
-def gpu_plan(m, n, k, gpu, b_layout, out_dtype=torch.bfloat16):
+def gpu_plan(m, n, k, gpu, b_layout, out_dtype=torch.bfloat16, fast_accumulation=False):
     """What ``plan`` chooses for an fp8 problem on ``gpu`` (shapes and strides only: meta tensors)."""
     a = torch.empty(m, k, dtype=E4M3, device="meta")
     b = (
@@ -801,8 +801,9 @@ def gpu_plan(m, n, k, gpu, b_layout, out_dtype=torch.bfloat16):
     )
     c = torch.empty(m, n, dtype=out_dtype, device="meta")
     return plan(
-        problem_of(a, b), gpu, NO_REQUEST, Operand.of(a), Operand.of(b), Operand.of(c), E4M3, out_dtype
-    )
+        problem_of(a, b), gpu, NO_REQUEST, Operand.of(a), Operand.of(b), Operand.of(c), E4M3, out_dtype,
+        fast_accumulation=fast_accumulation,
+    )  # fmt: skip
 
 
 PLAN_SHAPES = [
@@ -875,25 +876,39 @@ def test_more_rows_than_one_wave_of_64x64_tiles_take_the_warp_specialized_kernel
         assert cfg.block_k == 128
 
 
+SPLIT_128 = (128, 128, 4, True, False)  # two 4-warp consumers on the halves of its rows
+WIDE_128x256 = (128, 256, 8, False, True)  # one 8-warp consumer, staged in halves
+
+
 @pytest.mark.parametrize(
-    "m, n, k, tile",
+    "m, n, k, fast_tile",
     [
         (256, 4096, 4096, (64, 128, 4, False, False)),  # 64 tiles of 128x128: at most half the SMs
-        (512, 4096, 4096, (128, 128, 4, True, False)),  # 64 of 128x256: under 3/4 of the SMs
-        (1024, 14336, 4096, (128, 128, 4, True, False)),  # 128x256 keeps 85% busy, 128x128 97%
-        (1024, 18944, 3584, (128, 128, 4, True, False)),  # 90% against 99.7%
-        (1024, 4096, 4096, (128, 256, 8, False, True)),  # 128 wide tiles: 97% busy
-        (512, 14336, 4096, (128, 256, 8, False, True)),  # 85% either way
-        (8192, 14336, 4096, (128, 256, 8, False, True)),
+        (512, 4096, 4096, SPLIT_128),  # 64 of 128x256: under 3/4 of the SMs
+        (1024, 14336, 4096, SPLIT_128),  # 128x256 keeps 85% busy, 128x128 97%
+        (1024, 18944, 3584, SPLIT_128),  # 90% against 99.7%
+        (1024, 4096, 4096, WIDE_128x256),  # 128 wide tiles: 97% busy
+        (512, 14336, 4096, WIDE_128x256),  # 85% either way
+        (2048, 14336, 4096, (128, 256, 4, True, False)),  # 896 wide tiles: split (128 rows in halves)
     ],
 )
-def test_more_rows_tiles(m, n, k, tile):
-    """fp8 past the few-rows rules on sm_90 (heuristics/fp8.py): 128x128 tiles on two 4-warp consumers
-    splitting its rows where 128x256 tiles would leave SMs idle, else 128x256 on 8 warps, staged in
-    halves; on other GPUs the pointer kernel, whose 128-row tiles take 8 warps."""
-    cfg = gpu_plan(m, n, k, H100, "col").config
-    assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.pingpong, cfg.epilogue_subtile) == tile
-    assert cfg.block_k == 128
+def test_more_rows_tiles(m, n, k, fast_tile):
+    """fp8 past the few-rows rules on sm_90 (heuristics/fp8.py).  Precise sums: 128x128 tiles on two
+    4-warp consumers splitting its rows, except where 64x128 tiles on one consumer fill under half the
+    SMs.  Fast accumulation: that split tile where 128x256 tiles would leave SMs idle, else 128x256 (on
+    two consumers from many tiles).  On other GPUs the pointer kernel, whose 128-row tiles take 8 warps."""
+    precise = gpu_plan(m, n, k, H100, "col").config
+    fast = gpu_plan(m, n, k, H100, "col", fast_accumulation=True).config
+    narrow = fast_tile[0] == 64
+    assert (
+        precise.block_m,
+        precise.block_n,
+        precise.num_warps,
+        precise.pingpong,
+        precise.epilogue_subtile,
+    ) == (fast_tile if narrow else SPLIT_128)
+    assert (fast.block_m, fast.block_n, fast.num_warps, fast.pingpong, fast.epilogue_subtile) == fast_tile
+    assert precise.block_k == fast.block_k == 128
     elsewhere = gpu_plan(m, n, k, A100, "col").config  # (108 SMs: its own count of tiles)
     assert elsewhere.kernel == "pointer" and not elsewhere.pingpong
     assert elsewhere.num_warps == (4 if elsewhere.block_m == 64 else 8)
@@ -910,8 +925,8 @@ def test_more_rows_tiles(m, n, k, tile):
 )
 def test_fast_accumulation_splits_the_wide_tiles_rows_from_many_tiles(m, n, k, split):
     """With ``use_fast_accum`` and at least ``FP8_FAST_SPLIT_TILES`` tiles of 128x256, the wide tile
-    runs on two 4-warp consumers splitting its rows (3 stages, not staged in halves); precise sums,
-    bf16 and fewer tiles keep the heuristic's tile."""
+    runs on two 4-warp consumers splitting its rows (3 stages, not staged in halves); fewer tiles keep
+    the heuristic's tile, and bf16 is untouched by either accumulation's rule."""
     a = torch.empty(m, k, dtype=E4M3, device="meta")
     b = torch.empty(n, k, dtype=E4M3, device="meta").t()
     c = torch.empty(m, n, dtype=torch.bfloat16, device="meta")
@@ -922,9 +937,10 @@ def test_fast_accumulation_splits_the_wide_tiles_rows_from_many_tiles(m, n, k, s
     if split:
         assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (128, 256, 4, 3)
         assert cfg.pingpong and not cfg.epilogue_subtile and "fast accumulation" in fast.source
-        assert (precise.config.num_warps, precise.config.pingpong) == (8, False)
     else:
-        assert cfg == precise.config and "fast accumulation" not in fast.source
+        assert "fast accumulation" not in fast.source
+    # Precise sums take the 128x128 split tile instead of 128x256, from the rule's tile either way.
+    assert (precise.config.block_n, precise.config.num_warps, precise.config.pingpong) == (128, 4, True)
     bf16 = [torch.empty(s, dtype=torch.bfloat16, device="meta") for s in ((m, k), (n, k), (m, n))]
     ops16 = (Operand.of(bf16[0]), Operand.of(bf16[1].t()), Operand.of(bf16[2]))
     problem16 = problem_of(bf16[0], bf16[1].t())

@@ -77,6 +77,7 @@ from .gluon_common import (
     block_scales,
     cluster_layouts,
     cta_barrier,
+    deferred_mainloop,
     fence_async_shared,
     free_slot,
     gl,
@@ -192,6 +193,20 @@ def consumer(
         BLOCK_M, BLOCK_N2 if BLOCK_N2 > 0 else BLOCK_N, gl.num_warps(), CLUSTER_M, CLUSTER_N, INSTR_K
     )
     TILE_N: gl.constexpr = tile_width(BLOCK_N, BLOCK_N2, GATED)
+    # Precise fp8 sums are added into fp32 once a K-step, from a partial accumulator that must retire
+    # first.  Where three accumulators fit the registers (64 floats a thread or fewer), each step's
+    # partial is added one step late, under the next step's wgmma (``deferred_mainloop``), so the tensor
+    # cores keep one wgmma of this consumer in flight instead of idling while it waits and adds.
+    # Otherwise Triton's max_num_imprecise_acc adds it, with a wait ptxas puts before the add.
+    DEFER_PROMOTION: gl.constexpr = (
+        SCALE_BLOCK_A == 0
+        and MAX_IMPRECISE_ACC is not None
+        and MAX_IMPRECISE_ACC >= BLOCK_K
+        and ROWS * BLOCK_N // (gl.num_warps() * 32) <= 64
+        and NUM_STAGES > 1
+        and BLOCK_N2 == 0
+        and not STREAM_K
+    )
     # One K-step's wgmma (one per accumulator) left in flight needs a second slot to load into meanwhile.
     IN_FLIGHT: gl.constexpr = 1 if NUM_STAGES > 1 and SCALE_BLOCK_A == 0 else 0
     gl.static_assert(SCALE_BLOCK_A == 0 or BLOCK_N2 == 0, "block-scaled fp8 runs one accumulator")
@@ -220,33 +235,38 @@ def consumer(
             scales = block_scales(
                 epi, row0, pid_n * TILE_N, 0, k_tiles, acc_layout, ROWS, BLOCK_N, SCALE_BLOCK_A, SCALE_BLOCK_B
             )  # fmt: skip
-        for ki in range(k_tiles):
-            slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
-            if SPLIT_ROWS:
-                a = a.slice(CONSUMER * ROWS, ROWS)
-            if SCALE_BLOCK_A > 0:
-                acc, scales = block_scaled_mma(
-                    a, b, acc, scales, epi, row0, pid_n * TILE_N, ki, k_tiles, SCALE_BLOCK_A, SCALE_BLOCK_B
-                )  # fmt: skip
-            else:
-                acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
-            if BLOCK_N2 > 0:
-                b2 = b2_ring.index(slot)
-                if not B_ROW_MAJOR:
-                    b2 = b2.permute((1, 0))
-                acc2 = mma(a, b2, acc2, MAX_IMPRECISE_ACC)
-                acc, acc2 = warpgroup_mma_wait(IN_FLIGHT * WGMMAS, deps=(acc, acc2))
-            elif SCALE_BLOCK_A == 0:
-                acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
-            release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES, CLUSTERED)
-            step += 1
+        if DEFER_PROMOTION:
+            acc, step = deferred_mainloop(
+                ring, acc, step, k_tiles, CONSUMER * ROWS, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, CLUSTERED
+            )  # fmt: skip
+        else:
+            for ki in range(k_tiles):
+                slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
+                if SPLIT_ROWS:
+                    a = a.slice(CONSUMER * ROWS, ROWS)
+                if SCALE_BLOCK_A > 0:
+                    acc, scales = block_scaled_mma(
+                        a, b, acc, scales, epi, row0, pid_n * TILE_N, ki, k_tiles, SCALE_BLOCK_A, SCALE_BLOCK_B
+                    )  # fmt: skip
+                else:
+                    acc = mma(a, b, acc, MAX_IMPRECISE_ACC)
+                if BLOCK_N2 > 0:
+                    b2 = b2_ring.index(slot)
+                    if not B_ROW_MAJOR:
+                        b2 = b2.permute((1, 0))
+                    acc2 = mma(a, b2, acc2, MAX_IMPRECISE_ACC)
+                    acc, acc2 = warpgroup_mma_wait(IN_FLIGHT * WGMMAS, deps=(acc, acc2))
+                elif SCALE_BLOCK_A == 0:
+                    acc = warpgroup_mma_wait(IN_FLIGHT, deps=(acc,))
+                release_slot(ring, step, slot, ki > 0, IN_FLIGHT, NUM_STAGES, CLUSTERED)
+                step += 1
         if TAKES_TURNS:
             mbarrier.arrive(turn.index((CONSUMER + 1) % CONSUMERS))  # every wgmma of this tile is issued
         if BLOCK_N2 > 0:
             acc, acc2 = warpgroup_mma_wait(0, deps=(acc, acc2))
-        elif SCALE_BLOCK_A == 0:
+        elif SCALE_BLOCK_A == 0 and not DEFER_PROMOTION:
             acc = warpgroup_mma_wait(0, deps=(acc,))
-        if IN_FLIGHT:
+        if IN_FLIGHT and not DEFER_PROMOTION:  # (the deferred loop released every slot)
             free_slot(ring, (step + NUM_STAGES - 1) % NUM_STAGES, k_tiles > 0, CLUSTERED)
 
         off_m = row0

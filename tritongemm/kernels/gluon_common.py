@@ -250,14 +250,107 @@ def block_scaled_mma(
         SCALE_BLOCK_A, SCALE_BLOCK_B,
     )  # fmt: skip
     part = warpgroup_mma_wait(0, deps=(part,))
-    sa, sb = scales
-    if SCALE_BLOCK_A == 1 and SCALE_BLOCK_B == 1:
-        acc = acc + part * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
-    elif SCALE_BLOCK_A == 1:  # one scale for the tile's columns: one FMA an element
-        acc = acc + part * gl.expand_dims(sa * sb, 1)
+    return promote(acc, part, scales, SCALE_BLOCK_A, SCALE_BLOCK_B), following
+
+
+@gluon.jit
+def promote(acc, part, scales, SCALE_BLOCK_A: gl.constexpr, SCALE_BLOCK_B: gl.constexpr):
+    """``acc + part``: one K-step's partial sum added into the fp32 accumulator, with block scales
+    (``SCALE_BLOCK_A > 0``) times its rows' and columns' ``scales`` (``block_scales``)."""
+    if SCALE_BLOCK_A == 0:
+        acc = acc + part
     else:
-        acc = acc + part * gl.expand_dims(sb * sa, 0)
-    return acc, following
+        sa, sb = scales
+        if SCALE_BLOCK_A == 1 and SCALE_BLOCK_B == 1:
+            acc = acc + part * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
+        elif SCALE_BLOCK_A == 1:  # one scale for the tile's columns: one FMA an element
+            acc = acc + part * gl.expand_dims(sa * sb, 1)
+        else:
+            acc = acc + part * gl.expand_dims(sb * sa, 0)
+    return acc
+
+
+@gluon.jit
+def partial_product(
+    ring,
+    step,
+    row_offset,
+    acc,
+    NUM_STAGES: gl.constexpr,
+    A_ROW_MAJOR: gl.constexpr,
+    B_ROW_MAJOR: gl.constexpr,
+):
+    """Issue ring step ``step``'s wgmma into fresh registers of ``acc``'s shape (rows ``row_offset`` on of
+    A's slot); returns the in-flight partial product."""
+    _, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
+    if a.shape[0] != acc.shape[0]:
+        a = a.slice(row_offset, acc.shape[0])
+    layout: gl.constexpr = acc.type.layout
+    zero = gl.zeros(acc.shape, gl.float32, layout)
+    return warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def deferred_mainloop(
+    ring,
+    acc,
+    step,
+    k_tiles,
+    row_offset,
+    NUM_STAGES: gl.constexpr,
+    A_ROW_MAJOR: gl.constexpr,
+    B_ROW_MAJOR: gl.constexpr,
+    CLUSTERED: gl.constexpr,
+):
+    """A tile's K loop for fp8 sums added into fp32 every K-step (precise sums), one step late: step k's
+    wgmma runs into partial registers of its own while step k-1's retires and is added, so the tensor
+    cores do not wait on the adds.  Returns (acc, the next ring step).  ``k_tiles`` > 0.
+
+    Two sets of partial registers alternate, two steps a trip, so no partial moves between sets: ptxas
+    serializes every wgmma of the kernel if an instruction reads registers that a wgmma in flight
+    writes, and a move of the in-flight set would.  Each step's slot is released once it has retired."""
+    pb = partial_product(ring, step, row_offset, acc, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)  # step 0: set B
+    pb = warpgroup_mma_wait(1, deps=(pb,))  # (waits for nothing: a loop-carried value is a tensor)
+    step += 1
+    for _ in range(1, k_tiles - 1, 2):  # two steps: set A, then set B
+        pa = partial_product(ring, step, row_offset, acc, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
+        acc, pa = add_retired(ring, acc, pb, pa, step - 1, NUM_STAGES, CLUSTERED)
+        step += 1
+        pb = partial_product(ring, step, row_offset, acc, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
+        acc, pb = add_retired(ring, acc, pa, pb, step - 1, NUM_STAGES, CLUSTERED)
+        step += 1
+    # The last one or two steps.  Each branch drains its own sets: a set still in flight where the
+    # branches join would be moved.
+    if k_tiles % 2 == 0:
+        pa = partial_product(ring, step, row_offset, acc, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
+        acc, pa = add_retired(ring, acc, pb, pa, step - 1, NUM_STAGES, CLUSTERED)
+        step += 1
+        acc, pa = add_retired(ring, acc, pa, pa, step - 1, NUM_STAGES, CLUSTERED, LAST=True)
+    else:
+        acc, pb = add_retired(ring, acc, pb, pb, step - 1, NUM_STAGES, CLUSTERED, LAST=True)
+    return acc, step
+
+
+@gluon.jit
+def add_retired(
+    ring,
+    acc,
+    done,
+    issued,
+    done_step,
+    NUM_STAGES: gl.constexpr,
+    CLUSTERED: gl.constexpr,
+    LAST: gl.constexpr = False,
+):
+    """Wait for partial ``done`` (ring step ``done_step``), release its slot and add it into ``acc``;
+    ``issued``, issued after it, stays in flight (LAST: none was, ``issued`` is ``done``)."""
+    if LAST:
+        done = warpgroup_mma_wait(0, deps=(done,))
+        issued = done
+    else:
+        done, issued = warpgroup_mma_wait(1, deps=(done, issued))
+    free_slot(ring, done_step % NUM_STAGES, True, CLUSTERED)
+    return acc + done, issued
 
 
 @gluon.jit

@@ -28,7 +28,7 @@ from .eligibility import (
     warp_specialized_shared_bytes,
     warp_specialized_unsupported_reason,
 )
-from .heuristics.fp8 import block_scaled_config, fast_accumulation_config, fp8_choice
+from .heuristics.fp8 import accumulation_config, block_scaled_config, fp8_choice
 from .problem import GemmProblem
 from .selection import select
 from .unaligned import elementwise_tile, padding_estimate
@@ -117,8 +117,8 @@ def plan(
     ``block_scaled``: fp8 operands with a scale per block of K (``call.BLOCK_SCALINGS``);
     ``fast_accumulation``: fp8 products summed without promotion (``use_fast_accum``)."""
     chosen, source = select(problem, device, request)
-    if fast_accumulation and dtype in FP8_DTYPES and not block_scaled and source.startswith("heuristic"):
-        chosen, why = fast_accumulation_config(chosen, problem, device)
+    if dtype in FP8_DTYPES and not block_scaled and source.startswith("heuristic"):
+        chosen, why = accumulation_config(chosen, problem, device, fast_accumulation)
         if why:
             source += f"; {why}"
     if block_scaled:

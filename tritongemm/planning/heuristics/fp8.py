@@ -36,16 +36,14 @@ tensorwise, with and without fast accumulation, 19 shapes from 16x4096x4096 to 8
 
 On the warp-specialized kernel the 128 x 128 tile runs on two 4-warp consumers that split its rows
 and run apart (the kernel's SPLIT_ROWS), where one 8-warp consumer's warpgroups wait for each other at
-every ring slot.  From ``benchmarks/results/h100/sweeps/fp8_split_rows.txt`` (CUDA-graph replays; the
-four tensorwise / rowwise, precise / fast recipes): 512 x 4096 x 4096 0.82 / 0.84 / 0.98 / 0.96 of torch
-against one consumer's 0.79 / 0.81 / 0.98 / 0.96.  Its first, eager-timed run (the file at commit
-ac7ceee) gave 256 x 5120 x 5120 0.77 / 0.94 / 0.85 / 0.97 against 0.77 / 0.90 / 0.84 / 0.94, and
-against 128 x 256 a win only where 128 x 256 tiles leave the last wave part empty: 1024 x 14336 x 4096
-(448 wide tiles, 85% of 4 waves busy; 896 narrow ones, 97% of 7) 0.83 / 0.88 / 0.97 / 0.97 against
-0.79 / 0.85 / 0.87 / 0.90, 1024 x 18944 x 3584 (90% against 99.7%) 0.83 / 0.87 / 1.02 / 0.96 against
-0.83 / 0.87 / 0.96 / 0.92.  Where both fill their waves alike (1024-8192 rows by 4096) it reads
-0.81-0.85 precise against 0.88-0.93 (graph-timed): a 64 x 128 half waits for its short wgmma and adds
-its partial sums too often to keep up.
+every ring slot.  With precise sums each half adds a K-step's partial sum under its next wgmma (the
+kernel's deferred promotion), which makes it the precise choice wherever 128 x 256 was
+(``accumulation_config``).  Without that, the add followed its own wgmma (Triton's
+``max_num_imprecise_acc``) and ptxas serialized every wgmma of the kernel: the split tile read 0.81-0.85
+of torch where 128 x 256 read 0.88-0.93, and won only where 128 x 256 tiles leave the last wave part
+empty (``sweeps/fp8_split_rows.txt`` at commit e3fad58, CUDA-graph replays: 1024 x 14336 x 4096, 448
+wide tiles 85% busy over 4 waves, 896 narrow ones 97% over 7; the rule ``SPLIT_WAVE_GAIN`` keeps for
+fast accumulation).
 """
 
 from __future__ import annotations
@@ -67,7 +65,7 @@ FP8_WIDE_TILE = (128, 256, 8, 4, True)
 #: 128 x 128 tiles instead of 128 x 256 where they keep the SMs this much busier over their waves.
 SPLIT_WAVE_GAIN = 0.05
 #: Fast accumulation from this many 128 x 256 tiles (about 4 waves on an H100): the wide tile on two
-#: 4-warp consumers splitting its rows, 3 stages (see ``fast_accumulation_config``).
+#: 4-warp consumers splitting its rows, 3 stages (see ``accumulation_config``).
 FP8_FAST_SPLIT_TILES = 512
 FP8_FAST_SPLIT_TILE = (128, 256, 4, 3, True)
 #: The 128 x 128 tile on the warp-specialized kernel: (block_m, block_n, warps, stages, pingpong), two
@@ -152,21 +150,29 @@ def fp8_choice(
     return cfg, f"fp8: {bm}x{bn} tiles, a K step of {FP8_BLOCK_K} bytes, on {where} ({why})"
 
 
-def fast_accumulation_config(
-    cfg: TileConfig, problem: GemmProblem, device: DeviceInfo
+def accumulation_config(
+    cfg: TileConfig, problem: GemmProblem, device: DeviceInfo, fast: bool
 ) -> tuple[TileConfig, str | None]:
-    """With fast accumulation (no wait for each K step's wgmma), the heuristic's 128 x 256 tile on two
-    4-warp consumers that split its rows (64 x 256 each, 128 accumulator registers a thread) instead of
-    one 8-warp consumer, from ``FP8_FAST_SPLIT_TILES`` tiles, and what was changed (None: nothing).
+    """The heuristic's 128 x 256 tile on one 8-warp consumer, changed for how the products are summed,
+    and what was changed (None: nothing).
 
-    The cooperative consumer's warpgroups wait for each other at every ring slot they release; split,
-    neither does (``benchmarks/results/h100/sweeps/fp8_split_rows.txt``, H100, CUDA-graph replays):
-    tensorwise / rowwise 1.035 / 1.002 of torch at 4096x4096x4096 and 1.032 / 0.993 at 8192x4096x4096
-    against 1.013 / 0.982 and 1.002 / 0.970 cooperative, 0.999 / 1.021 at 2048x4096x4096 (256 tiles)
-    against 0.967 / 0.991; with few tiles it loses (256x14336x4096, 112 tiles: 0.87 / 0.91 against
-    0.91 / 0.95).  The eager-timed run of the same sweep (the file at commit 0c9adc8) read tensorwise
-    1.03-1.07 against 0.98-1.00 on 4096-8192 x 14336 and 8192 x 8192.  Precise sums need a partial
-    accumulator as large again, which 64 x 256 halves cannot hold.
+    **Precise sums** (``fast`` False): the 128 x 128 tile on two 4-warp consumers that split its rows
+    (``FP8_SPLIT_TILE``).  Each consumer adds a K-step's partial sum under the next step's wgmma (the
+    kernel's deferred promotion, which needs three 64-float accumulators a thread: 64 x 256 halves
+    would need 384 registers).  Measured on an H100 (``sweeps/fp8_split_rows.txt``, CUDA-graph
+    replays), tensorwise / rowwise against ``torch._scaled_mm``: 4096x4096x4096 1.02 / 1.05 against
+    the wide tile's 0.89 / 0.93; 8192x14336x4096 0.99 / 1.06 against 0.85 / 0.91; 1024x4096x4096
+    1.00 / 1.01 against 0.87 / 0.90.
+
+    **Fast accumulation**: from ``FP8_FAST_SPLIT_TILES`` tiles, the wide tile on two 4-warp consumers
+    that split its rows (64 x 256 each, 128 accumulator registers a thread, no partial sums) instead of
+    one 8-warp consumer, whose warpgroups wait for each other at every ring slot they release; split,
+    neither does (H100, CUDA-graph replays): tensorwise / rowwise 1.035 / 1.002 of torch at
+    4096x4096x4096 and 1.032 / 0.993 at 8192x4096x4096 against 1.013 / 0.982 and 1.002 / 0.970
+    cooperative, 0.999 / 1.021 at 2048x4096x4096 (256 tiles) against 0.967 / 0.991; with few tiles it
+    loses (256x14336x4096, 112 tiles: 0.87 / 0.91 against 0.91 / 0.95).  The eager-timed run of the
+    same sweep (the file at commit 0c9adc8) read tensorwise 1.03-1.07 against 0.98-1.00 on 4096-8192 x
+    14336 and 8192 x 8192.
     """
     bm, bn, warps, stages, subtile = FP8_WIDE_TILE
     wide = (cfg.kernel, cfg.block_m, cfg.block_n, cfg.num_warps, cfg.pingpong) == (
@@ -176,7 +182,15 @@ def fast_accumulation_config(
         warps,
         False,
     )
-    if not wide or tiles_of(problem, bm, bn) < FP8_FAST_SPLIT_TILES:
+    if not wide:
+        return cfg, None
+    if not fast:
+        bm, bn, warps, stages, pingpong = FP8_SPLIT_TILE
+        cfg = replace(
+            cfg, block_n=bn, num_warps=warps, num_stages=stages, pingpong=pingpong, epilogue_subtile=False
+        )
+        return cfg, f"precise sums: {bm}x{bn} tiles on two 4-warp consumers, each adding under its next wgmma"
+    if tiles_of(problem, bm, bn) < FP8_FAST_SPLIT_TILES:
         return cfg, None
     bm, bn, warps, stages, pingpong = FP8_FAST_SPLIT_TILE
     cfg = replace(cfg, num_warps=warps, num_stages=stages, pingpong=pingpong, epilogue_subtile=False)
@@ -230,6 +244,6 @@ __all__ = [
     "FP8_BLOCK_SCALED_TILE",
     "block_scaled_config",
     "few_rows_config",
-    "fast_accumulation_config",
+    "accumulation_config",
     "fp8_choice",
 ]
