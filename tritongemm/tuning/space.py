@@ -73,7 +73,7 @@ def candidate_configs(
        ping-pong consumers on 128x128, 64x128 and 64x256
        (``benchmarks/results/h100/sweeps/pingpong_sweep.txt``), with a K step of 128 bytes;
        for fp8, two consumers splitting the rows of 128x128 and 128x256 tiles instead
-       (``sweeps/fp8_split_rows.txt``).
+       (``sweeps/fp8_split_rows.txt``, and the file at commit e3fad58 for fast accumulation).
     Then the ``max_configs`` best by a rough score (SM fill x operand reuse)
     are kept, and the heuristic's own choice is always among them.
     """

@@ -167,7 +167,8 @@ def accumulation_config(
     **Fast accumulation**: from ``FP8_FAST_SPLIT_TILES`` tiles, the wide tile on two 4-warp consumers
     that split its rows (64 x 256 each, 128 accumulator registers a thread, no partial sums) instead of
     one 8-warp consumer, whose warpgroups wait for each other at every ring slot they release; split,
-    neither does (H100, CUDA-graph replays): tensorwise / rowwise 1.035 / 1.002 of torch at
+    neither does (H100, CUDA-graph replays, ``sweeps/fp8_split_rows.txt`` at commit e3fad58):
+    tensorwise / rowwise 1.035 / 1.002 of torch at
     4096x4096x4096 and 1.032 / 0.993 at 8192x4096x4096 against 1.013 / 0.982 and 1.002 / 0.970
     cooperative, 0.999 / 1.021 at 2048x4096x4096 (256 tiles) against 0.967 / 0.991; with few tiles it
     loses (256x14336x4096, 112 tiles: 0.87 / 0.91 against 0.91 / 0.95).  The eager-timed run of the
