@@ -279,8 +279,12 @@ def case_id(c, subtile=False):
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_compiles_to_a_warp_specialized_wgmma_tma_kernel(case):
     dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full, consumers, bn2 = case
-    ptx, smem = compiled_facts(dtype, bm, bn, bk, stages, a_rm, b_rm, warps, activation, full, consumers, bn2)
+    ptx, smem, cubin = compiled(case)
     assert "wgmma.mma_async" in ptx
+    wgmmas, drained, _ = wgmma_pipeline(disassembled(cubin))
+    assert drained < wgmmas, (
+        f"ptxas serialized the wgmma ({drained} waits for none in flight, {wgmmas} wgmma)"
+    )
     if bn2:  # the second accumulator's wgmma is bn2 wide
         assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bn2}k16", ptx), f"no m64n{bn2} wgmma"
         assert ".local" not in ptx, "two accumulators spill"
