@@ -253,3 +253,38 @@ def test_double_backward_through_an_activation(device, fast_mode):
     assert torch.autograd.gradgradcheck(
         lambda x, w: tritongemm.linear(x, w, activation="gelu"), (x, w), fast_mode=fast_mode
     )
+
+
+@pytest.mark.parametrize(
+    "m, n, k, activation, pingpong",
+    [
+        (512, 14336, 4096, "gelu", True),  # 448 tiles: ping-pong, no Stream-K
+        (1000, 14336, 4096, "silu", True),
+        (1000, 14336, 4096, "gelu_tanh", True),
+        (512, 14336, 4096, None, False),  # no activation: the heuristic's tile (with Stream-K)
+        (512, 14336, 4096, "relu", False),  # nothing worth hiding
+        (512, 4096, 14336, "gelu", False),  # 128 tiles, under two waves: one consumer
+        (2048, 14336, 4096, "gelu", False),  # 128x256 on two cooperating warpgroups: untouched
+    ],
+)
+def test_transcendental_epilogue_takes_pingpong_consumers(m, n, k, activation, pingpong):
+    """heuristics/epilogue.py: a fused GELU, tanh-GELU or SiLU moves the one-consumer 128x128 tile to two
+    ping-pong consumers where the tiles fill two waves; everything else keeps the heuristic's plan."""
+    x = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(n, k, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(n, dtype=torch.bfloat16, device="meta")
+    fused = tritongemm.explain(x, w.t(), bias=b, activation=activation, device="h100")
+    plain = tritongemm.explain(x, w.t(), bias=b, device="h100")
+    if pingpong:
+        cfg = fused.config
+        assert (cfg.kernel, cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (
+            "gluon_ws",
+            128,
+            128,
+            4,
+            5,
+        )
+        assert cfg.pingpong and not cfg.stream_k and "ping-pong" in fused.source
+        assert not plain.config.pingpong
+    else:
+        assert fused.config == plain.config

@@ -100,6 +100,7 @@ def explain(
         a.dtype,
         out,
         padding_policy(),
+        activation=activation or "none",
     )
 
 

@@ -82,6 +82,7 @@ def _plan_for(call: GemmCall, a: torch.Tensor, b: torch.Tensor, out: Operand, ou
         _PADDING[0],
         call.epilogue.scaling in BLOCK_SCALINGS,
         call.precision == "fast",
+        call.epilogue.activation,
     )
 
 

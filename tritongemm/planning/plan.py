@@ -28,6 +28,7 @@ from .eligibility import (
     warp_specialized_shared_bytes,
     warp_specialized_unsupported_reason,
 )
+from .heuristics.epilogue import epilogue_config
 from .heuristics.fp8 import accumulation_config, block_scaled_config, fp8_choice
 from .problem import GemmProblem
 from .selection import select
@@ -111,12 +112,18 @@ def plan(
     padding: str = "auto",
     block_scaled: bool = False,
     fast_accumulation: bool = False,
+    activation: str = "none",
 ) -> Plan:
     """Choose the config (``selection.select``), then the kernel the operands allow, then whether to copy
     unaligned operands into aligned workspaces (``padding``: one of ``PADDING_POLICIES``).
     ``block_scaled``: fp8 operands with a scale per block of K (``call.BLOCK_SCALINGS``);
-    ``fast_accumulation``: fp8 products summed without promotion (``use_fast_accum``)."""
+    ``fast_accumulation``: fp8 products summed without promotion (``use_fast_accum``); ``activation``:
+    the epilogue's (``heuristics.epilogue``)."""
     chosen, source = select(problem, device, request)
+    if activation != "none" and source.startswith("heuristic"):
+        chosen, why = epilogue_config(chosen, problem, device, activation)
+        if why:
+            source += f"; {why}"
     if dtype in FP8_DTYPES and not block_scaled and source.startswith("heuristic"):
         chosen, why = accumulation_config(chosen, problem, device, fast_accumulation)
         if why:

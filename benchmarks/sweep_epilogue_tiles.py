@@ -1,0 +1,163 @@
+"""Fused activations on the warp-specialized kernel's 128 x 128 tiles: one consumer against ping-pong.
+
+A transcendental activation (GELU, tanh-GELU, SiLU) in a linear layer's epilogue costs the warps
+that run it a few microseconds a tile.  The heuristic's one-consumer 128 x 128 tile hands whole tiles
+to epilogue warps, but with Stream-K it finishes the streamed tiles itself; two ping-pong consumers
+run each one's epilogue under the other's mainloop (``planning/heuristics/epilogue.py``).  Per shape
+and activation this times torch's ``F.linear`` then its activation, ``tritongemm.linear`` with the
+heuristic's plan, and the tiles forced: one consumer with and without Stream-K, ping-pong, and the
+cooperative 128 x 256 tile staged in halves.
+
+Run from the repository root on the GPU machine (about two minutes):
+
+    python -m benchmarks.sweep_epilogue_tiles --out DIR      # DIR/epilogue_tiles.json and .txt
+
+Method: bf16, bias + activation, random inputs rotated past the L2, every output compared with float64
+first (not timed if wrong), ``ROUNDS`` interleaved rounds (order reversed every other round), each
+time ``do_bench_cudagraph``'s median (a forced config takes the whole request path on every eager
+call).  Ratio = torch's time / ours (> 1: ours faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+import tritongemm
+from tritongemm import TileConfig
+from tritongemm.testing import relative_error
+
+from . import harness
+from .gpu_check import rotating
+from .sweep_fp8_blockwise import TOL
+
+SHAPES = (
+    (512, 14336, 4096),
+    (1000, 14336, 4096),
+    (512, 4096, 14336),
+    (1000, 18944, 3584),
+    (2048, 14336, 4096),
+)
+ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu")
+ROUNDS = 3
+DTYPE = torch.bfloat16
+TILES = {
+    "one128x128": TileConfig(128, 128, 64, 8, 4, 6, kernel="gluon_ws"),
+    "one128x128sk": TileConfig(128, 128, 64, 8, 4, 6, kernel="gluon_ws", stream_k=True),
+    "pingpong128x128": TileConfig(128, 128, 64, 8, 4, 5, kernel="gluon_ws", pingpong=True),
+    "coop128x256": TileConfig(128, 256, 64, 8, 8, 4, kernel="gluon_ws", epilogue_subtile=True),
+}
+TORCH_ACTIVATIONS = {
+    "none": lambda y: y,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+def measure(m: int, n: int, k: int, activation: str, device, gen) -> dict:
+    copies = harness.copies_to_exceed_l2(2 * (m * k + n * k + n), harness.l2_cache_bytes(device))
+    sets = []
+    for _ in range(copies):
+        x = torch.randn(m, k, device=device, generator=gen).to(DTYPE)
+        w = (torch.randn(n, k, device=device, generator=gen) / k**0.5).to(DTYPE)
+        b = torch.randn(n, device=device, generator=gen).to(DTYPE)
+        sets.append((x, w, b))
+    act = TORCH_ACTIVATIONS[activation]
+    x, w, b = (t.double() for t in sets[0])
+    ref = act(F.linear(x, w, b))
+    fused = None if activation == "none" else activation
+
+    def ours(config=None):
+        return lambda x, w, b: tritongemm.linear(x, w, b, activation=fused, config=config)
+
+    impls = {"torch": lambda x, w, b: act(F.linear(x, w, b)), "rule": ours()}
+    impls.update({name: ours(cfg) for name, cfg in TILES.items()})
+    row = {"m": m, "n": n, "k": k, "activation": activation}
+    x, w, b = sets[0]
+    chosen = tritongemm.explain(x, w.t(), bias=b, activation=fused)
+    row["rule_plan"] = f"{chosen.kernel} {chosen.config.short()}"
+    live = {}
+    for name, fn in impls.items():
+        try:
+            err = relative_error(fn(*sets[0]).double(), ref)
+        except Exception as exc:  # (recorded: a forced tile the operands cannot take)
+            row[f"{name}_status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        row[f"{name}_rel_err"] = err
+        row[f"{name}_status"] = "ok" if err < TOL else "wrong"
+        if err < TOL:
+            live[name] = rotating(fn, sets)
+    times: dict[str, list[float]] = {name: [] for name in live}
+    for r in range(ROUNDS):
+        for name in list(live) if r % 2 == 0 else list(live)[::-1]:
+            times[name].append(triton.testing.do_bench_cudagraph(live[name], rep=60, return_mode="median"))
+    for name, samples in times.items():
+        row[f"{name}_ms"] = statistics.median(samples)
+    if "torch_ms" in row:
+        for name in live:
+            if name != "torch":
+                row[f"{name}_ratio"] = row["torch_ms"] / row[f"{name}_ms"]
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    names = ("rule", *TILES)
+    lines = [
+        f"{'shape':<18} {'activation':<10} {'torch us':>8} " + " ".join(f"{n:>15}" for n in names) + "  rule"
+    ]
+    for r in rows:
+        cells = [
+            format(r[f"{n}_ratio"], ".3f") if f"{n}_ratio" in r else r.get(f"{n}_status", "-")[:15]
+            for n in names
+        ]
+        torch_us = format(r["torch_ms"] * 1e3, ".1f") if "torch_ms" in r else "-"
+        shape = f"{r['m']}x{r['n']}x{r['k']}"
+        lines.append(
+            f"{shape:<18} {r['activation']:<10} {torch_us:>8} "
+            + " ".join(f"{c:>15}" for c in cells)
+            + f"  {r['rule_plan']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.sweep_epilogue_tiles", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--out", default=".", help="folder for epilogue_tiles.json and .txt")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(
+            "the epilogue tile sweep times the warp-specialized kernel: it needs an sm_90 GPU",
+            file=sys.stderr,
+        )
+        return 2
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(0)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = harness.environment(device)
+    rows = []
+    jobs = [(shape, act) for shape in SHAPES for act in ACTIVATIONS]
+    for i, ((m, n, k), act) in enumerate(jobs, 1):
+        print(f"[{i}/{len(jobs)}] {m}x{n}x{k} {act}", file=sys.stderr, flush=True)
+        rows.append(measure(m, n, k, act, device, gen))
+        (out / "epilogue_tiles.json").write_text(
+            json.dumps({"env": env, "records": rows}, indent=1, default=str)
+        )
+        (out / "epilogue_tiles.txt").write_text(table(rows) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The tile for a fused activation: where the epilogue's arithmetic would leave the tensor cores idle.
+
+The heuristic picks tiles by shape alone.  A transcendental activation (GELU, tanh-GELU, SiLU) costs a
+few microseconds a tile wherever the warps that run it are the ones that would issue the next wgmma.
+On the one-consumer 128 x 128 tile the kernel's epilogue warps take whole tiles off the consumer, but
+with Stream-K the consumer finishes the streamed tiles itself, and at 512 rows by 14336 those cost
+GELU 13 us more than tanh-GELU.  Two ping-pong consumers on the same tile run each one's epilogue,
+activation included, under the other's mainloop.
+
+Ping-pong needs two tiles a program to alternate; with fewer than two waves one consumer idles.
+
+Measured on an H100 (bf16, bias + activation, CUDA-graph replays, fused ÷ ``F.linear`` then torch's
+activation; ``benchmarks/results/h100/sweeps/epilogue_tiles.txt``), GELU / tanh-GELU / SiLU, the
+one-consumer tile (with the heuristic's Stream-K where it takes it) against ping-pong:
+
+* 512 x 14336 x 4096 (448 tiles; the heuristic adds Stream-K): 0.90 / 0.98 / 0.98 against 0.97 / 1.00 /
+  1.00;
+* 1000 x 14336 x 4096 (896 tiles): 0.97 / 1.00 / 1.01 against 1.02 / 1.00 / 1.04;
+* 1000 x 18944 x 3584 (1184 tiles): 0.99 / 1.03 / 1.03 against 1.08 / 1.02 / 1.07;
+* 512 x 4096 x 14336 (128 tiles, under one wave): 0.94 / 0.99 / 1.01 against 0.89 / 1.00 / 0.98,
+  so the rule leaves it.
+
+Without an activation the one-consumer tile stays (ping-pong: 0.94 against 0.95, 0.98 against 1.00).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...device import DeviceInfo
+from ..configs import TileConfig
+from ..problem import GemmProblem
+from .tiles import tiles_of
+
+#: Activations whose epilogue is worth hiding (a reciprocal, an exponential and a dozen FMAs an element).
+TRANSCENDENTAL = ("gelu", "gelu_tanh", "silu")
+#: The warp-specialized 128 x 128 tile on two ping-pong consumers: (warps, stages); each consumer holds
+#: an output staging tile, so the ring takes 5 stages where one consumer's takes 6.
+PINGPONG_128 = (4, 5)
+
+
+def epilogue_config(
+    cfg: TileConfig, problem: GemmProblem, device: DeviceInfo, activation: str
+) -> tuple[TileConfig, str | None]:
+    """The heuristic's ``cfg`` for a fused ``activation``, and what was changed (None: nothing): the
+    one-consumer 128 x 128 warp-specialized tile becomes two ping-pong consumers, without Stream-K,
+    where its tiles fill at least two waves."""
+    one_consumer = (cfg.kernel, cfg.block_m, cfg.block_n, cfg.num_warps, cfg.pingpong) == (
+        "gluon_ws",
+        128,
+        128,
+        4,
+        False,
+    )
+    if activation not in TRANSCENDENTAL or not one_consumer or cfg.accumulator_widths[1]:
+        return cfg, None
+    if tiles_of(problem, 128, 128) < 2 * device.sm_count:
+        return cfg, None
+    warps, stages = PINGPONG_128
+    cfg = replace(cfg, num_warps=warps, num_stages=stages, pingpong=True, stream_k=False)
+    return (
+        cfg,
+        f"{activation} in the epilogue: two ping-pong consumers, each finishing under the other's mainloop",
+    )
+
+
+__all__ = ["TRANSCENDENTAL", "epilogue_config"]
