@@ -1360,3 +1360,29 @@ def test_fp8_split_rows_sweep_times_only_eligible_split_tiles_and_tabulates(monk
     row.update(rule_ratio=0.9, split128x128s6_ratio=1.25, split128x128s5_status="wrong", torch_tflops=1.0)
     text = sweep.table([row])
     assert "rowwise+fast" in text and "1.250" in text and "wrong" in text and "gluon_ws 128x256" in text
+
+
+def test_epilogue_tiles_sweep_forces_tiles_the_kernel_takes_and_tabulates(monkeypatch, capsys):
+    """The epilogue tile sweep needs an sm_90 GPU (it says so and exits 2 without one); its forced tiles
+    are warp-specialized bf16 tiles an H100 takes, and its table reads a record's ratios and statuses."""
+    from benchmarks import sweep_epilogue_tiles as sweep
+    from tritongemm.device import DeviceInfo
+    from tritongemm.planning.eligibility import Operand, warp_specialized_unsupported_reason
+
+    h100 = DeviceInfo("H100", (9, 0), 132, 232448)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert sweep.main(["--out", "unused"]) == 2
+    assert "sm_90" in capsys.readouterr().err
+    bf16 = torch.bfloat16
+    a = Operand.of(torch.empty(1000, 4096, dtype=bf16, device="meta"))
+    b = Operand.of(torch.empty(14336, 4096, dtype=bf16, device="meta").t())
+    c = Operand.of(torch.empty(1000, 14336, dtype=bf16, device="meta"))
+    for name, cfg in sweep.TILES.items():
+        cfg.validate(h100, 2)
+        reason = warp_specialized_unsupported_reason(cfg, a, b, c, bf16, bf16, h100, False)
+        assert reason is None or "Gluon" in reason or "Triton" in reason, (name, reason)
+    assert set(sweep.ACTIVATIONS) >= {"none", "gelu", "gelu_tanh", "silu"}
+    row = {"m": 8, "n": 16, "k": 32, "activation": "gelu", "rule_plan": "gluon_ws 128x128 pingpong"}
+    row.update(torch_ms=0.1, rule_ratio=1.25, one128x128sk_status="wrong")
+    text = sweep.table([row])
+    assert "gelu" in text and "1.250" in text and "wrong" in text and "100.0" in text and "pingpong" in text

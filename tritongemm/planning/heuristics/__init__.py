@@ -9,7 +9,9 @@ Each knob is one small function; each constant names the sweep it came from
 * ``tiles``: the CTA tile menu and the knobs every rule shares (stages, split-K, shared memory);
 * ``few_rows``: one row of A (GEMV), prompt-time rows, skinny tiles;
 * ``waves``: sm_90 rules by waves of tiles (Stream-K, the warp-specialized kernel's tiles and order);
-* ``choice``: which rule a shape class meets first (``heuristic_choice``).
+* ``choice``: which rule a shape class meets first (``heuristic_choice``);
+* ``fp8``, ``epilogue``: what ``plan`` applies for one-byte operands (their tiles, how their products
+  are summed) and for a fused activation (the tile that hides it).
 
 Imports flow down that list.
 """
