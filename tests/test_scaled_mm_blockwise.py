@@ -65,8 +65,10 @@ from tritongemm.planning.heuristics.fp8 import (
     ONE_WAVE_ROWS,
     block_scaled_config,
     few_rows_config,
+    fp8_choice,
 )
 from tritongemm.planning.plan import plan
+from tritongemm.planning.problem import GemmProblem
 from tritongemm.semantics import ACTIVATIONS
 from tritongemm.testing import assert_close, random_tensor, relative_error, shape_id
 
@@ -934,17 +936,17 @@ def test_plan_without_warp_specialization():
 
 
 def test_heuristics_wide_tile_becomes_the_block_scaled_tile():
-    """The rowwise heuristic's 128 x 256 subtiled tile (on 8 warps) has 128 accumulator floats a thread
-    and two parts: ``block_scaled_config`` replaces it by ``FP8_BLOCK_SCALED_TILE``."""
-    rowwise = block_plan(4096, 4096, 4096, H100, block_scaled=False).config
+    """The fp8 heuristic's 128 x 256 subtiled tile (on 8 warps; what fast accumulation keeps) has 128
+    accumulator floats a thread and two parts: ``block_scaled_config`` replaces it by
+    ``FP8_BLOCK_SCALED_TILE``."""
+    chosen, _ = fp8_choice(GemmProblem(4096, 4096, 4096, dtype=torch.float8_e4m3fn), H100)
     bm, bn, warps, stages, subtile = FP8_WIDE_TILE
-    if warp_specialized_fp8_unavailable() is None:
-        assert (rowwise.block_m, rowwise.block_n, rowwise.num_warps, rowwise.epilogue_subtile) == (
-            bm,
-            bn,
-            warps,
-            subtile,
-        )
+    assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.epilogue_subtile) == (
+        bm,
+        bn,
+        warps,
+        subtile,
+    )
     wide = TileConfig(bm, bn, 128, 8, warps, stages, kernel="gluon_ws", epilogue_subtile=subtile)
     fitted, why = block_scaled_config(wide)
     tbm, tbn, twarps, tstages, tpingpong = FP8_BLOCK_SCALED_TILE
