@@ -13,30 +13,27 @@ Run from the repository root on the GPU machine (about two minutes):
     python -m benchmarks.sweep_epilogue_tiles --out DIR      # DIR/epilogue_tiles.json and .txt
 
 Method: bf16, bias + activation, random inputs rotated past the L2, every output compared with float64
-first (not timed if wrong), ``ROUNDS`` interleaved rounds (order reversed every other round), each
-time ``do_bench_cudagraph``'s median (a forced config takes the whole request path on every eager
-call).  Ratio = torch's time / ours (> 1: ours faster).
+first (``sweep_fp8_blockwise.checked``: not timed if wrong), three interleaved rounds (order reversed
+every other round), each time ``do_bench_cudagraph``'s median (``sweep_fp8_split_rows.timed_rounds``;
+a forced config takes the whole request path on every eager call).  Ratio = torch's time / ours (> 1: ours faster).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 
 import tritongemm
 from tritongemm import TileConfig
-from tritongemm.testing import relative_error
 
 from . import harness
-from .gpu_check import rotating
-from .sweep_fp8_blockwise import TOL
+from .sweep_fp8_blockwise import checked
+from .sweep_fp8_split_rows import timed_rounds
 
 SHAPES = (
     (512, 14336, 4096),
@@ -46,7 +43,6 @@ SHAPES = (
     (2048, 14336, 4096),
 )
 ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu")
-ROUNDS = 3
 DTYPE = torch.bfloat16
 TILES = {
     "one128x128": TileConfig(128, 128, 64, 8, 4, 6, kernel="gluon_ws"),
@@ -84,27 +80,7 @@ def measure(m: int, n: int, k: int, activation: str, device, gen) -> dict:
     x, w, b = sets[0]
     chosen = tritongemm.explain(x, w.t(), bias=b, activation=fused)
     row["rule_plan"] = f"{chosen.kernel} {chosen.config.short()}"
-    live = {}
-    for name, fn in impls.items():
-        try:
-            err = relative_error(fn(*sets[0]).double(), ref)
-        except Exception as exc:  # (recorded: a forced tile the operands cannot take)
-            row[f"{name}_status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
-            continue
-        row[f"{name}_rel_err"] = err
-        row[f"{name}_status"] = "ok" if err < TOL else "wrong"
-        if err < TOL:
-            live[name] = rotating(fn, sets)
-    times: dict[str, list[float]] = {name: [] for name in live}
-    for r in range(ROUNDS):
-        for name in list(live) if r % 2 == 0 else list(live)[::-1]:
-            times[name].append(triton.testing.do_bench_cudagraph(live[name], rep=60, return_mode="median"))
-    for name, samples in times.items():
-        row[f"{name}_ms"] = statistics.median(samples)
-    if "torch_ms" in row:
-        for name in live:
-            if name != "torch":
-                row[f"{name}_ratio"] = row["torch_ms"] / row[f"{name}_ms"]
+    timed_rounds(checked(impls, sets, ref, row), row)
     return row
 
 

@@ -141,20 +141,26 @@ def measure(m: int, n: int, k: int, recipe: str, fast: bool, device, gen) -> dic
     }
     for name, cfg in tiles.items():
         row[f"{name}_plan"] = planned(recipe, fast, *sets[0][:2], cfg)
-    live = checked(impls, sets, ref, row)
+    timed_rounds(checked(impls, sets, ref, row), row)
+    if "torch_ms" in row:
+        row["torch_tflops"] = 2 * m * n * k / row["torch_ms"] / 1e9
+    return row
+
+
+def timed_rounds(live: dict, row: dict, rounds: int = ROUNDS) -> None:
+    """Time each of ``live``'s calls (``time_ms``) in ``rounds`` interleaved rounds, the order reversed
+    every other round; into ``row`` each one's median (``_ms``), its timer and its ratio to torch's."""
     times: dict[str, list[float]] = {name: [] for name in live}
-    for r in range(ROUNDS):
+    for r in range(rounds):
         for name in list(live) if r % 2 == 0 else list(live)[::-1]:
             ms, row[f"{name}_timer"] = time_ms(live[name])
             times[name].append(ms)
     for name, samples in times.items():
         row[f"{name}_ms"] = statistics.median(samples)
     if "torch_ms" in row:
-        row["torch_tflops"] = 2 * m * n * k / row["torch_ms"] / 1e9
         for name in live:
             if name != "torch":
                 row[f"{name}_ratio"] = row["torch_ms"] / row[f"{name}_ms"]
-    return row
 
 
 def time_ms(fn) -> tuple[float, str]:
