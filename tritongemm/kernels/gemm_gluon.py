@@ -236,9 +236,10 @@ def consumer(
                 epi, row0, pid_n * TILE_N, 0, k_tiles, acc_layout, ROWS, BLOCK_N, SCALE_BLOCK_A, SCALE_BLOCK_B
             )  # fmt: skip
         if DEFER_PROMOTION:
-            acc, step = deferred_mainloop(
-                ring, acc, step, k_tiles, CONSUMER * ROWS, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, CLUSTERED
-            )  # fmt: skip
+            if k_tiles > 0:  # (K = 0: nothing to load, acc stays zero)
+                acc, step = deferred_mainloop(
+                    ring, acc, step, k_tiles, CONSUMER * ROWS, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR, CLUSTERED
+                )  # fmt: skip
         else:
             for ki in range(k_tiles):
                 slot, a, b = ready_operands(ring, step, NUM_STAGES, A_ROW_MAJOR, B_ROW_MAJOR)
