@@ -250,24 +250,14 @@ def block_scaled_mma(
         SCALE_BLOCK_A, SCALE_BLOCK_B,
     )  # fmt: skip
     part = warpgroup_mma_wait(0, deps=(part,))
-    return promote(acc, part, scales, SCALE_BLOCK_A, SCALE_BLOCK_B), following
-
-
-@gluon.jit
-def promote(acc, part, scales, SCALE_BLOCK_A: gl.constexpr, SCALE_BLOCK_B: gl.constexpr):
-    """``acc + part``: one K-step's partial sum added into the fp32 accumulator, with block scales
-    (``SCALE_BLOCK_A > 0``) times its rows' and columns' ``scales`` (``block_scales``)."""
-    if SCALE_BLOCK_A == 0:
-        acc = acc + part
+    sa, sb = scales
+    if SCALE_BLOCK_A == 1 and SCALE_BLOCK_B == 1:
+        acc = acc + part * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
+    elif SCALE_BLOCK_A == 1:  # one scale for the tile's columns: one FMA an element
+        acc = acc + part * gl.expand_dims(sa * sb, 1)
     else:
-        sa, sb = scales
-        if SCALE_BLOCK_A == 1 and SCALE_BLOCK_B == 1:
-            acc = acc + part * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
-        elif SCALE_BLOCK_A == 1:  # one scale for the tile's columns: one FMA an element
-            acc = acc + part * gl.expand_dims(sa * sb, 1)
-        else:
-            acc = acc + part * gl.expand_dims(sb * sa, 0)
-    return acc
+        acc = acc + part * gl.expand_dims(sb * sa, 0)
+    return acc, following
 
 
 @gluon.jit
