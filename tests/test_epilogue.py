@@ -288,3 +288,41 @@ def test_transcendental_epilogue_takes_pingpong_consumers(m, n, k, activation, p
         assert not plain.config.pingpong
     else:
         assert fused.config == plain.config
+
+
+def _gelu_over_range(device, dtype, **kw):
+    """GELU fused after a GEMM whose products are exactly the values of a grid on [-8, 8]:
+    (z as a column) @ (a row of ones), each output element is one z, so the epilogue alone errs."""
+    z = torch.linspace(-8, 8, 4001, dtype=torch.float64).to(dtype).unique()
+    a = z[:, None].to(device)
+    ones = torch.ones(1, 16, dtype=dtype, device=device)
+    out = tritongemm.matmul(a, ones, activation="gelu", **kw)[:, 0].cpu().double()
+    return z.double(), out
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gelu_epilogue_rounds_as_the_exact_gelu(device, dtype):
+    # 16-bit outputs take the cheap fit of Phi (``kernels.gemm.gelu_16``): within 1.6e-6 of the exact
+    # GELU before rounding; fp32 outputs keep the fp32-accurate erfc fit.
+    z, out = _gelu_over_range(device, dtype, config=TileConfig(16, 16, 16, 8, 4, 2))
+    exact = z * 0.5 * torch.erfc(-z / 2**0.5)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, exact, rtol=1e-6, atol=1e-7)
+        return
+    ulp = (exact.abs().to(dtype).double() * torch.finfo(dtype).eps).clamp_min(torch.finfo(dtype).tiny)
+    # The rounding of a value within 2e-6 of the exact one; Triton's interpreter casts fp32 to bf16 by
+    # truncation (5.7187495 becomes 5.6875), a whole ulp, where the GPU rounds to nearest.
+    truncates = dtype == torch.bfloat16 and device.type == "cpu"
+    bound = ulp * (1.0 if truncates else 0.5) + 2e-6
+    worst = ((out - exact).abs() - bound).max().item()
+    assert worst <= 0, f"GELU off by {worst:.3g} beyond rounding"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gelu_epilogue_rounds_as_the_exact_gelu_on_the_warp_specialized_kernel(device, dtype):
+    cfg = TileConfig(128, 128, 64, 8, 4, 5, kernel="gluon_ws", pingpong=True)
+    z, out = _gelu_over_range(device, dtype, config=cfg)
+    exact = z * 0.5 * torch.erfc(-z / 2**0.5)
+    ulp = (exact.abs().to(dtype).double() * torch.finfo(dtype).eps).clamp_min(torch.finfo(dtype).tiny)
+    assert ((out - exact).abs() - (ulp * 0.5 + 2e-6)).max().item() <= 0

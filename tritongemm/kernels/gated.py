@@ -86,5 +86,5 @@ def gated_kernel(
     if SAVE:
         tl.store(g_ptr + offs, acc_g.to(g_ptr.dtype.element_ty), mask=mask)
         tl.store(u_ptr + offs, acc_u.to(u_ptr.dtype.element_ty), mask=mask)
-    h = activate(acc_g, ACTIVATION) * acc_u
+    h = activate(acc_g, ACTIVATION, h_ptr.dtype.element_ty.primitive_bitwidth) * acc_u
     tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)

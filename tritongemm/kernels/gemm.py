@@ -175,13 +175,37 @@ def normal_cdf(x):
 
 
 @triton.jit
-def activate(x, ACTIVATION: tl.constexpr):
-    """The fused activation, on fp32 (fp64) values."""
+def gelu_16(x):
+    """GELU = x Phi(x) for an output of 16 bits, with Phi as a logistic: 1 / (1 + 2^-(x P(x^2))).
+
+    logit(Phi(x)) / x is smooth and even; P is its degree-5 minimax fit on |x| <= 5 in x^2, with log2(e)
+    folded in, and x^2 is clamped at 25 beyond, where Phi is within 3e-7 of 0 or 1.  The GELU errs by at
+    most 1.6e-6 (absolute, in fp32), a fifth of an fp16 ulp at 0.01.  Rounded to 16 bits, it differs by
+    one ulp from the exactly rounded GELU at 2% (bf16) and 9% (fp16) of points on [-4, 4]; torch's own
+    fp32 erf does at 1% and 6%.
+    It costs five FMAs, an exp2 and a division: ``normal_cdf``'s ten-FMA chain behind a division made
+    the epilogue longer than a K = 768 mainloop (H100, 8192 x 3072 x 768 with bias: fused 0.92 of
+    ``F.gelu(F.linear(...))``, 1.34 with this one).
+    """
+    x2 = tl.minimum(x * x, 25.0)
+    p = -1.92362056e-07 * x2 + 8.95980859e-06
+    p = p * x2 - 0.000145463738
+    p = p * x2 - 0.000129064741
+    p = p * x2 + 0.104868111
+    p = p * x2 + 2.30220155
+    return x / (1.0 + tl.exp2(-x * p))
+
+
+@triton.jit
+def activate(x, ACTIVATION: tl.constexpr, OUT_BITS: tl.constexpr = 32):
+    """The fused activation, on fp32 (fp64) values, for an output of OUT_BITS bits."""
     if ACTIVATION == "relu":
         x = tl.maximum(x, 0.0)
     elif ACTIVATION == "gelu":  # exact: x * Phi(x)
         if x.dtype == tl.float64:  # (normal_cdf is an fp32-accurate fit)
             x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        elif OUT_BITS == 16:
+            x = gelu_16(x)
         else:
             x = x * normal_cdf(x)
     elif ACTIVATION == "gelu_tanh":  # 0.5 x (1 + tanh(u)) == x * sigmoid(2u)
@@ -230,7 +254,7 @@ def finish_tile(
     if STORE_PREACT:
         z_ptrs = z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn
         tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    acc = activate(acc, ACTIVATION)
+    acc = activate(acc, ACTIVATION, z_ptr.dtype.element_ty.primitive_bitwidth)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn, mask=mask, other=0.0)
         acc = acc + r.to(acc.dtype)

@@ -29,12 +29,27 @@ def normal_cdf(x):
 
 
 @gluon.jit
-def activate(x, ACTIVATION: gl.constexpr):
+def gelu_16(x):
+    """``gemm.gelu_16`` in Gluon: x Phi(x), Phi as a logistic of x times a polynomial in x^2, for 16-bit outputs."""
+    x2 = gl.minimum(x * x, 25.0)
+    p = -1.92362056e-07 * x2 + 8.95980859e-06
+    p = p * x2 - 0.000145463738
+    p = p * x2 - 0.000129064741
+    p = p * x2 + 0.104868111
+    p = p * x2 + 2.30220155
+    return x / (1.0 + gl.exp2(-x * p))
+
+
+@gluon.jit
+def activate(x, ACTIVATION: gl.constexpr, OUT_BITS: gl.constexpr = 32):
     """``gemm.activate`` in Gluon (which has no sigmoid: 1 / (1 + exp(-x)) is what tl.sigmoid computes)."""
     if ACTIVATION == "relu":
         x = gl.maximum(x, 0.0)
     elif ACTIVATION == "gelu":
-        x = x * normal_cdf(x)
+        if OUT_BITS == 16:
+            x = gelu_16(x)
+        else:
+            x = x * normal_cdf(x)
     elif ACTIVATION == "gelu_tanh":
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
         x = x / (1.0 + gl.exp(-2.0 * u))
@@ -87,7 +102,7 @@ def finish_tile(
         acc = acc + beta * d.to(gl.float32)
     if STORE_PREACT:
         gl.store(z_ptr + rows * stride_zm + cols * stride_zn, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    acc = activate(acc, ACTIVATION)
+    acc = activate(acc, ACTIVATION, z_ptr.dtype.element_ty.primitive_bitwidth)
     if HAS_RESIDUAL:
         r = gl.load(r_ptr + rows * stride_rm + cols * stride_rn, mask=mask, other=0.0)
         acc = acc + r.to(gl.float32)
@@ -196,7 +211,7 @@ def gated_epilogue(
         cols = gl.expand_dims(offs_n, 0)
         u_ptrs = z_ptr + rows * stride_zm + cols * stride_zn
         gl.store(u_ptrs, acc2.to(z_ptr.dtype.element_ty), mask=(rows < M) & (cols < N))
-    h = activate(acc, GATED) * acc2
+    h = activate(acc, GATED, c_desc.dtype.primitive_bitwidth) * acc2
     c_smem.store(h.to(c_desc.dtype))
     fence_async_shared()
     tma_store(c_desc, [off_m, off_n], c_smem)
@@ -246,7 +261,7 @@ def epilogue_partition(
         for part in gl.static_range(BLOCK_M // ROWS):
             rows_smem = c_smem.slice(part * ROWS, ROWS)
             z = rows_smem.load(layout).to(gl.float32)
-            y = activate(z, ACTIVATION)
+            y = activate(z, ACTIVATION, c_desc.dtype.primitive_bitwidth)
             if HAS_RESIDUAL:
                 offs_m = off_m + part * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
                 offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
