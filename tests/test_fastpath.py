@@ -76,6 +76,36 @@ def test_repeated_linear_uses_its_entry_and_matches(dtype, x_shape, with_bias, d
     assert isinstance(next(iter(launch.PLANS.entries.values())), fastpath.Entry)
 
 
+@pytest.mark.parametrize("door", ["api", "module"])
+def test_repeated_activation_linear_uses_its_entry_without_autograd(door, device, monkeypatch):
+    # A fused activation's entries run only for calls autograd does not record; recorded calls take the
+    # plain linear's entry, then torch's activation, as the whole way does (and backward stays right).
+    layer = tritongemm.nn.Linear(24, 40, activation="gelu", device=device)
+    w, b = layer.weight.detach(), layer.bias.detach()
+    run = (
+        (lambda x: layer(x))
+        if door == "module"
+        else (lambda x: tritongemm.linear(x, w, b, activation="gelu"))
+    )
+    counter = _WholeWayCounter(monkeypatch)
+    with torch.no_grad():
+        for _ in range(3):
+            x = random_tensor((2, 5, 24), torch.float32, device)
+            assert_close(run(x), F.gelu(_ref_linear(x, w, b)))
+    assert counter.calls == 1, "the second and third calls should have used the entry"
+    entries = [e for e in launch.PLANS.entries.values() if isinstance(e, fastpath.Entry)]
+    assert [e.call.epilogue.activation for e in entries] == ["gelu"]
+    silu = tritongemm.linear(x, w, b, activation="silu")  # another activation: another signature
+    assert_close(silu, F.silu(_ref_linear(x, w, b)))
+    x = random_tensor((2, 5, 24), torch.float32, device).requires_grad_()
+    y = layer(x) if door == "module" else tritongemm.linear(x, layer.weight, layer.bias, activation="gelu")
+    assert y.grad_fn is not None and "Entry" not in type(y.grad_fn).__name__
+    y.sum().backward()
+    xd = x.detach().double().requires_grad_()
+    F.gelu(F.linear(xd, layer.weight.double(), layer.bias.double())).sum().backward()
+    assert_close(x.grad, xd.grad)
+
+
 def test_entry_result_is_bitwise_the_whole_ways(device):
     x = random_tensor((2, 9, 32), torch.float16, device)
     w = random_tensor((24, 32), torch.float16, device)

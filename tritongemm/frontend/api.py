@@ -179,15 +179,15 @@ def linear(
     The epilogue computes ``activation(input @ weight.T + bias) + residual``.
     """
     plain = (
-        (activation is None or activation == "none")
-        and residual is None
+        residual is None
         and out_dtype is None
         and config is None
         and pipeline is None
         and decomposition is None
+        and (activation is None or activation == "none" or not calls.records_grad(input, weight, bias))
     )
-    if plain:
-        key, y = fastpath.lookup("linear", input, weight, bias)
+    if plain:  # (an activation's entries run without autograd only: ``fastpath.linear_kind``)
+        key, y = fastpath.lookup(fastpath.linear_kind(activation), input, weight, bias)
         if y is not None:
             return y
     else:

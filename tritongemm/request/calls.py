@@ -18,7 +18,7 @@ from . import checks
 from .autocast import as_torch_sees
 from .batched import batched_gemm
 from .fallback import device_unsupported_reason
-from .fastpath import build, lookup
+from .fastpath import build, linear_kind, lookup
 
 _functorch_active = torch._C._are_functorch_transforms_active
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -45,7 +45,7 @@ def linear(input, weight, bias, activation, residual, out_dtype, config, pipelin
     then its entry (``build``)."""
     y = _linear(input, weight, bias, activation, residual, out_dtype, config, pipeline, decomposition)
     if key is not None:
-        build("linear", key, input, weight, bias)
+        build(linear_kind(activation), key, input, weight, bias)
     return y
 
 
@@ -277,6 +277,12 @@ def _linear(input, weight, bias, activation, residual, out_dtype, config, pipeli
     if weight.dim() == 1:
         y = y.squeeze(-1)
     return y if added is None else y + added
+
+
+def records_grad(input, weight, bias) -> bool:
+    """Will autograd record this eager linear (``fastpath.linear_kind``: a fused activation's entries
+    run only where it will not)?"""
+    return _trains(input, weight, bias)
 
 
 def _trains(*tensors) -> bool:

@@ -43,9 +43,18 @@ _is_compiling = torch.compiler.is_compiling
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 BIAS_EPILOGUE = Epilogue(beta=1.0, addend=True)
+#: The kind of a linear with a fused activation: "linear+gelu" (``linear_kind``).
+_ACTIVATED = "linear+"
 
 #: TRITONGEMM_FASTPATH=0 sends every call the whole way (to rule the fast path out while debugging).
 ENABLED = os.environ.get("TRITONGEMM_FASTPATH", "1") != "0"
+
+
+def linear_kind(activation: str | None) -> str:
+    """The kind a linear with ``activation`` fused is looked up by: "linear" without one, else
+    "linear+<activation>".  Its entries run without autograd only: a door looks one up only for a call
+    autograd will not record (a recorded call takes the plain linear's entry, then torch's activation)."""
+    return "linear" if activation is None or activation == "none" else _ACTIVATED + activation
 
 
 def lookup(kind: str, x, w, bias) -> tuple:
@@ -151,7 +160,7 @@ def _entry(kind: str, x, w, bias) -> Entry | None:
         or w.is_neg()
     ):
         return None
-    transposed = kind == "linear"
+    transposed = kind == "linear" or kind.startswith(_ACTIVATED)
     b = w.mT if transposed else w
     k, n = b.shape
     if x.shape[-1] != k or (bias is not None and (bias.dim() != 1 or bias.shape[0] != n or bias.is_neg())):
@@ -168,6 +177,8 @@ def _entry(kind: str, x, w, bias) -> Entry | None:
     if m == 0 or n == 0:
         return None
     epilogue = PLAIN_EPILOGUE if bias is None else BIAS_EPILOGUE
+    if kind.startswith(_ACTIVATED):
+        epilogue = epilogue._replace(activation=kind[len(_ACTIVATED) :])
     precision = fp32_precision() if x.dtype is torch.float32 else "ieee"  # semantics.dot_precision's rule
     call = GemmCall(epilogue, NO_REQUEST, None, precision)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -176,4 +187,4 @@ def _entry(kind: str, x, w, bias) -> Entry | None:
     return entry if getattr(entry.launcher, "takes_bases", False) else None
 
 
-__all__ = ["build", "lookup", "signature"]
+__all__ = ["build", "linear_kind", "lookup", "signature"]
