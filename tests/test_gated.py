@@ -426,13 +426,22 @@ def test_convert_fuses_the_gated_mlps_it_can_prove_and_leaves_the_rest(device):
     assert all(p is params[n] for n, p in model.named_parameters())
 
     fused, left = tritongemm.nn.fusion_report(model)
-    assert fused == {"0.mlp": "silu", "1.mlp": "gelu_tanh", "2.mlp": "silu"}
+    # Of the gated MLPs left alone, the ReLU one still applies a known activation module to gate_proj's
+    # output alone: it goes into gate_proj's epilogue (``fusion.linear_activation_pairs``).  ScaledMLP's
+    # base class reads act_fn in a forward of its own too, so its act_fn stays; SiLUActivation is no
+    # activation convert knows.
+    assert fused == {"0.mlp": "silu", "1.mlp": "gelu_tanh", "2.mlp": "silu", "5.mlp.gate_proj": "relu"}
+    assert type(model[5].mlp.act_fn) is tritongemm.nn.FusedActivation
+    assert type(model[3].mlp.act_fn) is nn.SiLU and type(model[6].mlp.act_fn) is SiLUActivation
     assert set(left) == {"3.mlp", "4.mlp", "5.mlp", "6.mlp"}
     assert "ScaledMLP.forward does not compute" in left["3.mlp"]
     assert "no act_fn" in left["4.mlp"]
     assert "act_fn is ReLU" in left["5.mlp"] and "act_fn is SiLUActivation" in left["6.mlp"]
     summary = tritongemm.nn.fusion_summary(model).splitlines()
-    assert summary[0] == "tritongemm.nn: 3 gated MLPs fused into GatedMLP, 4 left as it was"
+    assert summary[0] == (
+        "tritongemm.nn: 3 gated MLPs fused into GatedMLP, 1 activation into the Linear before them, "
+        "4 left as it was"
+    )
     assert summary[1] == "  0.mlp: fused (silu, from LlamaMLP)"
     assert summary[2] == "  1.mlp: fused (gelu_tanh, from GemmaMLP)"
 

@@ -324,3 +324,132 @@ def test_linear_under_autocast_is_served_in_the_autocast_dtype(weight_dtype, dev
     assert y.dtype == expected.dtype == torch.bfloat16
     as_cast = [t.to(torch.bfloat16).double() for t in (x, layer.weight, layer.bias)]
     assert_close(y, F.linear(*as_cast))
+
+
+class Intermediate(torch.nn.Module):
+    """transformers' ``BertIntermediate``, as its source has it: the Linear, then the activation."""
+
+    def __init__(self, act=None):
+        super().__init__()
+        self.dense = torch.nn.Linear(12, 20)
+        self.intermediate_act_fn = act if act is not None else torch.nn.GELU()
+
+    def forward(self, hidden_states):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.intermediate_act_fn(hidden_states)
+        return hidden_states
+
+
+class Mlp(torch.nn.Module):
+    """timm's ``Mlp``: fc1, act, dropout, norm, fc2; and nested, in a second block."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(12, 20)
+        self.act = torch.nn.GELU(approximate="tanh")
+        self.drop1 = torch.nn.Dropout(0.0)
+        self.norm = torch.nn.Identity()
+        self.fc2 = torch.nn.Linear(20, 12)
+        self.gate = torch.nn.Linear(12, 12)
+        self.relu = torch.nn.ReLU()
+
+    def forward(self, x):
+        x = self.fc1(x)
+        x = self.act(x)
+        x = self.drop1(x)
+        x = self.norm(x)
+        x = self.fc2(x)
+        return x + self.relu(self.gate(x))
+
+
+class ReadsAgain(torch.nn.Module):
+    """Forwards a convert must leave alone: the Linear's output read again, the activation applied
+    twice, ``self`` passed on."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.act_a = torch.nn.Linear(12, 12), torch.nn.SiLU()
+        self.b, self.act_b = torch.nn.Linear(12, 12), torch.nn.SiLU()
+        self.c, self.act_c = torch.nn.Linear(12, 12), torch.nn.SiLU()
+
+    def forward(self, x):
+        h = self.a(x)
+        y = self.act_a(h)
+        y = y + h + self.act_b(self.b(x)) + self.act_b(x)
+        return y + getattr(self, "act_c")(self.c(x))  # noqa: B009 (self escaping is the point)
+
+
+def _activation_models():
+    return torch.nn.ModuleDict(
+        {
+            "bert": Intermediate(),
+            "timm": Mlp(),
+            "seq": torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.SiLU(), torch.nn.Linear(20, 12)),
+            "again": ReadsAgain(),
+        }
+    )
+
+
+def _run_all(models, x):
+    return {name: m(x) for name, m in models.items()}
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_convert_fuses_an_activation_into_the_linear_before_it(train, device, plans):
+    models = _activation_models().to(device)
+    stock = copy.deepcopy(models).double()
+    keys = list(models.state_dict())
+    tritongemm.nn.convert(models)
+    assert list(models.state_dict()) == keys
+    fused, left = tritongemm.nn.fusion_report(models)
+    assert fused == {"bert.dense": "gelu", "timm.fc1": "gelu_tanh", "timm.gate": "relu", "seq.0": "silu"}
+    assert left == {}
+    assert [type(m).__name__ for m in (models.bert.intermediate_act_fn, models.timm.act, models.seq[1])] == [
+        "FusedActivation"
+    ] * 3
+    assert "FusedActivation(gelu, fused into dense)" in repr(models.bert)
+    assert models.timm.fc2.activation == "none" and models.again.a.activation == "none"
+    assert models.again.b.activation == models.again.c.activation == "none"
+    assert type(models.again.act_a) is torch.nn.SiLU
+    summary = tritongemm.nn.fusion_summary(models).splitlines()
+    assert (
+        summary[0]
+        == "tritongemm.nn: 0 gated MLPs fused into GatedMLP, 4 activations into the Linear before them, 0 left as it was"
+    )
+    assert "  bert.dense: gelu fused into its epilogue" in summary
+
+    x = random_tensor((2, 3, 12), torch.float32, device)
+    tol = 4 * tolerance(torch.float32, device)
+    if not train:
+        with torch.no_grad():
+            for _ in range(2):  # the second time through the repeated-call entries
+                outs, refs = _run_all(models, x), _run_all(stock, x.double())
+                for name in outs:
+                    assert_close(outs[name], refs[name], tol=tol, what=name)
+        return
+    outs, refs = _run_all(models, x), _run_all(stock, x.double())
+    sum(o.square().sum() for o in outs.values()).backward()
+    sum(o.square().sum() for o in refs.values()).backward()
+    for (name, p), q in zip(models.named_parameters(), stock.parameters()):
+        assert_close(p.grad, q.grad, tol=tol, what=f"grad of {name}")
+
+
+def test_convert_leaves_activations_it_cannot_fuse_and_says_why(device):
+    hooked, shared = Intermediate(), Intermediate()
+    hooked.intermediate_act_fn.register_forward_hook(lambda m, i, o: o)
+    model = torch.nn.Sequential(hooked, shared, torch.nn.Sequential(shared.dense, torch.nn.GELU()))
+    conv = torch.nn.Sequential(torch.nn.Conv1d(3, 3, 1), torch.nn.ReLU())  # not a Linear: no word of it
+    tritongemm.nn.convert(model)
+    tritongemm.nn.convert(conv)
+    fused, left = tritongemm.nn.fusion_report(model)
+    assert fused == {}
+    assert left == {
+        "0.dense": "intermediate_act_fn has hooks",
+        "1.dense": "dense or intermediate_act_fn is a module reachable under another name too",
+        "2.0": "0 or 1 is a module reachable under another name too",
+    }
+    assert tritongemm.nn.fusion_report(conv) == ({}, {})
+    for precision, fuse in ((None, False), ("fp8", True)):
+        m = Intermediate()
+        tritongemm.nn.convert(m, precision=precision, fuse_mlp=fuse)
+        assert type(m.intermediate_act_fn) is torch.nn.GELU and m.dense.activation == "none"

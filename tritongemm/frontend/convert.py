@@ -11,7 +11,7 @@ import torch
 
 from . import fusion
 from .float8 import RECIPES
-from .modules import Float8Linear, GatedMLP, Linear
+from .modules import Float8Linear, FusedActivation, GatedMLP, Linear
 
 
 def _convertible(module: torch.nn.Module) -> bool:
@@ -35,6 +35,8 @@ def _plain_linear(module) -> bool:
 #: Gated MLPs ``convert`` met and did not fuse, and why (``fusion_report``); weak keys, so a
 #: model's modules are not kept alive by having been converted.
 _NOT_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: Per module, the Linears whose activation ``convert`` did not fuse, and why: {linear name: reason}.
+_ACTIVATIONS_NOT_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def convert(
@@ -61,7 +63,13 @@ def convert(
     gate and up projections and the product in one kernel, the same parameters (``state_dict``
     keys and values unchanged), the module's own hooks kept.  Any other module with those three
     children is left as it is (its Linears converted) and named, with the reason, by
-    ``fusion_summary(model)``.  ``fuse_mlp=False`` fuses nothing.
+    ``fusion_summary(model)``.
+
+    An activation module (GELU, tanh-GELU, SiLU, ReLU) that a forward applies to a Linear's output and
+    nothing else -- an MLP's ``act(fc1(x))``, transformers' ``BertIntermediate``, timm's ``Mlp``, an
+    ``nn.Sequential`` of a Linear and a GELU -- goes into that Linear's epilogue: the Linear gets the
+    activation and the activation's place a ``FusedActivation``, which passes its input on (the rule is
+    in ``fusion``; nothing changes in ``state_dict``).  ``fuse_mlp=False`` fuses nothing.
 
     ``precision="fp8"`` makes ``Float8Linear`` layers instead (fp8 GEMMs in forward and backward,
     dynamic ``recipe`` scales: "rowwise", "tensorwise" or "blockwise" (DeepSeek-V3's 1x128
@@ -81,7 +89,12 @@ def convert(
     if not isinstance(fast_accum, bool):
         raise TypeError(f"convert: fast_accum must be a bool, got {type(fast_accum).__name__}")
     replaced: dict[int, torch.nn.Module] = {}  # id(a module met) -> what takes its place
+    # The modules met, kept alive until convert returns: a module taken out of the model could be freed
+    # and its id given to a new one, which ``replaced`` would then answer for.
+    met: list[torch.nn.Module] = []
     visited: set[int] = set()
+    # How many names each module has in the model: a Linear or activation under two cannot be fused.
+    names = Counter(id(c) for m in model.modules() for c in m._modules.values() if c is not None)
 
     def converted(linear: torch.nn.Linear) -> torch.nn.Module:
         if precision == "fp8" and linear.in_features % 16 == 0 and linear.out_features % 16 == 0:
@@ -91,6 +104,7 @@ def convert(
     def replacement(linear: torch.nn.Linear) -> torch.nn.Module:
         if id(linear) not in replaced:
             replaced[id(linear)] = converted(linear) if _convertible(linear) else linear
+            met.append(linear)
         return replaced[id(linear)]
 
     def fused(module: torch.nn.Module) -> torch.nn.Module:
@@ -108,6 +122,7 @@ def convert(
         if reason is not None:
             _NOT_FUSED[module] = reason
             replaced[id(module)] = module
+            met.append(module)
             return module
         new = GatedMLP.from_module(module, activation)
         for name in fusion.PROJECTIONS:
@@ -116,13 +131,38 @@ def convert(
                 setattr(new, name, replacement(child))
         _NOT_FUSED.pop(module, None)
         replaced[id(module)] = new
+        met.append(module)
         visited.add(id(new))
         return new
+
+    def fuse_activations(module: torch.nn.Module) -> None:
+        """Each activation ``module`` applies to a Linear's output alone, into that Linear's epilogue."""
+        left = {}
+        for linear, act in fusion.linear_activation_pairs(module):
+            activation, reason = fusion.linear_activation_reason(module, linear, act, _plain_linear)
+            if activation is None and reason is None:
+                continue
+            lin = module._modules[linear]
+            if reason is None and (names[id(lin)] > 1 or names[id(module._modules[act])] > 1):
+                reason = f"{linear} or {act} is a module reachable under another name too"
+            if reason is not None:
+                left[linear] = reason
+                continue
+            new = replacement(lin) if type(lin) is torch.nn.Linear else lin
+            new.activation = activation
+            setattr(module, linear, new)
+            setattr(module, act, FusedActivation(activation, linear))
+        if left:
+            _ACTIVATIONS_NOT_FUSED[module] = left
+        else:
+            _ACTIVATIONS_NOT_FUSED.pop(module, None)
 
     def walk(module: torch.nn.Module) -> None:
         if id(module) in visited:
             return
         visited.add(id(module))
+        if fuse_mlp and precision is None:
+            fuse_activations(module)
         # Not named_children(): it yields a module once, under its first name only.
         for name, child in list(module._modules.items()):
             if type(child) is torch.nn.Linear:
@@ -173,15 +213,22 @@ def fallback_summary(model: torch.nn.Module) -> str:
 
 
 def fusion_report(model: torch.nn.Module) -> tuple[dict[str, str], dict[str, str]]:
-    """(fused, left alone): the gated MLPs of ``model`` by name, with the activation of each one
-    ``convert`` fused into a ``GatedMLP``, and the reason for each one it left as it was."""
+    """(fused, left alone), by module name: each gated MLP ``convert`` fused into a ``GatedMLP`` and each
+    Linear it fused an activation into, with the activation; each gated MLP, and each Linear followed by
+    an activation, it left as it was, with the reason."""
     fused: dict[str, str] = {}
     left: dict[str, str] = {}
     for name, m in model.named_modules():
+        prefix = f"{name}." if name else ""
         if isinstance(m, GatedMLP):
             fused[name] = m.activation
         elif m in _NOT_FUSED:
             left[name] = _NOT_FUSED[m]
+        for child in m._modules.values():
+            if isinstance(child, FusedActivation):
+                fused[prefix + child.into] = child.activation
+        for linear, reason in _ACTIVATIONS_NOT_FUSED.get(m, {}).items():
+            left[prefix + linear] = reason
     return fused, left
 
 
@@ -194,10 +241,21 @@ def fusion_summary(model: torch.nn.Module) -> str:
       ...
     """
     fused, left = fusion_report(model)
-    lines = [f"tritongemm.nn: {len(fused)} gated MLPs fused into GatedMLP, {len(left)} left as it was"]
     modules = dict(model.named_modules())
+    mlps = [name for name in fused if isinstance(modules[name], GatedMLP)]
+    into_linears = len(fused) - len(mlps)
+    plural = "s" if into_linears != 1 else ""
+    activations = f", {into_linears} activation{plural} into the Linear before them" if into_linears else ""
+    lines = [
+        f"tritongemm.nn: {len(mlps)} gated MLPs fused into GatedMLP{activations}, {len(left)} left as it was"
+    ]
     for name, activation in fused.items():
-        source = modules[name].__dict__.get("fused_from")
-        lines.append(f"  {name or '(model)'}: fused ({activation}" + (f", from {source})" if source else ")"))
+        if name in mlps:
+            source = modules[name].__dict__.get("fused_from")
+            lines.append(
+                f"  {name or '(model)'}: fused ({activation}" + (f", from {source})" if source else ")")
+            )
+        else:
+            lines.append(f"  {name}: {activation} fused into its epilogue")
     lines += [f"  {name or '(model)'}: left alone: {reason}" for name, reason in left.items()]
     return "\n".join(lines)

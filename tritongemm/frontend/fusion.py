@@ -1,4 +1,5 @@
-"""Which modules ``nn.convert`` may replace by ``nn.GatedMLP``: the rule, read from the module alone.
+"""What ``nn.convert`` may fuse, read from the module alone: gated MLPs into ``nn.GatedMLP``, and an
+activation module into the epilogue of the Linear whose output it takes (``linear_activation_pairs``).
 
 ``GatedMLP`` computes ``down_proj(act(gate_proj(x)) * up_proj(x))`` with the gate and up
 projections and the product in one kernel, so it may take the place only of a module known to
@@ -37,6 +38,7 @@ import ast
 import inspect
 import textwrap
 import weakref
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -225,12 +227,168 @@ def _is_standard(expr, self_name: str, x_name: str) -> bool:
     return (gate(left) and up(right)) or (up(left) and gate(right))
 
 
+# -- An activation after a Linear --------------------------------------------------------------------
+#
+# ``h = self.act(self.fc1(x))`` (or ``h = self.fc1(x)`` then ``h = self.act(h)``) is one Linear with the
+# activation in its epilogue: the activation's pass over the (M, N) output disappears.  convert makes
+# ``fc1`` a Linear with the activation and ``act`` a ``FusedActivation``, which passes its input on,
+# where all of these hold (``linear_activation_reason`` names the first that fails):
+#
+# 1. the forward, read from its source, applies ``act`` to ``fc1``'s output right away: nested, or two
+#    consecutive statements of its body, the first's name read nowhere after the second; and neither
+#    attribute is read anywhere else in the class's methods (nor ``self`` used but through attributes
+#    in the forward); ``nn.Sequential`` qualifies by its order alone (a Linear, then the activation);
+# 2. ``fc1`` is a plain Linear and ``act`` one of ``EPILOGUE_ACTIVATIONS`` (or the gated MLP's);
+# 3. neither has hooks, neither is a class attribute, the module neither overrides ``__call__`` nor
+#    has its forward replaced on the instance, and (checked by convert) neither is reachable under
+#    another name in the model.
+
+#: Activation modules a Linear's epilogue computes besides the gated MLP's (``activation_of``).
+EPILOGUE_ACTIVATIONS = {torch.nn.ReLU: "relu"}
+
+
+def epilogue_activation_of(act: object) -> str | None:
+    """The activation ``act`` computes in a Linear's epilogue (rule 2), or None."""
+    if (
+        isinstance(act, torch.nn.Module)
+        and "forward" not in act.__dict__
+        and type(act) in EPILOGUE_ACTIVATIONS
+    ):
+        return EPILOGUE_ACTIVATIONS[type(act)]
+    return activation_of(act)
+
+
+def linear_activation_pairs(module: torch.nn.Module) -> tuple[tuple[str, str], ...]:
+    """(Linear's name, activation's name) for each place ``module``'s forward applies a child to another
+    child's output and nowhere else (rule 1: what the source says; the children are not looked at)."""
+    cls = type(module)
+    if cls is torch.nn.Sequential:
+        names = list(module._modules)
+        return tuple(zip(names, names[1:]))
+    try:
+        return _PAIRS[cls]
+    except KeyError:
+        pass
+    _PAIRS[cls] = pairs = _read_pairs(cls)
+    return pairs
+
+
+def linear_activation_reason(
+    module: torch.nn.Module, linear: str, act: str, plain_linear: Callable[[torch.nn.Module], bool]
+) -> tuple[str | None, str | None]:
+    """(activation, None) when ``module.<act>`` may be fused into ``module.<linear>`` (rules 2 and 3, but
+    for the sharing convert checks), else (None, why not); (None, None) where the pair is no Linear and
+    activation at all."""
+    cls = type(module)
+    children = module._modules
+    lin, fn = children.get(linear), children.get(act)
+    activation = epilogue_activation_of(fn)
+    if activation is None or not isinstance(lin, torch.nn.Linear):
+        return None, None
+    if not plain_linear(lin):
+        return None, f"{linear} is {type(lin).__name__}, not a plain nn.Linear"
+    for name, child in ((linear, lin), (act, fn)):
+        if has_hooks(child):
+            return None, f"{name} has hooks"
+        if "forward" in child.__dict__:
+            return None, f"{name} has its forward replaced on the instance"
+    if "forward" in module.__dict__:
+        return None, "forward replaced on the instance"
+    if cls.__call__ is not torch.nn.Module.__call__:
+        return None, f"{cls.__name__} overrides __call__"
+    if any(name in vars(k) for name in (linear, act) for k in cls.__mro__ if k is not torch.nn.Module):
+        return None, f"{cls.__name__} defines {linear} or {act} on the class"
+    return activation, None
+
+
+_PAIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _read_pairs(cls: type) -> tuple[tuple[str, str], ...]:
+    if cls.forward is torch.nn.Module.forward:
+        return ()
+    try:
+        fn = ast.parse(textwrap.dedent(inspect.getsource(cls.forward))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return ()
+    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list or not fn.args.args:
+        return ()
+    me = fn.args.args[0].arg
+    attributes = {id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Attribute) and _is_name(n.value, me)}
+    if any(_is_name(n, me) and id(n) not in attributes for n in ast.walk(fn)):
+        return ()  # ``self`` itself escapes (getattr(self, ...), a helper given self): nothing is sure
+    found = []
+    for node in ast.walk(fn):  # nested: self.act(self.fc1(...))
+        inner = _self_call(node, me)
+        if inner is not None and _self_call(node.args[0], me) is not None:
+            found.append((node.args[0].func.attr, node.func.attr))
+    body = fn.body
+    for i, (first, second) in enumerate(zip(body, body[1:])):  # h = self.fc1(...); h2 = self.act(h)
+        target = _assigned_name(first)
+        if target is None or _self_call(first.value, me) is None:
+            continue
+        value = second.value if isinstance(second, (ast.Assign, ast.Return)) else None
+        if _self_call(value, me) is None or not _is_name(value.args[0], target):
+            continue
+        later = body[i + 2 :] if _assigned_name(second) != target else []
+        if any(_is_name(n, target) for stmt in later for n in ast.walk(stmt)):
+            continue  # the Linear's own output is read again
+        found.append((first.value.func.attr, value.func.attr))
+    reads = _attribute_reads(cls)
+    if reads is None:
+        return ()
+    return tuple((lin, act) for lin, act in found if lin != act and reads[lin] == reads[act] == 1)
+
+
+def _self_call(node, me: str):
+    """The one argument of ``self.<name>(arg)``, or None."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and _is_name(node.func.value, me)
+        and len(node.args) == 1
+        and not isinstance(node.args[0], ast.Starred)
+        and not node.keywords
+    ):
+        return node.args[0]
+    return None
+
+
+def _assigned_name(stmt) -> str | None:
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    return None
+
+
+def _attribute_reads(cls: type):
+    """How often each attribute name is read (not assigned) in the methods of ``cls`` and its bases
+    below ``nn.Module``, or None where a source cannot be read."""
+    reads: Counter = Counter()
+    for k in cls.__mro__:
+        if k is torch.nn.Module or issubclass(torch.nn.Module, k):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(k)))
+        except (OSError, TypeError, SyntaxError):
+            return None
+        reads.update(
+            n.attr
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and not isinstance(n.ctx, ast.Store)
+        )
+    return reads
+
+
 __all__ = [
+    "EPILOGUE_ACTIVATIONS",
     "PROJECTIONS",
     "TRANSFORMERS_ACTIVATIONS",
     "activation_of",
+    "epilogue_activation_of",
     "forward_reason",
     "gated_mlp_activation",
     "has_hooks",
     "is_candidate",
+    "linear_activation_pairs",
+    "linear_activation_reason",
 ]

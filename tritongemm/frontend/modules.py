@@ -59,18 +59,18 @@ class Linear(torch.nn.Linear):
 
     def _linear(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """This layer's function of ``input`` with these parameters (its own, or a DTensor's shards of them)."""
-        if self.activation == "none":  # a repeated call: its entry was made by a call that passed every check
-            key, y = fastpath.lookup(
-                "linear", input, weight, bias
-            )  # (None, None) at once for a DTensor or a trace
+        if self.activation == "none" or not calls.records_grad(input, weight, bias):
+            # A repeated call: its entry was made by a call that passed every check ((None, None) at
+            # once for a DTensor or a trace).  An activation's entries run without autograd only.
+            key, y = fastpath.lookup(fastpath.linear_kind(self.activation), input, weight, bias)
             if y is not None:
                 return y
-            if torch.compiler.is_compiling() and not is_dtensor(input):
-                y = calls.traced_linear(input, weight, bias)  # (a few steps of Dynamo's, not the whole way)
-                if y is not None:
-                    return y
         else:
             key = None
+        if self.activation == "none" and torch.compiler.is_compiling() and not is_dtensor(input):
+            y = calls.traced_linear(input, weight, bias)  # (a few steps of Dynamo's, not the whole way)
+            if y is not None:
+                return y
         if is_dtensor(input):  # tensor parallelism: one GEMM of the shards where no redistribution is needed
             y = linear_on_shards(self._linear, input, weight, bias, self.activation)
             if y is not None:
@@ -125,6 +125,26 @@ class Linear(torch.nn.Linear):
                 stacklevel=3,
             )
         return new
+
+
+class FusedActivation(torch.nn.Identity):
+    """An activation module ``convert`` fused into the Linear before it (``into``, a sibling's name):
+    it passes its input on, since that Linear's output is already activated.
+
+    >>> model.encoder.layer[0].intermediate
+    BertIntermediate(
+      (dense): Linear(in_features=768, out_features=3072, bias=True, activation='gelu', backend=tritongemm)
+      (intermediate_act_fn): FusedActivation(gelu, fused into dense)
+    )
+    """
+
+    def __init__(self, activation: str, into: str) -> None:
+        super().__init__()
+        self.activation = activation
+        self.into = into
+
+    def extra_repr(self) -> str:
+        return f"{self.activation}, fused into {self.into}"
 
 
 class Float8Linear(Linear):

@@ -10,17 +10,20 @@ they would under ``patch()``, and are counted by reason in the module's
 
 ``GatedMLP`` is a GLU MLP, ``down_proj(act(gate_proj(x)) * up_proj(x))``, whose gate and up
 projections and product run as one kernel (``gated_linear``); ``convert`` puts one in place of
-every module it can tell computes exactly that (``fusion``: the rule), and
-``fusion_summary(model)`` says which it fused and which it left alone, and why.
+every module it can tell computes exactly that (``fusion``: the rules).  It also fuses an
+activation module applied to a Linear's output (an MLP's first projection and its GELU) into that
+Linear's epilogue, leaving a ``FusedActivation`` in the activation's place.  ``fusion_summary(model)``
+says what it fused and what it left alone, and why.
 """
 
 from __future__ import annotations
 
 from .convert import convert, fallback_counts, fallback_summary, fusion_report, fusion_summary
-from .modules import Float8Linear, GatedMLP, Linear
+from .modules import Float8Linear, FusedActivation, GatedMLP, Linear
 
 __all__ = [
     "Float8Linear",
+    "FusedActivation",
     "GatedMLP",
     "Linear",
     "convert",
