@@ -15,10 +15,11 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import tritongemm
 from tritongemm import launch
-from tritongemm.testing import random_tensor, relative_error, tolerance
+from tritongemm.testing import assert_close, random_tensor, relative_error, tolerance
 
 
 def _mlp(k: int, n: int, device, dtype) -> torch.nn.Module:
@@ -213,7 +214,7 @@ def test_the_route_is_part_of_the_traced_graph(device, monkeypatch):
 
     def backend(gm, example_inputs):
         ops = ("tritongemm.gemm", "tritongemm.gemm.default")
-        routes.extend(n.args[-1] for n in gm.graph.nodes if str(n.target) in ops)
+        routes.extend(n.args[12] for n in gm.graph.nodes if str(n.target) in ops)  # (the op's route)
         return gm.forward
 
     model = _mlp(16, 24, device, torch.float32)
@@ -223,6 +224,34 @@ def test_the_route_is_part_of_the_traced_graph(device, monkeypatch):
         torch._dynamo.reset()
         torch.compile(model, backend=backend, fullgraph=True)(x)
     assert routes == ["auto", "auto", "always", "always"], routes
+
+
+def test_a_traced_fused_activation_writes_no_pre_activation(device, monkeypatch):
+    """A traced op with an activation is one nothing differentiates (a recorded call goes through the
+    op without it, then torch's activation): its kernel writes the output alone, not z as well."""
+    launches = []
+    real = launch.gemm
+
+    def recorded(call, *args, **kwargs):
+        launches.append(call.epilogue)
+        return real(call, *args, **kwargs)
+
+    monkeypatch.setattr(launch, "gemm", recorded)
+    monkeypatch.setattr(launch, "COMPILED_GEMMS", "always")
+    layer = tritongemm.nn.Linear(16, 24, activation="gelu", device=device)
+    x = random_tensor((5, 16), torch.float32, device)
+    ref = F.gelu(F.linear(x.double(), layer.weight.double(), layer.bias.double()))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(layer, backend="aot_eager", fullgraph=True)(x)
+    assert_close(out, ref)
+    assert [(ep.activation, ep.store_preact) for ep in launches] == [("gelu", False)]
+    launches.clear()
+    torch._dynamo.reset()
+    out = torch.compile(layer, backend="aot_eager", fullgraph=True)(x.requires_grad_())
+    out.sum().backward()
+    assert_close(out, ref)
+    assert launches[0].activation == "none" and not any(ep.store_preact for ep in launches)
 
 
 @pytest.mark.gpu
@@ -308,6 +337,14 @@ def test_compiled_reason_keeps_kernels_only_where_they_have_an_edge():
     assert head.alignment is not None and head.compiled is None
     with inductor_config.patch(shape_padding=False):
         assert "unaligned" in compiled_reason(head, Request(), torch.bfloat16, torch.bfloat16)
+    # A fused activation on a short K and prefill-sized rows: the kernel saves Inductor's pass.
+    x768 = torch.empty(4096, 768, dtype=torch.bfloat16, device="meta")
+    fc1 = torch.empty(3072, 768, dtype=torch.bfloat16, device="meta").mT
+    assert "fused gelu" in tritongemm.explain(x768, fc1, activation="gelu", device="h100").compiled
+    assert tritongemm.explain(x768, fc1, device="h100").compiled is None
+    assert tritongemm.explain(x768[:512], fc1, activation="gelu", device="h100").compiled is None
+    long_k = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
+    assert tritongemm.explain(long_k, long_k.mT, activation="silu", device="h100").compiled is None
     # No plan (symbolic sizes): the request and the dtypes still decide.
     assert compiled_reason(None, Request(), torch.bfloat16, torch.bfloat16) is None
     assert "asked for" in compiled_reason(

@@ -319,5 +319,6 @@ def traced_plain_gemm(a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | N
 
 
 def _traceable_gemm(call: GemmCall, a, b, addend, residual):
-    """The GEMM as the op ``torch.ops.tritongemm.gemm`` (``ops.py``), which traces and exports."""
-    return torch.ops.tritongemm.gemm(*op_args(call, a, b, addend, residual), launch.COMPILED_GEMMS)[0]
+    """The GEMM as the op ``torch.ops.tritongemm.gemm`` (``ops.py``), which traces and exports; with no
+    pre-activation stored, since ``gemm_op`` fuses an activation only where nothing is differentiated."""
+    return torch.ops.tritongemm.gemm(*op_args(call, a, b, addend, residual), launch.COMPILED_GEMMS, False)[0]

@@ -85,6 +85,7 @@ def _gemm(
     config_json: str | None,
     precision: str = "ieee",
     route: str = "auto",
+    store_preact: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``tritongemm::gemm``: (act(alpha a@b + beta addend) + residual, pre-activation or an empty tensor).
 
@@ -97,9 +98,13 @@ def _gemm(
 
     ``route`` is ``launch.COMPILED_GEMMS`` as the call was traced: an argument, so that it is part of
     the graph torch.compile caches (its caches key on the graph, not on this op's body).
+    ``store_preact``: with an activation, whether the pre-activation is written for backward (the op's
+    autograd reads it).  ``autograd.gemm_op`` passes False: it sends an activation here only where
+    nothing is differentiated (else it calls the op without one, then torch's activation), and the
+    pre-activation's stores would cost a pass over the output.
     """
     args = (a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json,
-            precision, route)  # fmt: skip
+            precision, route, store_preact)  # fmt: skip
     if type(a) in (torch.Tensor, torch.nn.Parameter):
         return _gemm_extern(*args)
     # Each op made here is traced (functionalized, faked) at compile time: decide before allocating.
@@ -110,7 +115,7 @@ def _gemm(
     call, a, b, out, d, residual, preact, preact_out = _prepared(args)
     if (
         route == "autotune"
-        and tuned.eligible(args, call, a, residual)
+        and tuned.eligible(route, call, a, residual)
         and tuned.available(TUNED_OP, aten_tuned)
     ):
         return torch.ops.tritongemm.gemm_tuned(*args), preact_out
@@ -127,7 +132,8 @@ def _hand_to_aten(chosen, call: GemmCall, a: torch.Tensor, route: str) -> bool:
     too unless the request or the dtypes say otherwise."""
     if route != "auto" or a.device.type != "cuda" or interpreter_enabled():
         return False
-    return compiled_reason(chosen, call.request, a.dtype, call.out_dtype or a.dtype) is None
+    out_dtype = call.out_dtype or a.dtype
+    return compiled_reason(chosen, call.request, a.dtype, out_dtype, call.epilogue.activation) is None
 
 
 def aten_ops(call: GemmCall, a, b, addend, residual) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,7 +162,7 @@ def aten_tuned(a, b, addend=None, residual=None, **values) -> torch.Tensor:
     """``gemm_tuned`` in aten ops, the choice Inductor weighs against it (``tuned``): it passes the
     tensors in order and the rest by name, as the op's schema names them."""
     keys = ("alpha", "beta", "activation", "out_dtype", "pipeline", "decomposition", "config_json",
-            "precision", "route")  # fmt: skip
+            "precision", "route", "store_preact")  # fmt: skip
     call, a, b, addend, residual = from_op_args((a, b, addend, residual, *(values[k] for k in keys)))
     return aten_ops(call, a, b, addend, residual)[0]
 
@@ -168,7 +174,7 @@ def _setup_context(ctx, inputs, output):
 
 def _op_backward(ctx, grad_out, grad_preact):
     a, b, z = ctx.saved_tensors
-    return (*backward_gemms(ctx, grad_out, a, b, z), *([None] * 9))
+    return (*backward_gemms(ctx, grad_out, a, b, z), *([None] * 10))
 
 
 def _decompose_when_functional(mode, op, types, args, kwargs):

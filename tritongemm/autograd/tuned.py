@@ -26,11 +26,11 @@ _REGISTERED: list[bool] = []  # [whether torch has it], once decided
 MIN_TORCH = "2.13"
 
 
-def eligible(args: tuple, call, a: torch.Tensor, residual) -> bool:
-    """Is this traced GEMM (``tritongemm::gemm``'s arguments) one Inductor may time against aten?"""
+def eligible(route: str, call, a: torch.Tensor, residual) -> bool:
+    """Is this traced GEMM (``tritongemm::gemm``'s call, on ``route``) one Inductor may time against aten?"""
     request = call.request
     return (
-        args[-1] == "autotune"
+        route == "autotune"
         and request.config is None
         and request.pipeline is None
         and request.decomposition is None

@@ -131,10 +131,11 @@ def from_op_args(args) -> tuple:
         config_json,
         *rest,
     ) = args
-    precision = rest[0] if rest else "ieee"  # a default the dispatcher may leave out
+    # (defaults the dispatcher may leave out: precision, route, store_preact)
+    precision = rest[0] if rest else "ieee"
     config = TileConfig.from_dict(json.loads(config_json)) if config_json else None
     request = Request(config, _parse_pipeline(pipeline), decomposition)
-    store = activation != "none"
+    store = activation != "none" and (rest[2] if len(rest) > 2 else True)
     ep = Epilogue(activation, alpha, beta, addend is not None and beta != 0, residual is not None, store)
     return GemmCall(ep, request, out_dtype, precision), a, b, addend, residual
 

@@ -148,11 +148,15 @@ def plan(
                 cfg, kernel, fallback = _kernel_for(small, problem, device, a, b, c, dtype, out_dtype)
                 source += "; element-wise loads: instead, small tiles with a long K step (unaligned.elementwise_tile)"
     chosen = Plan(cfg, source, kernel, fallback, problem, device, alignment)
-    return replace(chosen, compiled=compiled_reason(chosen, request, dtype, out_dtype))
+    return replace(chosen, compiled=compiled_reason(chosen, request, dtype, out_dtype, activation))
 
 
 def compiled_reason(
-    chosen: Plan | None, request: Request, dtype: torch.dtype, out_dtype: torch.dtype
+    chosen: Plan | None,
+    request: Request,
+    dtype: torch.dtype,
+    out_dtype: torch.dtype,
+    activation: str = "none",
 ) -> str | None:
     """Why a GEMM in a ``torch.compile`` graph runs tritongemm's kernel; None: it is handed to the
     aten op, as in the stock model.  ``chosen`` is None where no plan could be made (symbolic
@@ -163,7 +167,9 @@ def compiled_reason(
     kernels match cuBLAS (``benchmarks/results/h100/llm.csv``), so there the aten op costs
     nothing and gains the fusions.  Where cuBLAS is weak -- unaligned leading dimensions, at a
     fraction of its speed -- or where the caller asked for something aten cannot do, the kernel
-    runs.
+    runs.  So does a fused ``activation`` on a short K (``FUSED_ACTIVATION_MAX_K``) and prefill-sized
+    rows: Inductor runs the activation as a pass of its own over the output, which costs about 470/K
+    of the GEMM's time.
     """
     if dtype in FP8_DTYPES:
         return "fp8: scaled_mm is an op of its own"
@@ -178,7 +184,21 @@ def compiled_reason(
             # ran 0.83-0.88 of stock compiled on this kernel.  Unaligned strides of views it leaves.
             return None
         return f"unaligned operands ({chosen.alignment.path}), where cuBLAS is slow"
+    problem = chosen.problem if chosen is not None else None
+    if activation != "none" and problem is not None and problem.k <= FUSED_ACTIVATION_MAX_K:
+        if problem.m >= FUSED_ACTIVATION_MIN_M:
+            return f"a fused {activation}: at K = {problem.k} the pass it saves is a large share of the GEMM"
     return None
+
+
+#: Where a traced GEMM's fused activation keeps tritongemm's kernel (``compiled_reason``).  The pass
+#: Inductor would run costs about 470/K of the GEMM (23% at K = 2048).  Measured on an H100, bias + GELU
+#: (``benchmarks/results/h100/sweeps/compiled_activation.txt``): fused against ``torch.compile``'s
+#: cuBLAS then fused pointwise, 1.30-1.40 at K = 768-1280 (rows 4096-12608).  Fewer rows than
+#: ``FUSED_ACTIVATION_MIN_M`` keep aten: the kernel's opaque call would cost more host time than
+#: a pass over a few rows.
+FUSED_ACTIVATION_MAX_K = 2048
+FUSED_ACTIVATION_MIN_M = 1024
 
 
 def _sizes_unaligned(problem: GemmProblem) -> bool:
