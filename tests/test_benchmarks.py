@@ -1386,3 +1386,43 @@ def test_epilogue_tiles_sweep_forces_tiles_the_kernel_takes_and_tabulates(monkey
     row.update(torch_ms=0.1, rule_ratio=1.25, one128x128sk_status="wrong")
     text = sweep.table([row])
     assert "gelu" in text and "1.250" in text and "wrong" in text and "100.0" in text and "pingpong" in text
+
+
+def test_short_k_sweep_forces_tiles_the_kernel_takes_and_tabulates(monkeypatch, capsys):
+    """The short-K sweep needs an sm_90 GPU (it says so and exits 2 without one); its forced tiles are
+    warp-specialized bf16 tiles an H100 takes at its shapes, and its table reads a record's ratios, the
+    compiled ratio and the models' rows."""
+    from benchmarks import sweep_short_k as sweep
+    from tritongemm.device import DeviceInfo
+    from tritongemm.planning.eligibility import Operand, warp_specialized_unsupported_reason
+
+    h100 = DeviceInfo("H100", (9, 0), 132, 232448)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert sweep.main(["--out", "unused"]) == 2
+    assert "sm_90" in capsys.readouterr().err
+    bf16 = torch.bfloat16
+    for _, m, n, k, _ in sweep.SHAPES:
+        a = Operand.of(torch.empty(m, k, dtype=bf16, device="meta"))
+        b = Operand.of(torch.empty(n, k, dtype=bf16, device="meta").t())
+        c = Operand.of(torch.empty(m, n, dtype=bf16, device="meta"))
+        for name, cfg in sweep.TILES.items():
+            cfg.validate(h100, 2)
+            reason = warp_specialized_unsupported_reason(cfg, a, b, c, bf16, bf16, h100, False)
+            assert reason is None or "Gluon" in reason or "Triton" in reason, (name, reason)
+    row = {
+        "what": "BERT fc1",
+        "m": 8,
+        "n": 16,
+        "k": 32,
+        "activation": "gelu",
+        "rule_plan": "gluon_ws pingpong",
+    }
+    row.update(
+        torch_ms=0.1, compiled_ms=0.1, rule_compiled_ms=0.08, rule_ratio=1.25, one128x128_status="wrong"
+    )
+    model = {"model": "BERT-base prefill", "fused": "13 activations", "stock_ms": 5.0, "convert / stock": 1.1}
+    model.update({"compiled stock / stock": 1.2, "compiled convert / compiled stock": 1.05})
+    text = sweep.table([row], [model])
+    assert "BERT fc1" in text and "1.250" in text and "wrong" in text and "100.0" in text
+    assert "1.250" in text.splitlines()[1] and "  1.250" in text  # rule_compiled / compiled = 0.1 / 0.08
+    assert "BERT-base prefill" in text and "1.050" in text and "gate" in text

@@ -290,6 +290,29 @@ def test_transcendental_epilogue_takes_pingpong_consumers(m, n, k, activation, p
         assert fused.config == plain.config
 
 
+@pytest.mark.parametrize(
+    "m, n, k, pingpong",
+    [
+        (8192, 3072, 768, True),  # BERT's fc1 without its activation: short K, 1536 tiles
+        (8192, 768, 768, True),  # its attention output
+        (8192, 4096, 1024, True),
+        (8192, 768, 3072, False),  # its fc2: K = 3072 is not short
+        (512, 3072, 768, False),  # 96 tiles, under two waves
+    ],
+)
+def test_short_k_takes_pingpong_consumers_without_an_activation(m, n, k, pingpong):
+    """heuristics/epilogue.py: at K <= 1024 even a plain store is a large share of a tile, and two
+    ping-pong consumers hide it where the 128x128 tiles fill two waves."""
+    x = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(n, k, dtype=torch.bfloat16, device="meta")
+    plan = tritongemm.explain(x, w.t(), device="h100")
+    assert plan.config.pingpong == pingpong, plan.describe()
+    if pingpong:
+        assert plan.kernel == "gluon_ws" and "a short K" in plan.source
+        fp8 = tritongemm.explain(x.to(torch.float8_e4m3fn), w.t().to(torch.float8_e4m3fn), device="h100")
+        assert "a short K" not in fp8.source  # (measured on bf16 only)
+
+
 def _gelu_over_range(device, dtype, **kw):
     """GELU fused after a GEMM whose products are exactly the values of a grid on [-8, 8]:
     (z as a column) @ (a row of ones), each output element is one z, so the epilogue alone errs."""

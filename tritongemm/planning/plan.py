@@ -120,7 +120,7 @@ def plan(
     ``fast_accumulation``: fp8 products summed without promotion (``use_fast_accum``); ``activation``:
     the epilogue's (``heuristics.epilogue``)."""
     chosen, source = select(problem, device, request)
-    if activation != "none" and source.startswith("heuristic"):
+    if source.startswith("heuristic"):
         chosen, why = epilogue_config(chosen, problem, device, activation)
         if why:
             source += f"; {why}"
@@ -192,11 +192,11 @@ def compiled_reason(
 
 
 #: Where a traced GEMM's fused activation keeps tritongemm's kernel (``compiled_reason``).  The pass
-#: Inductor would run costs about 470/K of the GEMM (23% at K = 2048).  Measured on an H100, bias + GELU
-#: (``benchmarks/results/h100/sweeps/compiled_activation.txt``): fused against ``torch.compile``'s
-#: cuBLAS then fused pointwise, 1.30-1.40 at K = 768-1280 (rows 4096-12608).  Fewer rows than
-#: ``FUSED_ACTIVATION_MIN_M`` keep aten: the kernel's opaque call would cost more host time than
-#: a pass over a few rows.
+#: Inductor would run costs about 470/K of the GEMM (23% at K = 2048).  Measured on an H100, bf16, bias +
+#: GELU or tanh-GELU (``benchmarks/results/h100/sweeps/short_k.txt``): compiled, the fused kernel against
+#: ``torch.compile``'s cuBLAS then fused pointwise, 1.29-1.41 at K = 768-1024 (rows 4096-12608).  Fewer
+#: rows than ``FUSED_ACTIVATION_MIN_M`` keep aten: the kernel's opaque call would cost more host time
+#: than a pass over a few rows.
 FUSED_ACTIVATION_MAX_K = 2048
 FUSED_ACTIVATION_MIN_M = 1024
 

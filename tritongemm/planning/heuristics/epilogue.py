@@ -1,4 +1,4 @@
-"""The tile for a fused activation: where the epilogue's arithmetic would leave the tensor cores idle.
+"""The tile where the epilogue would leave the tensor cores idle: a fused activation's, or a short K's.
 
 The heuristic picks tiles by shape alone.  A transcendental activation (GELU, tanh-GELU, SiLU) costs a
 few microseconds a tile wherever the warps that run it are the ones that would issue the next wgmma.
@@ -20,8 +20,11 @@ one-consumer tile (with the heuristic's Stream-K where it takes it) against ping
 * 512 x 4096 x 14336 (128 tiles, under one wave): 0.94 / 0.96 / 0.95 against 0.90 / 0.99 / 0.97,
   so the rule leaves it.
 
-Without an activation the one-consumer tile stays (ping-pong: 0.93 against 0.97 at 512 x 14336, 0.95
-against 0.98 at 1000 x 14336).  The cooperative 128 x 256 tile staged in halves reads 1.02-1.05 at
+Without an activation the one-consumer tile stays at long K (ping-pong: 0.93 against 0.97 at 512 x
+14336, 0.95 against 0.98 at 1000 x 14336).  At a short K (``SHORT_K``) every tile's epilogue, even a
+plain store, is a large share of its mainloop, and ping-pong hides it there too: against cuBLAS,
+0.94 -> 1.01 at 4096 x 3072 x 768, 0.95 -> 1.01 at 8192 x 3072 x 768, 0.95 -> 0.97 at 12608 x 3072 x
+768, 0.93 -> 0.95 at 8192 x 4096 x 1024 (``sweeps/short_k.txt``).  The cooperative 128 x 256 tile staged in halves reads 1.02-1.05 at
 512 x 14336 but 0.68 at 512 x 4096 x 14336 and 0.96-0.97 at 1000 rows.
 """
 
@@ -34,8 +37,10 @@ from ..configs import TileConfig
 from ..problem import GemmProblem
 from .tiles import tiles_of
 
-#: Activations whose epilogue is worth hiding (a reciprocal, an exponential and a dozen FMAs an element).
+#: Activations whose epilogue is worth hiding (a reciprocal, an exponential and a few FMAs an element).
 TRANSCENDENTAL = ("gelu", "gelu_tanh", "silu")
+#: K up to which any epilogue is worth hiding: 12-16 steps of 64, against a store of the whole tile.
+SHORT_K = 1024
 #: The warp-specialized 128 x 128 tile on two ping-pong consumers: (warps, stages); each consumer holds
 #: an output staging tile, so the ring takes 5 stages where one consumer's takes 6.
 PINGPONG_128 = (4, 5)
@@ -44,9 +49,10 @@ PINGPONG_128 = (4, 5)
 def epilogue_config(
     cfg: TileConfig, problem: GemmProblem, device: DeviceInfo, activation: str
 ) -> tuple[TileConfig, str | None]:
-    """The heuristic's ``cfg`` for a fused ``activation``, and what was changed (None: nothing): the
-    one-consumer 128 x 128 warp-specialized tile becomes two ping-pong consumers, without Stream-K,
-    where its tiles fill at least two waves."""
+    """The heuristic's ``cfg`` for a fused ``activation`` ("none" for none), and what was changed (None:
+    nothing): the one-consumer 128 x 128 warp-specialized tile becomes two ping-pong consumers, without
+    Stream-K, where its tiles fill at least two waves and the epilogue is worth hiding (a transcendental
+    activation, or a short K)."""
     one_consumer = (cfg.kernel, cfg.block_m, cfg.block_n, cfg.num_warps, cfg.pingpong) == (
         "gluon_ws",
         128,
@@ -54,16 +60,15 @@ def epilogue_config(
         4,
         False,
     )
-    if activation not in TRANSCENDENTAL or not one_consumer or cfg.accumulator_widths[1]:
+    short = problem.k <= SHORT_K and problem.elem_size == 2  # (measured on bf16 only)
+    if not (activation in TRANSCENDENTAL or short) or not one_consumer or cfg.accumulator_widths[1]:
         return cfg, None
     if tiles_of(problem, 128, 128) < 2 * device.sm_count:
         return cfg, None
     warps, stages = PINGPONG_128
     cfg = replace(cfg, num_warps=warps, num_stages=stages, pingpong=True, stream_k=False)
-    return (
-        cfg,
-        f"{activation} in the epilogue: two ping-pong consumers, each finishing under the other's mainloop",
-    )
+    what = f"{activation} in the epilogue" if activation in TRANSCENDENTAL else f"a short K ({problem.k})"
+    return cfg, f"{what}: two ping-pong consumers, each finishing under the other's mainloop"
 
 
-__all__ = ["TRANSCENDENTAL", "epilogue_config"]
+__all__ = ["SHORT_K", "TRANSCENDENTAL", "epilogue_config"]
