@@ -39,7 +39,8 @@ from .tiles import tiles_of
 
 #: Activations whose epilogue is worth hiding (a reciprocal, an exponential and a few FMAs an element).
 TRANSCENDENTAL = ("gelu", "gelu_tanh", "silu")
-#: K up to which any epilogue is worth hiding: 12-16 steps of 64, against a store of the whole tile.
+#: K up to which any epilogue is worth hiding (12-16 steps of 64, against a store of the whole tile), in
+#: a forward layer's layout (both operands K-major).
 SHORT_K = 1024
 #: The warp-specialized 128 x 128 tile on two ping-pong consumers: (warps, stages); each consumer holds
 #: an output staging tile, so the ring takes 5 stages where one consumer's takes 6.
@@ -60,7 +61,9 @@ def epilogue_config(
         4,
         False,
     )
-    short = problem.k <= SHORT_K and problem.elem_size == 2  # (measured on bf16 only)
+    # (measured on bf16 forward layers, x @ w.T: a weight gradient's TN GEMM over 512-1000 tokens ran
+    # 3-4% slower with ping-pong, in the epilogue suite's forward + backward steps)
+    short = problem.k <= SHORT_K and problem.elem_size == 2 and problem.layout == "NT"
     if not (activation in TRANSCENDENTAL or short) or not one_consumer or cfg.accumulator_widths[1]:
         return cfg, None
     if tiles_of(problem, 128, 128) < 2 * device.sm_count:
