@@ -655,3 +655,15 @@ def test_entry_function_apply_falls_back_to_the_python_wrapper(monkeypatch):
     assert raw != fastpath.EntryFunction.apply, "torch has the C method: the wrapper should be skipped"
     monkeypatch.delattr(torch._C, "_FunctionBase")
     assert fastpath._raw_apply(fastpath.EntryFunction) == fastpath.EntryFunction.apply
+
+
+def test_a_recorded_activation_linear_takes_the_plain_entry_and_an_unknown_one_still_raises(device, monkeypatch):
+    w = random_tensor((40, 24), torch.float32, device).requires_grad_()
+    x = random_tensor((2, 5, 24), torch.float32, device)
+    tritongemm.linear(x, w)  # builds the plain linear's entry
+    counter = _WholeWayCounter(monkeypatch)
+    y = tritongemm.linear(x, w, activation="silu")
+    assert counter.calls == 0 and type(y.grad_fn).__name__.startswith("Silu")
+    assert_close(y, F.silu(_ref_linear(x, w)))
+    with pytest.raises(ValueError, match="unknown activation 'tanh'"):
+        tritongemm.linear(x, w, activation="tanh")

@@ -17,6 +17,7 @@ import torch
 from ..autograd.distributed import is_dtensor, linear_on_shards
 from ..request import calls, fastpath
 from ..request.batched import Config, Pipeline
+from ..semantics import ACTIVATIONS
 
 
 # ----------------------------------------------------------------------------------
@@ -178,20 +179,23 @@ def linear(
 
     The epilogue computes ``activation(input @ weight.T + bias) + residual``.
     """
-    plain = (
+    key = None
+    if (
         residual is None
         and out_dtype is None
         and config is None
         and pipeline is None
         and decomposition is None
-        and (activation is None or activation == "none" or not calls.records_grad(input, weight, bias))
-    )
-    if plain:  # (an activation's entries run without autograd only: ``fastpath.linear_kind``)
-        key, y = fastpath.lookup(fastpath.linear_kind(activation), input, weight, bias)
-        if y is not None:
-            return y
-    else:
-        key = None
+    ):
+        if activation is None or activation == "none" or not calls.records_grad(input, weight, bias):
+            # (an activation's entries run without autograd only: ``fastpath.linear_kind``)
+            key, y = fastpath.lookup(fastpath.linear_kind(activation), input, weight, bias)
+            if y is not None:
+                return y
+        elif activation in ACTIVATIONS:  # recorded: the plain linear's entry, then torch's activation,
+            _, y = fastpath.lookup("linear", input, weight, bias)  # as the whole way does
+            if y is not None:
+                return ACTIVATIONS[activation](y)
     if is_dtensor(input) and all(x is None for x in (residual, out_dtype, config, pipeline, decomposition)):
         # tensor parallelism: one GEMM of the shards where it can
         act = activation or "none"

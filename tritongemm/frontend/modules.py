@@ -65,7 +65,10 @@ class Linear(torch.nn.Linear):
             key, y = fastpath.lookup(fastpath.linear_kind(self.activation), input, weight, bias)
             if y is not None:
                 return y
-        else:
+        else:  # recorded: the plain linear's entry, then torch's activation, as the whole way does
+            key, y = fastpath.lookup("linear", input, weight, bias)
+            if y is not None:
+                return ACTIVATIONS[self.activation](y)
             key = None
         if self.activation == "none" and torch.compiler.is_compiling() and not is_dtensor(input):
             y = calls.traced_linear(input, weight, bias)  # (a few steps of Dynamo's, not the whole way)
