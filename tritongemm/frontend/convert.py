@@ -149,6 +149,9 @@ def convert(
                 left[linear] = reason
                 continue
             new = replacement(lin) if type(lin) is torch.nn.Linear else lin
+            if not isinstance(new, Linear):  # (left as torch's: ``_convertible`` warned why)
+                left[linear] = f"{linear} stays torch's nn.Linear"
+                continue
             new.activation = activation
             setattr(module, linear, new)
             setattr(module, act, FusedActivation(activation, linear))

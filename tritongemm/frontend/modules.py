@@ -66,10 +66,10 @@ class Linear(torch.nn.Linear):
             if y is not None:
                 return y
         else:  # recorded: the plain linear's entry, then torch's activation, as the whole way does
-            key, y = fastpath.lookup("linear", input, weight, bias)
+            key = None
+            _, y = fastpath.lookup("linear", input, weight, bias)
             if y is not None:
                 return ACTIVATIONS[self.activation](y)
-            key = None
         if self.activation == "none" and torch.compiler.is_compiling() and not is_dtensor(input):
             y = calls.traced_linear(input, weight, bias)  # (a few steps of Dynamo's, not the whole way)
             if y is not None:
