@@ -58,7 +58,8 @@ TORCH_ACTIVATIONS = {
 }
 
 
-def measure(m: int, n: int, k: int, activation: str, device, gen) -> dict:
+def linear_inputs(m: int, n: int, k: int, device, gen) -> list[tuple]:
+    """(x, w, b) sets of a linear layer in DTYPE, random, in as many copies as rotate past the L2."""
     copies = harness.copies_to_exceed_l2(2 * (m * k + n * k + n), harness.l2_cache_bytes(device))
     sets = []
     for _ in range(copies):
@@ -66,6 +67,11 @@ def measure(m: int, n: int, k: int, activation: str, device, gen) -> dict:
         w = (torch.randn(n, k, device=device, generator=gen) / k**0.5).to(DTYPE)
         b = torch.randn(n, device=device, generator=gen).to(DTYPE)
         sets.append((x, w, b))
+    return sets
+
+
+def measure(m: int, n: int, k: int, activation: str, device, gen) -> dict:
+    sets = linear_inputs(m, n, k, device, gen)
     act = TORCH_ACTIVATIONS[activation]
     x, w, b = (t.double() for t in sets[0])
     ref = act(F.linear(x, w, b))

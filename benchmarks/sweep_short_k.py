@@ -41,7 +41,7 @@ from tritongemm import TileConfig
 from tritongemm.testing import relative_error
 
 from . import harness
-from .sweep_epilogue_tiles import TORCH_ACTIVATIONS
+from .sweep_epilogue_tiles import TORCH_ACTIVATIONS, linear_inputs
 from .sweep_fp8_blockwise import checked
 from .sweep_fp8_split_rows import timed_rounds
 
@@ -56,7 +56,6 @@ SHAPES = (
     ("BERT attn out", 8192, 768, 768, "none"),
     ("ViT qkv", 12608, 2304, 768, "none"),
 )
-DTYPE = torch.bfloat16
 TILES = {
     "one128x128": TileConfig(128, 128, 64, 8, 4, 6, kernel="gluon_ws"),
     "pingpong128x128": TileConfig(128, 128, 64, 8, 4, 5, kernel="gluon_ws", pingpong=True),
@@ -66,13 +65,7 @@ MODEL_GATE_FACTOR = 4.0
 
 
 def measure(what: str, m: int, n: int, k: int, activation: str, device, gen) -> dict:
-    copies = harness.copies_to_exceed_l2(2 * (m * k + n * k + n), harness.l2_cache_bytes(device))
-    sets = []
-    for _ in range(copies):
-        x = torch.randn(m, k, device=device, generator=gen).to(DTYPE)
-        w = (torch.randn(n, k, device=device, generator=gen) / k**0.5).to(DTYPE)
-        b = torch.randn(n, device=device, generator=gen).to(DTYPE)
-        sets.append((x, w, b))
+    sets = linear_inputs(m, n, k, device, gen)
     act = TORCH_ACTIVATIONS[activation]
     ref = act(F.linear(*(t.double() for t in sets[0])))
 
