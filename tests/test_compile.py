@@ -112,17 +112,23 @@ def test_autotune_route_lets_inductor_time_the_kernel_against_aten(device, monke
     assert relative_error(x.grad, ref.double()) <= tolerance(torch.float32, device)
 
 
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize(
+    "bias, activation", [(True, "none"), (False, "none"), (True, "gelu")], ids=["bias", "no-bias", "gelu"]
+)
 @pytest.mark.parametrize("shape", [(5, 16), (2, 3, 16)], ids=["2d", "3d"])
-def test_compiled_linear_takes_a_short_way_to_the_same_graph(device, monkeypatch, aot_targets, shape, bias):
+def test_compiled_linear_takes_a_short_way_to_the_same_graph(
+    device, monkeypatch, aot_targets, shape, bias, activation
+):
     """Under torch.compile a converted Linear makes its op call in a few of Dynamo's steps
     (``calls.traced_linear``): the forward and backward graphs are those of the whole way, and so
-    are the outputs and gradients."""
+    are the outputs and gradients (with a fused activation: the op, then torch's, as gradients are
+    recorded)."""
     from tritongemm.request import calls
 
     backend, seen = aot_targets
     torch.manual_seed(0)
     layer = tritongemm.nn.convert(torch.nn.Linear(16, 24, bias=bias)).to(device)
+    layer.activation = activation
     x0 = random_tensor(shape, torch.float32, device)
     short_calls = []
     real = calls.traced_linear

@@ -657,7 +657,9 @@ def test_entry_function_apply_falls_back_to_the_python_wrapper(monkeypatch):
     assert fastpath._raw_apply(fastpath.EntryFunction) == fastpath.EntryFunction.apply
 
 
-def test_a_recorded_activation_linear_takes_the_plain_entry_and_an_unknown_one_still_raises(device, monkeypatch):
+def test_a_recorded_activation_linear_takes_the_plain_entry_and_an_unknown_one_still_raises(
+    device, monkeypatch
+):
     w = random_tensor((40, 24), torch.float32, device).requires_grad_()
     x = random_tensor((2, 5, 24), torch.float32, device)
     tritongemm.linear(x, w)  # builds the plain linear's entry

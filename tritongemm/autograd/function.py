@@ -308,13 +308,29 @@ class GemmTransformFunction(torch.autograd.Function):
         return GemmTransformFunction.apply(a, b, addend, residual, call), (0, 0)
 
 
-def traced_plain_gemm(a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | None) -> torch.Tensor:
-    """``a @ b + addend`` in a ``torch.compile`` trace of plain tensors: the op call ``gemm_op`` makes
-    for it (``GemmCall`` of the plain epilogue, ``op_args``), written out, since Dynamo executes
-    each bytecode of the way there for every layer it traces."""
+def traced_plain_gemm(
+    a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | None, activation: str = "none"
+) -> torch.Tensor:
+    """``activation(a @ b + addend)`` in a ``torch.compile`` trace of plain tensors, where nothing
+    differentiates the activation: the op call ``gemm_op`` makes for it (``GemmCall`` of that epilogue,
+    ``op_args``, no pre-activation stored), written out, since Dynamo executes each bytecode of the way
+    there for every layer it traces."""
     precision = "auto" if a.dtype is torch.float32 else "ieee"  # (``batched.gemm_call``'s, tracing)
     return torch.ops.tritongemm.gemm(
-        a, b, addend, None, 1.0, 1.0, "none", None, None, None, None, precision, launch.COMPILED_GEMMS
+        a,
+        b,
+        addend,
+        None,
+        1.0,
+        1.0,
+        activation,
+        None,
+        None,
+        None,
+        None,
+        precision,
+        launch.COMPILED_GEMMS,
+        False,
     )[0]
 
 

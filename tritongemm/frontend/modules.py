@@ -70,8 +70,8 @@ class Linear(torch.nn.Linear):
             _, y = fastpath.lookup("linear", input, weight, bias)
             if y is not None:
                 return ACTIVATIONS[self.activation](y)
-        if self.activation == "none" and torch.compiler.is_compiling() and not is_dtensor(input):
-            y = calls.traced_linear(input, weight, bias)  # (a few steps of Dynamo's, not the whole way)
+        if torch.compiler.is_compiling() and not is_dtensor(input):
+            y = calls.traced_linear(input, weight, bias, self.activation)  # (a few of Dynamo's steps)
             if y is not None:
                 return y
         if is_dtensor(input):  # tensor parallelism: one GEMM of the shards where no redistribution is needed

@@ -49,7 +49,7 @@ def linear(input, weight, bias, activation, residual, out_dtype, config, pipelin
     return y
 
 
-def traced_linear(input, weight, bias):
+def traced_linear(input, weight, bias, activation: str = "none"):
     """``nn.Linear``'s GEMM in a ``torch.compile`` trace, or None for a call that takes the whole way.
 
     Dynamo executes every bytecode of the whole way for each layer it traces (its checks, its
@@ -57,6 +57,8 @@ def traced_linear(input, weight, bias):
     dozen, which was most of a converted model's extra compile time.  The common call -- operands
     of one supported dtype and device, a 2-D weight, a (N,) bias, rows that fold into one matrix
     -- makes here the same op call the whole way makes; anything else, and every error, goes there.
+    An ``activation`` goes into the op where nothing will differentiate it, else after it as torch's
+    op (``autograd.gemm_op``'s rule).
     """
     input, weight, bias, _ = as_torch_sees(input, weight, bias, None)
     dtype, device = input.dtype, input.device
@@ -82,7 +84,14 @@ def traced_linear(input, weight, bias):
         return None
     n = weight.shape[0]
     addend = None if bias is None else bias.expand(rows.shape[0], n)
-    y = traced_plain_gemm(rows, other, addend)
+    differentiated = (
+        activation != "none"
+        and torch.is_grad_enabled()
+        and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    )
+    y = traced_plain_gemm(rows, other, addend, "none" if differentiated else activation)
+    if differentiated:
+        y = ACTIVATIONS[activation](y)
     return y if input.dim() == 2 else y.view(*input.shape[:-1], n)
 
 
