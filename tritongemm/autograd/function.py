@@ -101,6 +101,14 @@ def needs_autograd(call: GemmCall, a, b, addend, residual) -> bool:
     )
 
 
+def differentiated(a: torch.Tensor, b: torch.Tensor, addend: torch.Tensor | None) -> bool:
+    """Will autograd differentiate a GEMM of these operands (eager or traced)?  ``gemm_op`` then keeps a
+    fused activation out of the op, so the op never stores a pre-activation for a backward."""
+    return torch.is_grad_enabled() and (
+        a.requires_grad or b.requires_grad or (addend is not None and addend.requires_grad)
+    )
+
+
 def gemm_op(
     call: GemmCall,
     a: torch.Tensor,
@@ -110,13 +118,7 @@ def gemm_op(
 ) -> torch.Tensor:
     """Differentiable ``act(alpha * a @ b + beta * addend) + residual`` on same-batch operands."""
     ep = call.epilogue
-    if ep.activation != "none" and (
-        _functorch_active()
-        or (
-            torch.is_grad_enabled()
-            and (a.requires_grad or b.requires_grad or (addend is not None and addend.requires_grad))
-        )
-    ):
+    if ep.activation != "none" and (_functorch_active() or differentiated(a, b, addend)):
         # Differentiated (or under a torch.func transform, which may differentiate): the GEMM stores z,
         # torch's op computes act(z) from it and differentiates it, twice if asked.  The kernel could
         # store both, but z's stores from the accumulator's layout cost more than the pass over z they

@@ -187,8 +187,11 @@ def linear(
         and pipeline is None
         and decomposition is None
     ):
-        if activation is None or activation == "none" or not calls.records_grad(input, weight, bias):
-            # (an activation's entries run without autograd only: ``fastpath.linear_kind``)
+        if activation is None or activation == "none":
+            key, y = fastpath.lookup("linear", input, weight, bias)
+            if y is not None:
+                return y
+        elif not calls.records_grad(input, weight, bias):  # (an activation's entries run without autograd)
             key, y = fastpath.lookup(fastpath.linear_kind(activation), input, weight, bias)
             if y is not None:
                 return y

@@ -62,7 +62,8 @@ class Linear(torch.nn.Linear):
         if self.activation == "none" or not calls.records_grad(input, weight, bias):
             # A repeated call: its entry was made by a call that passed every check ((None, None) at
             # once for a DTensor or a trace).  An activation's entries run without autograd only.
-            key, y = fastpath.lookup(fastpath.linear_kind(self.activation), input, weight, bias)
+            kind = "linear" if self.activation == "none" else fastpath.linear_kind(self.activation)
+            key, y = fastpath.lookup(kind, input, weight, bias)
             if y is not None:
                 return y
         else:  # recorded: the plain linear's entry, then torch's activation, as the whole way does

@@ -185,8 +185,8 @@ def compiled_reason(
             return None
         return f"unaligned operands ({chosen.alignment.path}), where cuBLAS is slow"
     problem = chosen.problem if chosen is not None else None
-    if activation != "none" and problem is not None and problem.k <= FUSED_ACTIVATION_MAX_K:
-        if problem.m >= FUSED_ACTIVATION_MIN_M:
+    if activation != "none" and problem is not None:
+        if problem.k <= FUSED_ACTIVATION_MAX_K and problem.m >= FUSED_ACTIVATION_MIN_M:
             return f"a fused {activation}: at K = {problem.k} the pass it saves is a large share of the GEMM"
     return None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..autograd.function import traced_plain_gemm
+from ..autograd.function import differentiated, traced_plain_gemm
 from ..semantics import ACTIVATIONS, SUPPORTED_DTYPES, check_activation
 from . import checks
 from .autocast import as_torch_sees
@@ -84,13 +84,9 @@ def traced_linear(input, weight, bias, activation: str = "none"):
         return None
     n = weight.shape[0]
     addend = None if bias is None else bias.expand(rows.shape[0], n)
-    differentiated = (
-        activation != "none"
-        and torch.is_grad_enabled()
-        and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-    )
-    y = traced_plain_gemm(rows, other, addend, "none" if differentiated else activation)
-    if differentiated:
+    split = activation != "none" and differentiated(input, weight, bias)  # (``gemm_op``'s rule)
+    y = traced_plain_gemm(rows, other, addend, "none" if split else activation)
+    if split:
         y = ACTIVATIONS[activation](y)
     return y if input.dim() == 2 else y.view(*input.shape[:-1], n)
 
@@ -249,7 +245,7 @@ def _linear(input, weight, bias, activation, residual, out_dtype, config, pipeli
         added = checks.expand_to("linear", "bias", bias, input.shape[:-1])
         fn, other, addend, beta = "matmul", checks.as_matrix(weight, column=True), None, 0.0
     else:
-        if (activation != "none" or residual is not None) and _trains(input, weight, bias, residual):
+        if (activation != "none" or residual is not None) and records_grad(input, weight, bias, residual):
             # Training: the plain linear (its fast path, its C++ backward node), then torch's ops.  Fused, z
             # is stored anyway and the generic autograd path cost more host time than the passes saved
             # (H100, 512 x 14336 x 4096 bf16, forward + backward: 0.99 ms a step fused, 0.33 ms so).
@@ -288,14 +284,9 @@ def _linear(input, weight, bias, activation, residual, out_dtype, config, pipeli
     return y if added is None else y + added
 
 
-def records_grad(input, weight, bias) -> bool:
-    """Will autograd record this eager linear (``fastpath.linear_kind``: a fused activation's entries
-    run only where it will not)?"""
-    return _trains(input, weight, bias)
-
-
-def _trains(*tensors) -> bool:
-    """An eager call whose result autograd will differentiate (not a trace, not a torch.func transform)."""
+def records_grad(*tensors) -> bool:
+    """An eager call whose result autograd will differentiate (not a trace, not a torch.func transform);
+    a fused activation's fast-path entries run only where it will not (``fastpath.linear_kind``)."""
     if not torch.is_grad_enabled() or _functorch_active() or torch.compiler.is_compiling():
         return False
     if type(tensors[0]) not in _PLAIN_TYPES:  # fake or functional tensors: a trace (``autograd.is_tracing``)

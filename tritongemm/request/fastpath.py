@@ -160,7 +160,7 @@ def _entry(kind: str, x, w, bias) -> Entry | None:
         or w.is_neg()
     ):
         return None
-    transposed = kind == "linear" or kind.startswith(_ACTIVATED)
+    transposed = kind.startswith("linear")  # ("linear", or "linear+<activation>")
     b = w.mT if transposed else w
     k, n = b.shape
     if x.shape[-1] != k or (bias is not None and (bias.dim() != 1 or bias.shape[0] != n or bias.is_neg())):
