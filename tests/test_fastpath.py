@@ -37,11 +37,11 @@ def _fresh_entries():
 
 
 class _WholeWayCounter:
-    """Counts calls that take the whole way (``calls.linear`` / ``matmul`` / ``mm``)."""
+    """Counts calls that take the whole way (``calls.linear`` / ``matmul`` / ``mm`` / ``addmm``)."""
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        for name in ("linear", "matmul", "mm"):
+        for name in ("linear", "matmul", "mm", "addmm"):
             real = getattr(calls, name)
 
             def counted(*args, _real=real, **kwargs):
@@ -127,6 +127,43 @@ def test_repeated_matmul_and_mm_every_layout(layouts, grad_node, device, monkeyp
             c = fn(a, b)
             assert_close(c, a.double() @ b.double())
     assert counter.calls == 2  # once for matmul, once for mm
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("w_layout", ["row", "column"])
+def test_repeated_addmm_with_a_bias_uses_its_entry(dtype, w_layout, grad_node, device, monkeypatch):
+    # ``torch.addmm(bias, x, w)`` is how transformers' Conv1D (GPT-2) computes its projections.
+    counter = _WholeWayCounter(monkeypatch)
+    w = make_matrix(24, 40, "N" if w_layout == "row" else "T", dtype, device).requires_grad_()
+    b = random_tensor((40,), dtype, device).requires_grad_()
+    for _ in range(3):
+        x = random_tensor((7, 24), dtype, device).requires_grad_()
+        assert_matches_reference(tritongemm.addmm, torch.addmm, b, x, w)
+    assert counter.calls == 1, "the second and third calls should have used the entry"
+    assert grad_fn_name(tritongemm.addmm(b, x, w).grad_fn) == _NODE_NAMES[grad_node]
+    with torch.no_grad():
+        fast = tritongemm.addmm(b, x, w)
+    whole = calls.addmm(b, x, w, 1, 1, None, None, None, None)
+    assert torch.equal(fast, whole)
+
+
+def test_addmm_other_than_a_bias_and_unit_scales_takes_the_whole_way(device, monkeypatch):
+    x = random_tensor((7, 24), torch.float32, device)
+    w = random_tensor((24, 40), torch.float32, device)
+    cases = {
+        "(M, N) input": (random_tensor((7, 40), torch.float32, device), {}),
+        "(1, N) input": (random_tensor((1, 40), torch.float32, device), {}),
+        "(1,) input": (random_tensor((1,), torch.float32, device), {}),
+        "beta": (random_tensor((40,), torch.float32, device), {"beta": 0.5}),
+        "alpha": (random_tensor((40,), torch.float32, device), {"alpha": 2}),
+        "float beta": (random_tensor((40,), torch.float32, device), {"beta": 1.0}),
+    }
+    for name, (inp, kwargs) in cases.items():
+        counter = _WholeWayCounter(monkeypatch)
+        for _ in range(2):
+            assert_matches_reference(tritongemm.addmm, torch.addmm, inp, x, w, **kwargs)
+        assert counter.calls == 2, name
+        monkeypatch.undo()
 
 
 def test_entries_are_per_signature(grad_node, device):
@@ -328,6 +365,20 @@ def test_nn_linear_and_patch_use_entries(device):
     assert stats.total_fallbacks == 0
     # Both layers' weights have one signature (entries hold layouts, not tensors): one linear entry.
     assert sum(isinstance(e, fastpath.Entry) for e in launch.PLANS.entries.values()) == 2
+
+
+def test_patched_addmm_with_a_bias_uses_its_entry(device, monkeypatch):
+    # transformers' Conv1D: torch.addmm(bias, x.view(-1, nx), weight), weight stored (in, out)
+    weight = random_tensor((16, 12), torch.float32, device)
+    bias = random_tensor((12,), torch.float32, device)
+    xs = [random_tensor((10, 16), torch.float32, device) for _ in range(3)]
+    counter = _WholeWayCounter(monkeypatch)
+    with torch.no_grad(), tritongemm.patch() as stats:
+        outs = [torch.addmm(bias, x, weight) for x in xs] + [bias.addmm(xs[0], weight)]
+    for y, x in zip(outs, [*xs, xs[0]]):
+        assert_close(y, torch.addmm(bias.double(), x.double(), weight.double()))
+    assert stats.served["addmm"] == 4 and stats.total_fallbacks == 0
+    assert counter.calls == 1
 
 
 def test_threads_share_entries(device):

@@ -1,6 +1,6 @@
 """Public functions with torch's signatures and semantics.
 
-Each is a door: a call of the common forms (``matmul``, ``mm``, ``linear`` with
+Each is a door: a call of the common forms (``matmul``, ``mm``, ``linear``, ``addmm`` with
 none of the optional arguments) first asks for its fast-path entry
 (``request.fastpath.lookup``); every other call goes to its request
 (``request.calls``), which validates the inputs (raising the exception type torch
@@ -137,7 +137,20 @@ def addmm(
 
     >>> y = tritongemm.addmm(bias, x, w, beta=1, alpha=0.5)
     """
-    return calls.addmm(input, mat1, mat2, beta, alpha, config, pipeline, decomposition, out)
+    key = None
+    if (
+        type(beta) is int  # the defaults (another scale, or one given as a tensor, takes the whole way)
+        and type(alpha) is int
+        and beta == alpha == 1
+        and config is None
+        and pipeline is None
+        and decomposition is None
+        and out is None
+    ):
+        key, y = fastpath.lookup("addmm", mat1, mat2, input)
+        if y is not None:
+            return y
+    return calls.addmm(input, mat1, mat2, beta, alpha, config, pipeline, decomposition, out, key)
 
 
 def baddbmm(

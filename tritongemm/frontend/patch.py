@@ -112,7 +112,7 @@ def _route(op: str, args: tuple, kwargs: dict, n_tensors: int) -> str | None:
 
 
 #: Our functions that have fast-path entries (``fastpath.lookup`` by op name).
-_FAST_IMPLS = (api.matmul, api.mm, api.linear)
+_FAST_IMPLS = (api.matmul, api.mm, api.linear, api.addmm)
 
 
 class _TritonGemmMode(TorchFunctionMode):
@@ -136,13 +136,18 @@ class _TritonGemmMode(TorchFunctionMode):
         op, impl, n_tensors = route
         if impl in _FAST_IMPLS and len(args) >= 2:
             # A repeated call: its fast-path entry was made by a call that passed every check.
-            bias = args[2] if len(args) == 3 and op == "linear" else kwargs.get("bias")
-            if len(args) + len(kwargs) == 2 + (bias is not None) and (len(args) == 2 or op == "linear"):
-                _, y = fastpath.lookup(op, args[0], args[1], bias)
-                if y is not None:
-                    for stats in self.counting:
-                        stats._count(op, None)
-                    return y
+            y = None
+            if op == "addmm":  # torch.addmm(input, mat1, mat2): GPT-2's Conv1D, input a bias
+                if len(args) == 3 and not kwargs:
+                    _, y = fastpath.lookup(op, args[1], args[2], args[0])
+            else:
+                bias = args[2] if len(args) == 3 and op == "linear" else kwargs.get("bias")
+                if len(args) + len(kwargs) == 2 + (bias is not None) and (len(args) == 2 or op == "linear"):
+                    _, y = fastpath.lookup(op, args[0], args[1], bias)
+            if y is not None:
+                for stats in self.counting:
+                    stats._count(op, None)
+                return y
         reason = _route(op, args, kwargs, n_tensors)
         if not torch.compiler.is_compiling():  # counted in eager mode; a compiled graph is traced once
             for stats in self.counting:

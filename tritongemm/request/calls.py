@@ -3,8 +3,8 @@ torch's argument checks (``checks``), and the same-batch views every function re
 to the core (``batched.batched_gemm``) once, at the end.
 
 ``api``'s functions and ``nn.Linear`` call these when their call has no fast-path entry; the
-arguments are positional, as the doors pass them, and checked here, once.  ``matmul``, ``mm`` and
-``linear`` take the ``key`` of the door's missed lookup and remember the call's entry
+arguments are positional, as the doors pass them, and checked here, once.  ``matmul``, ``mm``,
+``linear`` and ``addmm`` take the ``key`` of the door's missed lookup and remember the call's entry
 (``fastpath.build``) once it has run.
 """
 
@@ -181,7 +181,15 @@ def bmm(input, mat2, out_dtype, config, pipeline, decomposition, out):
     return batched_gemm("bmm", input, mat2, None, 1.0, 0.0, out_dtype, config, pipeline, out, decomposition)
 
 
-def addmm(input, mat1, mat2, beta, alpha, config, pipeline, decomposition, out):
+def addmm(input, mat1, mat2, beta, alpha, config, pipeline, decomposition, out, key=None):
+    """``api.addmm``'s whole way; with the ``key`` of the door's missed lookup, then its entry (``build``)."""
+    y = _addmm(input, mat1, mat2, beta, alpha, config, pipeline, decomposition, out)
+    if key is not None:
+        build("addmm", key, mat1, mat2, input)
+    return y
+
+
+def _addmm(input, mat1, mat2, beta, alpha, config, pipeline, decomposition, out):
     input, mat1, mat2 = as_torch_sees(input, mat1, mat2)
     checks.check_tensors("addmm", input=input, mat1=mat1, mat2=mat2)
     alpha, beta = checks.check_scalar("addmm", "alpha", alpha), checks.check_scalar("addmm", "beta", beta)

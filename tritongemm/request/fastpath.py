@@ -1,7 +1,7 @@
 """Repeated calls, at the door: from a cheap signature of the arguments straight to an entry's launch.
 
 A model calls the same few GEMMs over and over with the same shapes.  A door
-(``api.linear``, ``api.matmul``, ``api.mm``, ``nn.Linear``, ``patch()``)
+(``api.linear``, ``api.matmul``, ``api.mm``, ``api.addmm``, ``nn.Linear``, ``patch()``)
 first asks ``lookup``: where an entry (``autograd.fastpath.Entry``) is kept
 for the call's signature, it runs and the call is done; else the call takes
 the whole way (``calls``: checks, views, the autograd op, the launch), and
@@ -164,7 +164,7 @@ def _entry(kind: str, x, w, bias) -> Entry | None:
     b = w.mT if transposed else w
     k, n = b.shape
     if x.shape[-1] != k or (bias is not None and (bias.dim() != 1 or bias.shape[0] != n or bias.is_neg())):
-        return None
+        return None  # (addmm's input of shape (M, N), (1, N) or (1,) takes the whole way)
     if x.dim() == 2:
         a, fold = x, None
     else:
