@@ -467,7 +467,8 @@ def build_variants(
 
     converted = tritongemm.nn.convert(shared_copy(stock))
     n_conv = _count_linears(converted, tritongemm.nn.Linear)
-    conv_note = f"converted {n_conv} nn.Linear"
+    n_conv1d = _count_linears(converted, tritongemm.nn.Conv1D)
+    conv_note = f"converted {n_conv} nn.Linear" + (f", {n_conv1d} Conv1D" if n_conv1d else "")
     variants = [Variant("stock", "stock", stock, None)]
     if eager:
         variants.append(Variant("convert", "tritongemm", converted, "stock", note=conv_note))

@@ -453,3 +453,95 @@ def test_convert_leaves_activations_it_cannot_fuse_and_says_why(device):
         m = Intermediate()
         tritongemm.nn.convert(m, precision=precision, fuse_mlp=fuse)
         assert type(m.intermediate_act_fn) is torch.nn.GELU and m.dense.activation == "none"
+
+
+# -- transformers' Conv1D (GPT-2), without transformers: its classes as their sources have them ----------
+
+
+class Conv1D(torch.nn.Module):
+    """``transformers.pytorch_utils.Conv1D``: ``x @ weight + bias``, the weight stored (in, out)."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = torch.nn.Parameter(torch.randn(nx, nf) * 0.2)
+        self.bias = torch.nn.Parameter(torch.randn(nf) * 0.2)
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        x = x.view(size_out)
+        return x
+
+
+class NewGELUActivation(torch.nn.Module):
+    """``transformers.activations.NewGELUActivation``: the tanh GELU, written out."""
+
+    def forward(self, input):
+        return 0.5 * input * (1.0 + torch.tanh(0.7978845608028654 * (input + 0.044715 * torch.pow(input, 3.0))))
+
+
+Conv1D.__module__ = "transformers.pytorch_utils"
+NewGELUActivation.__module__ = "transformers.activations"
+
+
+class GPT2MLP(torch.nn.Module):
+    """transformers' ``GPT2MLP``, with an attention's projection beside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.c_fc = Conv1D(20, 12)
+        self.c_proj = Conv1D(12, 20)
+        self.act = NewGELUActivation()
+        self.dropout = torch.nn.Dropout(0.0)
+        self.c_attn = Conv1D(36, 12)
+
+    def forward(self, hidden_states):
+        hidden_states = self.c_fc(hidden_states)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.c_proj(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        return hidden_states + self.c_attn(hidden_states)[..., :12]
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_convert_takes_transformers_conv1d_and_fuses_gpt2s_gelu(train, device, plans):
+    model = GPT2MLP().to(device)
+    stock = copy.deepcopy(model).double()
+    state = {k: v.shape for k, v in model.state_dict().items()}
+    tritongemm.nn.convert(model)
+    assert {k: v.shape for k, v in model.state_dict().items()} == state  # (in, out) weights, as saved
+    assert [type(m) for m in (model.c_fc, model.c_proj, model.c_attn)] == [tritongemm.nn.Conv1D] * 3
+    assert not isinstance(model.c_fc, torch.nn.Linear)
+    assert (model.c_fc.activation, model.c_proj.activation) == ("gelu_tanh", "none")
+    assert type(model.act) is tritongemm.nn.FusedActivation
+    assert tritongemm.nn.fusion_report(model) == ({"c_fc": "gelu_tanh"}, {})
+    assert "nf=20, nx=12, activation='gelu_tanh', backend=tritongemm" in repr(model.c_fc)
+    tol = 4 * tolerance(torch.float32, device)
+    x = random_tensor((2, 3, 12), torch.float32, device)
+    if not train:
+        with torch.no_grad():
+            for _ in range(2):  # the second time through the repeated-call entries
+                assert_close(model(x), stock(x.double()), tol=tol)
+        assert sorted((p["M"], p["N"], p["K"]) for p in plans) == sorted(2 * [(6, 12, 20), (6, 20, 12), (6, 36, 12)])
+    else:
+        model(x).square().sum().backward()
+        stock(x.double()).square().sum().backward()
+        for (name, p), q in zip(model.named_parameters(), stock.parameters()):
+            assert_close(p.grad, q.grad, tol=tol, what=f"grad of {name}")
+    assert "3 Conv1D modules, 0 fell back" in tritongemm.nn.fallback_summary(model)
+
+
+def test_convert_leaves_other_conv1ds_alone(device):
+    class Conv1DElsewhere(Conv1D):  # the name alone is not enough: it is not transformers'
+        pass
+
+    Conv1DElsewhere.__module__ = __name__
+    Conv1DElsewhere.__name__ = "Conv1D"
+    mine = Conv1DElsewhere(4, 6)
+    assert tritongemm.nn.convert(mine) is mine
+    replaced = Conv1D(4, 6)
+    replaced.forward = lambda x: x
+    with pytest.warns(UserWarning, match="forward replaced on the instance"):
+        assert tritongemm.nn.convert(torch.nn.Sequential(replaced))[0] is replaced
+    assert type(tritongemm.nn.convert(Conv1D(4, 6))) is tritongemm.nn.Conv1D

@@ -11,16 +11,29 @@ import torch
 
 from . import fusion
 from .float8 import RECIPES
-from .modules import Float8Linear, FusedActivation, GatedMLP, Linear
+from .modules import Conv1D, Float8Linear, FusedActivation, GatedMLP, Linear
+
+
+def _is_conv1d(module: torch.nn.Module) -> bool:
+    """transformers' ``Conv1D`` (``transformers.pytorch_utils``; GPT-2's projections): x @ weight + bias."""
+    cls = type(module)
+    return (
+        cls.__name__ == "Conv1D"
+        and cls.__module__.split(".")[0] == "transformers"
+        and getattr(module, "weight", None) is not None
+        and module.weight.dim() == 2
+        and getattr(module, "bias", None) is not None
+        and tuple(module.bias.shape) == tuple(module.weight.shape[1:])
+    )
 
 
 def _convertible(module: torch.nn.Module) -> bool:
-    if type(module) is not torch.nn.Linear:  # subclasses may compute something else: left alone
-        return False
+    if type(module) is not torch.nn.Linear and not _is_conv1d(module):
+        return False  # (subclasses may compute something else: left alone)
     if "forward" in module.__dict__:
         warnings.warn(
             f"tritongemm.nn.convert: {module} has its forward replaced on the instance (by a wrapper "
-            "library?); left as torch's nn.Linear",
+            f"library?); left as {type(module).__name__}",
             stacklevel=3,
         )
         return False
@@ -28,8 +41,16 @@ def _convertible(module: torch.nn.Module) -> bool:
 
 
 def _plain_linear(module) -> bool:
-    """A Linear computing ``F.linear`` and nothing else: torch's, or ours without a fused activation."""
-    return type(module) is torch.nn.Linear or (type(module) is Linear and module.activation == "none")
+    """A Linear computing ``F.linear`` and nothing else: torch's, or ours without a fused activation (or
+    a Conv1D: transformers', or ours without one)."""
+    if type(module) is torch.nn.Linear or _is_conv1d(module):
+        return True
+    return type(module) in (Linear, Conv1D) and module.activation == "none"
+
+
+def _to_convert(module) -> bool:
+    """Is ``module`` one ``convert`` replaces (or leaves, warning why: ``_convertible``)?"""
+    return type(module) is torch.nn.Linear or _is_conv1d(module)
 
 
 #: Gated MLPs ``convert`` met and did not fuse, and why (``fusion_report``); weak keys, so a
@@ -47,8 +68,9 @@ def convert(
     fuse_mlp: bool = True,
     fast_accum: bool = True,
 ) -> torch.nn.Module:
-    """Swap every ``torch.nn.Linear`` in ``model`` (in place) for ``tritongemm.nn.Linear``, and every
-    gated MLP for ``tritongemm.nn.GatedMLP``.
+    """Swap every ``torch.nn.Linear`` in ``model`` (in place) for ``tritongemm.nn.Linear``, every
+    transformers ``Conv1D`` (GPT-2's projections) for ``tritongemm.nn.Conv1D``, and every gated MLP
+    for ``tritongemm.nn.GatedMLP``.
 
     The new modules take over the old ones' parameters, hooks and attributes
     (see ``Linear.from_linear``).  A module reachable under several names
@@ -75,7 +97,8 @@ def convert(
     dynamic ``recipe`` scales: "rowwise", "tensorwise" or "blockwise" (DeepSeek-V3's 1x128
     activations and 128x128 weights); the forward GEMM with ``fast_accum``, the
     gradient GEMMs precise; see ``tritongemm.frontend.float8``), for every
-    layer whose in and out features are multiples of 16; the others become ``Linear``.  It fuses no
+    layer whose in and out features are multiples of 16; the others become ``Linear`` (and Conv1D layers
+    ``Conv1D``, whose GEMMs stay in the model's dtype).  It fuses no
     MLP: the gated kernel has no fp8 variant, so each projection takes the fp8 path on its own.
 
     >>> model = tritongemm.nn.convert(model)
@@ -96,7 +119,9 @@ def convert(
     # How many names each module has in the model: a Linear or activation under two cannot be fused.
     names = Counter(id(c) for m in model.modules() for c in m._modules.values() if c is not None)
 
-    def converted(linear: torch.nn.Linear) -> torch.nn.Module:
+    def converted(linear: torch.nn.Module) -> torch.nn.Module:
+        if type(linear) is not torch.nn.Linear:
+            return Conv1D.from_conv1d(linear)
         if precision == "fp8" and linear.in_features % 16 == 0 and linear.out_features % 16 == 0:
             return Float8Linear.from_linear(linear, recipe, fast_accum)
         return Linear.from_linear(linear)
@@ -148,9 +173,9 @@ def convert(
             if reason is not None:
                 left[linear] = reason
                 continue
-            new = replacement(lin) if type(lin) is torch.nn.Linear else lin
-            if not isinstance(new, Linear):  # (left as torch's: ``_convertible`` warned why)
-                left[linear] = f"{linear} stays torch's nn.Linear"
+            new = replacement(lin) if _to_convert(lin) else lin
+            if not isinstance(new, (Linear, Conv1D)):  # (left as it was: ``_convertible`` warned why)
+                left[linear] = f"{linear} stays {type(lin).__name__}"
                 continue
             new.activation = activation
             setattr(module, linear, new)
@@ -168,7 +193,7 @@ def convert(
             fuse_activations(module)
         # Not named_children(): it yields a module once, under its first name only.
         for name, child in list(module._modules.items()):
-            if type(child) is torch.nn.Linear:
+            if _to_convert(child):
                 new = replacement(child)
             elif child is not None:
                 new = fused(child)
@@ -179,7 +204,7 @@ def convert(
             if new is not child:
                 setattr(module, name, new)
 
-    if type(model) is torch.nn.Linear:
+    if _to_convert(model):
         return replacement(model)
     new = fused(model)
     if new is not model:
@@ -193,7 +218,7 @@ def fallback_counts(model: torch.nn.Module) -> dict[str, Counter]:
     return {
         name: Counter(m.fallbacks)
         for name, m in model.named_modules()
-        if isinstance(m, (Linear, GatedMLP)) and m.fallbacks
+        if isinstance(m, (Linear, Conv1D, GatedMLP)) and m.fallbacks
     }
 
 
@@ -203,12 +228,13 @@ def fallback_summary(model: torch.nn.Module) -> str:
     >>> print(tritongemm.nn.fallback_summary(model))
     """
     layers = [m for m in model.modules() if isinstance(m, Linear)]
+    conv1d = sum(isinstance(m, Conv1D) for m in model.modules())
     mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
     counts = fallback_counts(model)
     total = sum(sum(c.values()) for c in counts.values())
-    gated = f", {len(mlps)} GatedMLP modules" if mlps else ""
+    others = (f", {conv1d} Conv1D modules" if conv1d else "") + (f", {len(mlps)} GatedMLP modules" if mlps else "")
     lines = [
-        f"tritongemm.nn: {len(layers)} Linear modules{gated}, {len(counts)} fell back to torch ({total} calls)"
+        f"tritongemm.nn: {len(layers)} Linear modules{others}, {len(counts)} fell back to torch ({total} calls)"
     ]
     for name, reasons in counts.items():
         lines += [f"  {name or '(model)'}: {n} ({reason})" for reason, n in sorted(reasons.items())]

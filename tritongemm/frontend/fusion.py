@@ -283,8 +283,8 @@ def linear_activation_reason(
     children = module._modules
     lin, fn = children.get(linear), children.get(act)
     activation = epilogue_activation_of(fn)
-    if activation is None or not isinstance(lin, torch.nn.Linear):
-        return None, None
+    if activation is None or not (isinstance(lin, torch.nn.Linear) or plain_linear(lin)):
+        return None, None  # (``plain_linear`` admits a Conv1D too)
     if not plain_linear(lin):
         return None, f"{linear} is {type(lin).__name__}, not a plain nn.Linear"
     for name, child in ((linear, lin), (act, fn)):

@@ -106,29 +106,72 @@ class Linear(torch.nn.Linear):
         their parameter, buffer and hook dictionaries, so use the new one from
         then on.
         """
-        new = cls.__new__(cls)
-        # Sharing the instance dictionary's values keeps every hook registered on
-        # `module`, in whatever dictionaries this torch version keeps them, and
-        # keeps the handles torch returned valid (they point at those dictionaries).
-        new.__dict__.update(module.__dict__)
-        for name in ("activation", "fallbacks"):
-            if name in module.__dict__:
-                warnings.warn(
-                    f"tritongemm.nn.convert: the attribute {name!r} set on {module} is replaced by "
-                    f"tritongemm.nn.Linear's own {name!r}",
-                    stacklevel=3,
-                )
-        new.__dict__["activation"] = "none"
-        new.__dict__["fallbacks"] = Counter()
-        if new.__dict__.get("_compiled_call_impl") is not None:
-            # Module.compile() compiled the old module's call: it would keep running torch.
-            new.__dict__["_compiled_call_impl"] = None
+        return _take_over(cls, module)
+
+
+def _take_over(cls: type, module: torch.nn.Module):
+    """A ``cls`` (``Linear`` or ``Conv1D``) with ``module``'s state: the same objects, not copies."""
+    new = cls.__new__(cls)
+    # Sharing the instance dictionary's values keeps every hook registered on
+    # `module`, in whatever dictionaries this torch version keeps them, and
+    # keeps the handles torch returned valid (they point at those dictionaries).
+    new.__dict__.update(module.__dict__)
+    for name in ("activation", "fallbacks"):
+        if name in module.__dict__:
             warnings.warn(
-                f"tritongemm.nn.convert: {module} was compiled with Module.compile(); call compile() "
-                "again on the converted module",
-                stacklevel=3,
+                f"tritongemm.nn.convert: the attribute {name!r} set on {module} is replaced by "
+                f"tritongemm.nn.{cls.__name__}'s own {name!r}",
+                stacklevel=4,
             )
-        return new
+    new.__dict__["activation"] = "none"
+    new.__dict__["fallbacks"] = Counter()
+    if new.__dict__.get("_compiled_call_impl") is not None:
+        # Module.compile() compiled the old module's call: it would keep running torch.
+        new.__dict__["_compiled_call_impl"] = None
+        warnings.warn(
+            f"tritongemm.nn.convert: {module} was compiled with Module.compile(); call compile() "
+            "again on the converted module",
+            stacklevel=4,
+        )
+    return new
+
+
+class Conv1D(torch.nn.Module):
+    """transformers' ``Conv1D`` -- GPT-2's projections, ``x @ weight + bias`` with ``weight`` stored
+    (in, out) -- computed by tritongemm, with an optional fused activation.
+
+    ``convert`` makes these from transformers' (``from_conv1d``): the same parameters, so ``state_dict``
+    keys and shapes are unchanged, and the same hooks.  The GEMM is ``Linear``'s on ``weight.mT`` (fast
+    path, autograd, ``torch.compile`` and fallbacks alike; fallbacks are counted with ``Linear``'s).
+    It is no ``torch.nn.Linear``: its weight is the transpose of one.
+    """
+
+    fallbacks: Counter = Counter()
+
+    def __init__(self, nf: int, nx: int, device=None, dtype=None, *, activation: str | None = None) -> None:
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = torch.nn.Parameter(torch.empty(nx, nf, device=device, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(nf, device=device, dtype=dtype))
+        torch.nn.init.normal_(self.weight, std=0.02)  # (transformers' initialisation)
+        self.activation = activation or "none"
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"Conv1D: unknown activation {activation!r}; choose one of {list(ACTIVATIONS)}")
+        self.fallbacks = Counter()
+
+    _linear = Linear._linear
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self._linear(input, self.weight.mT, self.bias)
+
+    def extra_repr(self) -> str:
+        act = f", activation={self.activation!r}" if self.activation != "none" else ""
+        return f"nf={self.weight.shape[1]}, nx={self.weight.shape[0]}{act}, backend=tritongemm"
+
+    @classmethod
+    def from_conv1d(cls, module: torch.nn.Module) -> Conv1D:
+        """A ``Conv1D`` that takes over transformers' ``module``'s state (as ``Linear.from_linear`` does)."""
+        return _take_over(cls, module)
 
 
 class FusedActivation(torch.nn.Identity):

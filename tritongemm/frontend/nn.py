@@ -8,6 +8,9 @@ they would under ``patch()``, and are counted by reason in the module's
 ``fallbacks`` (``fallback_summary(model)`` gathers them for a whole model;
 ``Linear.fallbacks``, read on the class, sums every instance).
 
+``Conv1D`` is transformers' ``Conv1D`` (GPT-2's projections: the weight stored (in, out)) on the
+same GEMMs; it is no ``torch.nn.Linear``, as transformers' is not.
+
 ``GatedMLP`` is a GLU MLP, ``down_proj(act(gate_proj(x)) * up_proj(x))``, whose gate and up
 projections and product run as one kernel (``gated_linear``); ``convert`` puts one in place of
 every module it can tell computes exactly that (``fusion``: the rules).  It also fuses an
@@ -19,9 +22,10 @@ says what it fused and what it left alone, and why.
 from __future__ import annotations
 
 from .convert import convert, fallback_counts, fallback_summary, fusion_report, fusion_summary
-from .modules import Float8Linear, FusedActivation, GatedMLP, Linear
+from .modules import Conv1D, Float8Linear, FusedActivation, GatedMLP, Linear
 
 __all__ = [
+    "Conv1D",
     "Float8Linear",
     "FusedActivation",
     "GatedMLP",
