@@ -182,6 +182,54 @@ def test_aten_route_hands_addmm_the_bias_vector(monkeypatch):
     torch.testing.assert_close(y, torch.addmm(full, a, w.mT))
 
 
+@pytest.mark.parametrize("epilogue", ["plain", "bias+gelu", "bias+gelu, pre-activation kept", "residual"])
+def test_gemm_extern_repeats_its_first_calls_launch(epilogue, device, monkeypatch):
+    """A compiled graph calls ``gemm_extern`` with one signature every step: later calls run the launcher
+    the first one got, with fresh outputs, and give what the whole way gives; another layout, dtype or
+    precision setting is another signature; ``clear_plan_cache`` forgets them."""
+    launch.clear_plan_cache()
+    built = []
+    real = launch.launcher_for
+    monkeypatch.setattr(launch, "launcher_for", lambda *a: (built.append(1), real(*a))[1])
+    a, b = random_tensor((9, 16), torch.float32, device), random_tensor((16, 12), torch.float32, device)
+    bias = random_tensor((12,), torch.float32, device).expand(9, 12)
+    res = random_tensor((9, 12), torch.float32, device)
+    addend, residual, act, store = {
+        "plain": (None, None, "none", False),
+        "bias+gelu": (bias, None, "gelu", False),
+        "bias+gelu, pre-activation kept": (bias, None, "gelu", True),
+        "residual": (None, res, "none", False),
+    }[epilogue]
+    beta = 0.0 if addend is None else 1.0
+
+    def run(a, b):
+        args = (a, b, addend, residual, 1.0, beta, act, None, None, None, None, "auto", "auto", store)
+        return torch.ops.tritongemm.gemm_extern(*args)
+
+    def expected(a, b):
+        z = a.double() @ b.double() + (0 if addend is None else addend.double())
+        y = {"none": lambda t: t, "gelu": torch.nn.functional.gelu}[act](z)
+        return y + (0 if residual is None else residual.double()), z
+
+    outs = [run(a, b) for _ in range(3)]
+    assert len(built) == 2  # the first call's launch and its entry's; none after
+    assert outs[1][0].data_ptr() != outs[2][0].data_ptr()
+    for out, preact in outs:
+        y, z = expected(a, b)
+        assert_close(out, y)
+        if store:
+            assert_close(preact, z)
+        else:
+            assert preact.numel() == 0
+    a2 = random_tensor((16, 9), torch.float32, device).mT  # another layout
+    assert_close(run(a2, b)[0], expected(a2, b)[0])
+    assert len(built) == 4
+    launch.clear_plan_cache()
+    run(a, b)
+    assert len(built) == 6
+    assert any(k[0] == "gemm_extern" for k in launch.PLANS.entries if isinstance(k, tuple))
+
+
 def test_export_keeps_the_op_whole(device):
     model = _mlp(16, 24, device, torch.float32)
     x = random_tensor((5, 16), torch.float32, device)
@@ -235,6 +283,7 @@ def test_the_route_is_part_of_the_traced_graph(device, monkeypatch):
 def test_a_traced_fused_activation_writes_no_pre_activation(device, monkeypatch):
     """A traced op with an activation is one nothing differentiates (a recorded call goes through the
     op without it, then torch's activation): its kernel writes the output alone, not z as well."""
+    launch.clear_plan_cache()  # (a kept gemm_extern entry would launch without launch.gemm)
     launches = []
     real = launch.gemm
 

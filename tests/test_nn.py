@@ -478,7 +478,9 @@ class NewGELUActivation(torch.nn.Module):
     """``transformers.activations.NewGELUActivation``: the tanh GELU, written out."""
 
     def forward(self, input):
-        return 0.5 * input * (1.0 + torch.tanh(0.7978845608028654 * (input + 0.044715 * torch.pow(input, 3.0))))
+        return (
+            0.5 * input * (1.0 + torch.tanh(0.7978845608028654 * (input + 0.044715 * torch.pow(input, 3.0))))
+        )
 
 
 Conv1D.__module__ = "transformers.pytorch_utils"
@@ -523,7 +525,9 @@ def test_convert_takes_transformers_conv1d_and_fuses_gpt2s_gelu(train, device, p
         with torch.no_grad():
             for _ in range(2):  # the second time through the repeated-call entries
                 assert_close(model(x), stock(x.double()), tol=tol)
-        assert sorted((p["M"], p["N"], p["K"]) for p in plans) == sorted(2 * [(6, 12, 20), (6, 20, 12), (6, 36, 12)])
+        assert sorted((p["M"], p["N"], p["K"]) for p in plans) == sorted(
+            2 * [(6, 12, 20), (6, 20, 12), (6, 36, 12)]
+        )
     else:
         model(x).square().sum().backward()
         stock(x.double()).square().sum().backward()

@@ -21,6 +21,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 
 from .. import launch
 from ..device import interpreter_enabled
+from ..launch.keys import layout
 from ..planning.call import GemmCall, from_op_args
 from ..planning.plan import compiled_reason
 from ..semantics import ACTIVATIONS, dot_precision
@@ -50,14 +51,51 @@ def _prepared(args) -> tuple:
             preact)  # fmt: skip
 
 
-def _gemm_extern(*args):
-    """``tritongemm::gemm_extern``: the GEMM as one opaque call, launched by tritongemm."""
-    call, a, b, out, addend, residual, preact, preact_out = _prepared(args)
-    launch.gemm(call, a, b, out, addend, residual, preact)
-    return out, preact_out
+class _ExternEntry:
+    """What ``gemm_extern``'s first call with one signature decided: its launcher and its outputs."""
+
+    __slots__ = ("launcher", "shape", "dtype", "addend", "store", "alpha", "beta")
+
+    def __init__(self, launcher, out: torch.Tensor, call: GemmCall):
+        self.launcher, self.shape, self.dtype = launcher, tuple(out.shape), out.dtype
+        ep = call.epilogue
+        self.addend, self.store, self.alpha, self.beta = ep.addend, ep.store_preact, ep.alpha, ep.beta
 
 
-def _gemm_extern_fake(*args):
+def _gemm_extern(a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json,
+                 precision="ieee", route="auto", store_preact=True):  # fmt: skip
+    """``tritongemm::gemm_extern``: the GEMM as one opaque call, launched by tritongemm.
+
+    A compiled graph makes the same call every step.  Its first call takes the whole way (``_prepared``,
+    ``launch.gemm``); the launcher and outputs it decided are then kept (``launch.PLANS.entries``, cleared
+    with the plans) under the op's values and its operands' layouts, and later calls go straight to the
+    launch: host time is what a compiled graph cannot hide without CUDA graphs.
+    """
+    # (``schema``'s defaults: a graph may leave them out, and the dispatcher passes what it was given)
+    values = (alpha, beta, activation, out_dtype, pipeline, decomposition, config_json)
+    args = (a, b, addend, residual, *values, precision, route, store_preact)
+    key = ("gemm_extern", values, precision if precision != "auto" else dot_precision(a.dtype), route,
+           store_preact, layout(a), layout(b), layout(addend), layout(residual), a.device)  # fmt: skip
+    entry = launch.PLANS.entries.get(key)
+    if entry is None:
+        call, a, b, out, addend, residual, preact, preact_out = _prepared(args)
+        launch.gemm(call, a, b, out, addend, residual, preact)
+        if out.numel():
+            launcher = launch.launcher_for(call, a, b, out, addend, residual, preact)
+            launch.PLANS.remember(key, _ExternEntry(launcher, out, call))
+        return out, preact_out
+    out = alloc_out(entry.shape, entry.dtype, a.device)
+    preact = torch.empty_like(out) if entry.store else None
+    d = addend if entry.addend else out
+    launch.run_on(a.device, entry.launcher, a, b, out, d, out if residual is None else residual,
+                  out if preact is None else preact, entry.alpha, entry.beta)  # fmt: skip
+    return out, (out.new_empty(0) if preact is None else preact)
+
+
+def _gemm_extern_fake(a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition,
+                      config_json, precision="ieee", route="auto", store_preact=True):  # fmt: skip
+    args = (a, b, addend, residual, alpha, beta, activation, out_dtype, pipeline, decomposition, config_json,
+            precision, route, store_preact)  # fmt: skip
     call, a, b, _, _ = from_op_args(args)
     return _outputs(call, a, b)
 

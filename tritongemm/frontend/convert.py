@@ -232,7 +232,9 @@ def fallback_summary(model: torch.nn.Module) -> str:
     mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
     counts = fallback_counts(model)
     total = sum(sum(c.values()) for c in counts.values())
-    others = (f", {conv1d} Conv1D modules" if conv1d else "") + (f", {len(mlps)} GatedMLP modules" if mlps else "")
+    others = (f", {conv1d} Conv1D modules" if conv1d else "") + (
+        f", {len(mlps)} GatedMLP modules" if mlps else ""
+    )
     lines = [
         f"tritongemm.nn: {len(layers)} Linear modules{others}, {len(counts)} fell back to torch ({total} calls)"
     ]

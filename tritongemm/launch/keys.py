@@ -8,7 +8,8 @@ check or view: ``request.fastpath.signature``, which keys ``Plans.entries``.)
 from __future__ import annotations
 
 
-def _layout(t) -> tuple | None:
+def layout(t) -> tuple | None:
+    """One tensor's share of a launch's key: shape, strides, dtype, 16-byte alignment (None: absent)."""
     return None if t is None else (t.shape, t.stride(), t.dtype, not t.data_ptr() & 15)
 
 
@@ -18,11 +19,11 @@ def layout_signature(a, b, out, addend=None, residual=None, preact=None) -> tupl
     Written out rather than looped: it runs on every call (a generator costs a microsecond more).
     """
     return (
-        _layout(a),
-        _layout(b),
-        _layout(out),
-        _layout(addend),
-        _layout(residual),
-        _layout(preact),
+        layout(a),
+        layout(b),
+        layout(out),
+        layout(addend),
+        layout(residual),
+        layout(preact),
         a.device,
     )
