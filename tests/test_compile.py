@@ -285,13 +285,20 @@ def test_a_traced_fused_activation_writes_no_pre_activation(device, monkeypatch)
     op without it, then torch's activation): its kernel writes the output alone, not z as well."""
     launch.clear_plan_cache()  # (a kept gemm_extern entry would launch without launch.gemm)
     launches = []
-    real = launch.gemm
+    real, real_traced = launch.gemm, launch.traced_gemm
 
     def recorded(call, *args, **kwargs):
         launches.append(call.epilogue)
         return real(call, *args, **kwargs)
 
+    def traced(chosen, call, *args):  # (on a GPU: a pointer plan's launch, recorded into the graph)
+        done = real_traced(chosen, call, *args)
+        if done:
+            launches.append(call.epilogue)
+        return done
+
     monkeypatch.setattr(launch, "gemm", recorded)
+    monkeypatch.setattr(launch, "traced_gemm", traced)
     monkeypatch.setattr(launch, "COMPILED_GEMMS", "always")
     layer = tritongemm.nn.Linear(16, 24, activation="gelu", device=device)
     x = random_tensor((5, 16), torch.float32, device)
@@ -392,12 +399,13 @@ def test_compiled_reason_keeps_kernels_only_where_they_have_an_edge():
     assert head.alignment is not None and head.compiled is None
     with inductor_config.patch(shape_padding=False):
         assert "unaligned" in compiled_reason(head, Request(), torch.bfloat16, torch.bfloat16)
-    # A fused activation on a short K and prefill-sized rows: the kernel saves Inductor's pass.
-    x768 = torch.empty(4096, 768, dtype=torch.bfloat16, device="meta")
+    # A fused activation on a short K and a large output (BERT-base's fc1 at 16 x 512 tokens): the kernel
+    # saves Inductor's pass; over half the rows (GPT-2's at 8 x 512) the pass costs less than the call.
+    x768 = torch.empty(8192, 768, dtype=torch.bfloat16, device="meta")
     fc1 = torch.empty(3072, 768, dtype=torch.bfloat16, device="meta").mT
     assert "fused gelu" in tritongemm.explain(x768, fc1, activation="gelu", device="h100").compiled
     assert tritongemm.explain(x768, fc1, device="h100").compiled is None
-    assert tritongemm.explain(x768[:512], fc1, activation="gelu", device="h100").compiled is None
+    assert tritongemm.explain(x768[:4096], fc1, activation="gelu", device="h100").compiled is None
     long_k = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
     assert tritongemm.explain(long_k, long_k.mT, activation="silu", device="h100").compiled is None
     # No plan (symbolic sizes): the request and the dtypes still decide.

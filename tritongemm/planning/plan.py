@@ -167,8 +167,8 @@ def compiled_reason(
     kernels match cuBLAS (``benchmarks/results/h100/llm.csv``), so there the aten op costs
     nothing and gains the fusions.  Where cuBLAS is weak -- unaligned leading dimensions, at a
     fraction of its speed -- or where the caller asked for something aten cannot do, the kernel
-    runs.  So does a fused ``activation`` on a short K (``FUSED_ACTIVATION_MAX_K``) and prefill-sized
-    rows: Inductor runs the activation as a pass of its own over the output, which costs about 470/K
+    runs.  So does a fused ``activation`` on a short K (``FUSED_ACTIVATION_MAX_K``) and a large output
+    (``FUSED_ACTIVATION_MIN_OUTPUTS``): Inductor runs the activation as a pass of its own over the output, which costs about 470/K
     of the GEMM's time.
     """
     if dtype in FP8_DTYPES:
@@ -186,19 +186,24 @@ def compiled_reason(
         return f"unaligned operands ({chosen.alignment.path}), where cuBLAS is slow"
     problem = chosen.problem if chosen is not None else None
     if activation != "none" and problem is not None:
-        if problem.k <= FUSED_ACTIVATION_MAX_K and problem.m >= FUSED_ACTIVATION_MIN_M:
+        outputs = problem.m * problem.n * problem.batch
+        if problem.k <= FUSED_ACTIVATION_MAX_K and outputs >= FUSED_ACTIVATION_MIN_OUTPUTS:
             return f"a fused {activation}: at K = {problem.k} the pass it saves is a large share of the GEMM"
     return None
 
 
 #: Where a traced GEMM's fused activation keeps tritongemm's kernel (``compiled_reason``).  The pass
 #: Inductor would run costs about 470/K of the GEMM (23% at K = 2048).  Measured on an H100, bf16, bias +
-#: GELU or tanh-GELU (``benchmarks/results/h100/sweeps/short_k.txt``): compiled, the fused kernel against
-#: ``torch.compile``'s cuBLAS then fused pointwise, 1.29-1.41 at K = 768-1024 (rows 4096-12608).  Fewer
-#: rows than ``FUSED_ACTIVATION_MIN_M`` keep aten: the kernel's opaque call would cost more host time
-#: than a pass over a few rows.
+#: GELU or tanh-GELU (``benchmarks/results/h100/sweeps/short_k.txt``, CUDA-graph replays): compiled, the
+#: fused kernel against ``torch.compile``'s cuBLAS then fused pointwise, 1.29-1.41 at K = 768-1024 (rows
+#: 4096-12608).  Without CUDA graphs the kernel's opaque call costs host time that cuBLAS and Inductor's
+#: pass do not (profiled in compiled GPT-2: about 80 us a call against addmm's 39, under the
+#: profiler), which a pass over a small output does not repay: GPT-2's 4096 x 3072 fc1 (NN, its
+#: Conv1D) took 45 us against cuBLAS's 31 and a 15 us pass, and GPT-2 compiled read 0.77 of compiled
+#: stock with it.  So only outputs of at least ``FUSED_ACTIVATION_MIN_OUTPUTS`` elements keep the kernel
+#: (BERT-base's 8192 x 3072 fc1 and ViT-B/16's 12608 x 3072 do: 1.02 and 1.12 of compiled stock).
 FUSED_ACTIVATION_MAX_K = 2048
-FUSED_ACTIVATION_MIN_M = 1024
+FUSED_ACTIVATION_MIN_OUTPUTS = 2**24
 
 
 def _sizes_unaligned(problem: GemmProblem) -> bool:
