@@ -307,7 +307,8 @@ def test_a_traced_fused_activation_writes_no_pre_activation(device, monkeypatch)
     with torch.no_grad():
         out = torch.compile(layer, backend="aot_eager", fullgraph=True)(x)
     assert_close(out, ref)
-    assert [(ep.activation, ep.store_preact) for ep in launches] == [("gelu", False)]
+    # (a launch recorded into the graph is recorded each time AOTAutograd traces the op's body)
+    assert launches and {(ep.activation, ep.store_preact) for ep in launches} == {("gelu", False)}
     launches.clear()
     torch._dynamo.reset()
     out = torch.compile(layer, backend="aot_eager", fullgraph=True)(x.requires_grad_())
