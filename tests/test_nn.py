@@ -536,6 +536,28 @@ def test_convert_takes_transformers_conv1d_and_fuses_gpt2s_gelu(train, device, p
     assert "3 Conv1D modules, 0 fell back" in tritongemm.nn.fallback_summary(model)
 
 
+def test_conv1d_module_keeps_transformers_state_and_semantics(device):
+    stock = GPT2MLP().to(device)
+    mine = tritongemm.nn.convert(copy.deepcopy(stock), precision="fp8")  # Conv1D layers stay 16-bit,
+    assert type(mine.c_fc) is tritongemm.nn.Conv1D and type(mine.act) is NewGELUActivation  # unfused
+    fresh = tritongemm.nn.convert(GPT2MLP().to(device))
+    fresh.load_state_dict(stock.state_dict())  # a checkpoint saved from the stock model loads as it is
+    x = random_tensor((4, 12), torch.float32, device)
+    with torch.no_grad():
+        assert_close(fresh(x), stock.double()(x.double()), tol=4 * tolerance(torch.float32, device))
+        assert_close(copy.deepcopy(fresh)(x), fresh(x))
+    layer = tritongemm.nn.Conv1D(6, 4, device=device)  # transformers' argument order: (nf, nx)
+    assert layer.weight.shape == (4, 6) and layer.bias.shape == (6,)
+    with torch.no_grad():
+        assert_close(
+            layer(x[:, :4]), torch.addmm(layer.bias.double(), x[:, :4].double(), layer.weight.double())
+        )
+    with pytest.raises(RuntimeError, match="5"):
+        layer(random_tensor((3, 5), torch.float32, device))
+    with pytest.raises(ValueError, match="activation"):
+        tritongemm.nn.Conv1D(6, 4, activation="tanh")
+
+
 def test_convert_leaves_other_conv1ds_alone(device):
     class Conv1DElsewhere(Conv1D):  # the name alone is not enough: it is not transformers'
         pass
