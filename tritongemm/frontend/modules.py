@@ -109,27 +109,28 @@ class Linear(torch.nn.Linear):
         return _take_over(cls, module)
 
 
-def _take_over(cls: type, module: torch.nn.Module):
-    """A ``cls`` (``Linear`` or ``Conv1D``) with ``module``'s state: the same objects, not copies."""
+def _take_over(cls: type, module: torch.nn.Module, activation: str = "none", **own):
+    """A ``cls`` (``Linear``, ``Conv1D``, ``GatedMLP``) with ``module``'s state: the same objects, not copies;
+    ``activation``, fresh ``fallbacks`` and ``own``'s attributes are its own."""
     new = cls.__new__(cls)
     # Sharing the instance dictionary's values keeps every hook registered on
     # `module`, in whatever dictionaries this torch version keeps them, and
     # keeps the handles torch returned valid (they point at those dictionaries).
     new.__dict__.update(module.__dict__)
-    for name in ("activation", "fallbacks"):
+    what = type(module).__name__
+    for name in ("activation", "fallbacks", *own):
         if name in module.__dict__:
             warnings.warn(
-                f"tritongemm.nn.convert: the attribute {name!r} set on {module} is replaced by "
+                f"tritongemm.nn.convert: the attribute {name!r} set on {what} is replaced by "
                 f"tritongemm.nn.{cls.__name__}'s own {name!r}",
                 stacklevel=4,
             )
-    new.__dict__["activation"] = "none"
-    new.__dict__["fallbacks"] = Counter()
+    new.__dict__.update(activation=activation, fallbacks=Counter(), **own)
     if new.__dict__.get("_compiled_call_impl") is not None:
         # Module.compile() compiled the old module's call: it would keep running torch.
         new.__dict__["_compiled_call_impl"] = None
         warnings.warn(
-            f"tritongemm.nn.convert: {module} was compiled with Module.compile(); call compile() "
+            f"tritongemm.nn.convert: {what} was compiled with Module.compile(); call compile() "
             "again on the converted module",
             stacklevel=4,
         )
@@ -348,23 +349,5 @@ class GatedMLP(torch.nn.Module):
         ``activation`` (``fusion.gated_mlp_activation`` says whether it does); its projections
         are not converted here (``convert`` does that).
         """
-        new = cls.__new__(cls)
-        new.__dict__.update(module.__dict__)
-        for name in ("activation", "fallbacks", "fused_from"):
-            if name in module.__dict__:
-                warnings.warn(
-                    f"tritongemm.nn.convert: the attribute {name!r} set on {type(module).__name__} is "
-                    f"replaced by tritongemm.nn.GatedMLP's own {name!r}",
-                    stacklevel=3,
-                )
-        new.__dict__["activation"] = check_gated_activation("GatedMLP", activation)
-        new.__dict__["fallbacks"] = Counter()
-        new.__dict__["fused_from"] = type(module).__name__
-        if new.__dict__.get("_compiled_call_impl") is not None:
-            new.__dict__["_compiled_call_impl"] = None
-            warnings.warn(
-                f"tritongemm.nn.convert: {type(module).__name__} was compiled with Module.compile(); call "
-                "compile() again on the converted module",
-                stacklevel=3,
-            )
-        return new
+        activation = check_gated_activation("GatedMLP", activation)
+        return _take_over(cls, module, activation, fused_from=type(module).__name__)
