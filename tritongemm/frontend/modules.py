@@ -147,8 +147,6 @@ class Conv1D(torch.nn.Module):
     It is no ``torch.nn.Linear``: its weight is the transpose of one.
     """
 
-    fallbacks: Counter = Counter()
-
     def __init__(self, nf: int, nx: int, device=None, dtype=None, *, activation: str | None = None) -> None:
         super().__init__()
         self.nf, self.nx = nf, nx

@@ -167,9 +167,9 @@ def compiled_reason(
     kernels match cuBLAS (``benchmarks/results/h100/llm.csv``), so there the aten op costs
     nothing and gains the fusions.  Where cuBLAS is weak -- unaligned leading dimensions, at a
     fraction of its speed -- or where the caller asked for something aten cannot do, the kernel
-    runs.  So does a fused ``activation`` on a short K (``FUSED_ACTIVATION_MAX_K``) and a large output
-    (``FUSED_ACTIVATION_MIN_OUTPUTS``): Inductor runs the activation as a pass of its own over the output, which costs about 470/K
-    of the GEMM's time.
+    runs.  So does a fused ``activation`` on a short K (``FUSED_ACTIVATION_MAX_K``) and a large
+    output (``FUSED_ACTIVATION_MIN_OUTPUTS``): Inductor runs the activation as a pass of its own over
+    the output, which costs about 470/K of the GEMM's time.
     """
     if dtype in FP8_DTYPES:
         return "fp8: scaled_mm is an op of its own"
