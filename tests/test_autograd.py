@@ -57,7 +57,15 @@ def test_gradcheck(name, device):
     assert gradcheck(fn, inputs, eps=1e-6, atol=1e-8, rtol=1e-6, fast_mode=name in BATCHED)
 
 
-@pytest.mark.parametrize("name", ["matmul-bcast", "addmm", "baddbmm", "linear"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("matmul-bcast", marks=pytest.mark.slow),
+        "addmm",
+        pytest.param("baddbmm", marks=pytest.mark.slow),
+        "linear",
+    ],
+)
 def test_gradgradcheck(name, device):
     fn, shapes, layouts = GRADCHECK_CASES[name]
     inputs = _inputs(device, *shapes, layouts=layouts)

@@ -178,6 +178,7 @@ def synthetic_csv(tmp_path_factory) -> Path:
 # ----------------------------------------------------------------------------------
 # Plots
 # ----------------------------------------------------------------------------------
+@pytest.mark.slow  # (the CLI's plot test draws figures in the default tier)
 def test_plot_all_writes_every_figure_from_csv_alone(synthetic_csv, tmp_path):
     files = plots.plot_all([synthetic_csv], tmp_path / "figs")
     names = {f.name for f in files}
@@ -1035,7 +1036,9 @@ def test_mlp_cases_are_the_three_models_at_four_token_counts():
     assert [i.family for i in mlp.IMPLS] == ["cublas", "tritongemm", "tritongemm"]
 
 
-@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize(
+    "backward", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["forward", "backward"]
+)
 def test_mlp_suite_gates_then_times_each_implementation(backward, tmp_path):
     """On the interpreter with a tiny block: the three implementations pass the gate (with backward:
     the output and every gradient) and are timed; a wrong one is recorded failed_gate, untimed;
@@ -1120,7 +1123,7 @@ def test_epilogue_cases_are_the_plan_at_four_token_counts_in_the_default_dtypes(
 
 @pytest.mark.parametrize(
     "name, backward",
-    [("bias+gelu", False), ("bias+silu", True), ("bias+residual", True)],
+    [("bias+gelu", False), ("bias+silu", True), pytest.param("bias+residual", True, marks=pytest.mark.slow)],
     ids=["gelu-forward", "silu-backward", "residual-backward"],
 )
 def test_epilogue_suite_gates_then_times_each_implementation(name, backward, tmp_path):

@@ -298,6 +298,7 @@ def _autocast_supported(device) -> bool:
         return tritongemm.linear(x, w).dtype == torch.bfloat16
 
 
+@pytest.mark.slow  # (the fp32 gate runs in the default tier's tiny run)
 def test_mixed_precision_training_gate(device):
     pairs = [(models.MODELS["tiny"], "train_amp")]
     rows = models.run_models(
