@@ -292,7 +292,7 @@ def host_overhead_us(step: Callable[[], Any], device: torch.device, calls: int |
     ("host-bound").  ``do_bench`` hides up to its L2 flush's duration (about
     0.1 ms) of host time per call, so ``ms`` stays the GPU's time.
     """
-    calls = calls or (21 if device.type == "cuda" else 2)  # on the CPU it is just the run time
+    calls = calls or (21 if device.type == "cuda" else 1)  # on the CPU it is just the run time
     _synchronize(device)
     times = []
     for _ in range(calls):

@@ -309,7 +309,7 @@ def time_samples(
         step()
     times = []
     deadline = time.perf_counter() + rep_ms / 1000
-    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 1000):
+    while len(times) < 2 or (time.perf_counter() < deadline and len(times) < 1000):
         if grad_to_none:
             for t in grad_to_none:
                 t.grad = None
