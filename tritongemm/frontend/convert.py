@@ -28,7 +28,7 @@ def _is_conv1d(module: torch.nn.Module) -> bool:
 
 
 def _convertible(module: torch.nn.Module) -> bool:
-    if type(module) is not torch.nn.Linear and not _is_conv1d(module):
+    if not _to_convert(module):
         return False  # (subclasses may compute something else: left alone)
     if "forward" in module.__dict__:
         warnings.warn(
@@ -43,7 +43,7 @@ def _convertible(module: torch.nn.Module) -> bool:
 def _plain_linear(module) -> bool:
     """A Linear computing ``F.linear`` and nothing else: torch's, or ours without a fused activation (or
     a Conv1D: transformers', or ours without one)."""
-    if type(module) is torch.nn.Linear or _is_conv1d(module):
+    if _to_convert(module):
         return True
     return type(module) in (Linear, Conv1D) and module.activation == "none"
 
