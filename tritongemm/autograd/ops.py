@@ -21,6 +21,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 
 from .. import launch
 from ..device import interpreter_enabled
+from ..launch import precompile
 from ..launch.keys import layout
 from ..planning.call import GemmCall, from_op_args
 from ..planning.plan import compiled_reason
@@ -78,6 +79,7 @@ def _gemm_extern(a, b, addend, residual, alpha, beta, activation, out_dtype, pip
            store_preact, layout(a), layout(b), layout(addend), layout(residual), a.device)  # fmt: skip
     entry = launch.PLANS.entries.get(key)
     if entry is None:
+        precompile.wait()  # a kernel the trace started compiling (``precompile.request``) is used here
         call, a, b, out, addend, residual, preact, preact_out = _prepared(args)
         launch.gemm(call, a, b, out, addend, residual, preact)
         if out.numel():
@@ -159,6 +161,8 @@ def _gemm(
         return torch.ops.tritongemm.gemm_tuned(*args), preact_out
     if chosen is not None and launch.traced_gemm(chosen, call, a, b, out, d, residual, preact):
         return out, preact_out
+    if chosen is not None:
+        precompile.request(chosen, call, a, b, out, d, residual, preact)  # built while Inductor compiles
     return torch.ops.tritongemm.gemm_extern(*args)
 
 

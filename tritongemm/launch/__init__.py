@@ -277,14 +277,19 @@ def _build(call, a, b, out, addend, residual, preact):
             f"preact={preact is not None}) do not match the call's epilogue {ep}"
         )
     chosen = plan_for(call, a, b, out)
-    d, r, z = stand_ins(out, addend, residual, preact)
-    kernel_launcher = LAUNCHERS[chosen.kernel]
-    if chosen.alignment is not None and chosen.alignment.padded:
-        launcher = PaddedLauncher(chosen, call, a, b, out, d, r, z, interpreter_enabled(), kernel_launcher)
-    else:
-        launcher = kernel_launcher(chosen, call, a, b, out, d, r, z, interpreter_enabled())
+    launcher = build_launcher(chosen, call, a, b, out, *stand_ins(out, addend, residual, preact))
     launcher.plan = chosen
     return launcher
+
+
+def build_launcher(chosen: Plan, call: GemmCall, a, b, out, d, r, z, interpreting: bool | None = None):
+    """``chosen``'s launcher for tensors of these layouts (``d``, ``r``, ``z``: ``stand_ins``), not cached.
+    ``interpreting``: whether it launches on Triton's interpreter (default: whether Triton does)."""
+    interpreting = interpreter_enabled() if interpreting is None else interpreting
+    kernel_launcher = LAUNCHERS[chosen.kernel]
+    if chosen.alignment is not None and chosen.alignment.padded:
+        return PaddedLauncher(chosen, call, a, b, out, d, r, z, interpreting, kernel_launcher)
+    return kernel_launcher(chosen, call, a, b, out, d, r, z, interpreting)
 
 
 class Plans:

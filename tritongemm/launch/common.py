@@ -93,6 +93,9 @@ class Launch:
             if THREAD.tracing:  # one flag on the hot path: ``tracing`` clears ``ready`` while it lasts
                 self.traced(*values)
                 return
+            if THREAD.warming:  # (``warming`` too)
+                self.warm(*values)
+                return
             ensure()  # a thread's first launch: the driver calls below need a current context
         direct = self.direct
         if direct is not None:
@@ -107,6 +110,15 @@ class Launch:
 
         args = self.args.bind(*values)
         wrap_triton(self.args.kernel)[self.grid](**dict(zip(self.args.names, args)), **self.options)
+
+    def warm(self, *values) -> None:
+        """Compile the kernel these arguments would launch, and launch nothing (``JITFunction.warmup``:
+        Triton keeps it, so the first launch finds it).  Meta tensors will do: the compile reads their
+        dtypes, and the 16-byte alignment their null data pointers have."""
+        values = list(values)
+        for i, template in self.descriptors:
+            values[i] = rebase(template, values[i])
+        self.args.kernel.warmup(*self.args.bind(*values), grid=self.grid, **self.options)
 
     def slow(self, *values) -> None:
         """The launch through Triton (``JITFunction`` the first time, then ``CompiledKernel[grid]``)."""
@@ -144,6 +156,17 @@ class Launch:
             device = torch.cuda.current_device() if torch.cuda.is_available() else None
             if LAUNCH_MODE == "direct" and device is not None:
                 self.direct = DirectLaunch.of(compiled, self, device)
+
+
+@contextlib.contextmanager
+def warming():
+    """Within the block, launches on this thread compile their kernels and run nothing (``Launch.warm``)."""
+    ready = THREAD.ready
+    THREAD.ready, THREAD.warming = False, True
+    try:
+        yield
+    finally:
+        THREAD.ready, THREAD.warming = ready, False
 
 
 @contextlib.contextmanager

@@ -32,6 +32,8 @@ class _ThreadState(threading.local):
     ready = False
     #: Launches are being traced into a graph (``common.tracing``), not run.
     tracing = False
+    #: Launches compile their kernels and run nothing (``common.warming``).
+    warming = False
 
 
 THREAD = _ThreadState()

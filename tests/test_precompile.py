@@ -1,0 +1,208 @@
+"""A traced GEMM's kernel compiled on a worker thread while torch.compile goes on (``launch.precompile``).
+
+What must hold: the kernel a warm-up compiles from meta tensors is the one the real launch looks up
+(the same Triton cache key), a layout is requested once, a failed warm-up only leaves the compile to
+the launch, and a compiled graph's first run compiles nothing more.  On the CPU the Gluon kernel's
+keys are compared through Triton's ``jit_cache_hook`` with a driver that answers for an sm_90 GPU
+(nothing is compiled or launched); on a GPU the whole way runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+import threading
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+import triton
+
+import tritongemm
+from tritongemm import launch
+from tritongemm.device import KNOWN_DEVICES
+from tritongemm.launch import precompile
+from tritongemm.planning.call import Epilogue, GemmCall
+from tritongemm.planning.eligibility import Operand
+from tritongemm.planning.plan import plan
+from tritongemm.testing import random_tensor, relative_error, tolerance
+
+H100 = KNOWN_DEVICES["h100"]
+GELU_BIAS = GemmCall(Epilogue("gelu", 1.0, 1.0, True))
+
+
+def _meta(shape, stride, dtype=torch.bfloat16):
+    return precompile._meta((shape, stride, 0, dtype))
+
+
+def _operands(make, m=8192, n=3072, k=768):
+    """x (m, k), w.T (k, n) as ``F.linear`` hands them over, out (m, n), a bias as a stride-0 (m, n) view."""
+    return make((m, k), (k, 1)), make((k, n), (1, k)), make((m, n), (n, 1)), make((m, n), (0, 1))
+
+
+def _warmup(hook_kwargs) -> bool:
+    """Whether a ``jit_cache_hook`` call came from ``JITFunction.warmup`` (its name differs across Tritons)."""
+    return hook_kwargs.get("is_manual_warmup", hook_kwargs.get("is_warmup"))
+
+
+class _Sm90Driver:
+    """Enough of a driver for ``JITFunction`` to specialize and key a launch for an H100."""
+
+    def __init__(self):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", 90, 32)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+def test_a_warmed_kernel_is_the_one_its_launch_looks_up(monkeypatch):
+    from tritongemm.kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, gemm_gluon_kernel
+
+    if not GLUON_AVAILABLE:
+        pytest.skip(f"no usable Gluon: {GLUON_UNAVAILABLE_REASON}")
+    a, b, out, d = _operands(_meta)
+    chosen = plan(
+        launch.problem_of(a, b), H100, GELU_BIAS.request, Operand.of(a), Operand.of(b), Operand.of(out),
+        torch.bfloat16, torch.bfloat16, "auto", False, False, "gelu",
+    )  # fmt: skip
+    assert chosen.kernel == "gluon_ws"  # the case this test is about: a descriptor kernel, an opaque op
+    monkeypatch.setattr(triton.runtime.driver, "_active", _Sm90Driver())
+    monkeypatch.setattr(gemm_gluon_kernel, "device_caches", defaultdict(gemm_gluon_kernel.create_binder))
+    seen = []
+
+    def hook(key, **kwargs):
+        seen.append((key, _warmup(kwargs)))
+        return True  # compile nothing: ``run`` returns before it would launch
+
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", hook)
+    precompile.warm(chosen, GELU_BIAS, a, b, out, d)
+    assert [w for _, w in seen] == [True]
+    # The launch: real tensors (on the CPU here) of the same layouts, through the launcher a call builds.
+    real = _operands(lambda shape, stride: torch.empty_strided(shape, stride, dtype=torch.bfloat16))
+    a, b, out, d = real
+    launcher = launch.build_launcher(chosen, GELU_BIAS, a, b, out, d, out, out, interpreting=False)
+    launcher(a, b, out, d, out, out, 1.0, 1.0)
+    assert [w for _, w in seen] == [True, False]
+    assert seen[0][0] == seen[1][0]
+
+
+class _Traced(SimpleNamespace):
+    """What ``request`` reads of a traced tensor."""
+
+    def stride(self):
+        return self.strides
+
+    def storage_offset(self):
+        return 0
+
+
+def _traced(shape, stride, device="cuda"):
+    return _Traced(shape=torch.Size(shape), strides=stride, dtype=torch.bfloat16, device=torch.device(device))
+
+
+def test_a_layout_is_requested_once_and_never_off_the_gpu(monkeypatch):
+    started, release = [], threading.Event()
+    monkeypatch.setattr(precompile, "_compile", lambda *args: started.append(args) or release.wait(10))
+    monkeypatch.setattr(precompile, "_REQUESTS", {})
+    chosen = SimpleNamespace(kernel="gluon_ws")
+    ops = _operands(_traced)
+    first = precompile.request(chosen, GELU_BIAS, *ops)
+    assert first is not None and precompile.pending() == 1
+    assert precompile.request(chosen, GELU_BIAS, *ops) is None  # AOTAutograd may trace the body twice
+    other = precompile.request(chosen, GELU_BIAS, *_operands(_traced, m=4096))
+    assert other is not None
+    assert precompile.request(chosen, GELU_BIAS, *_operands(lambda s, t: _traced(s, t, "cpu"))) is None
+    monkeypatch.setattr(precompile, "ENABLED", False)
+    assert precompile.request(chosen, GELU_BIAS, *_operands(_traced, n=1024)) is None
+    release.set()
+    precompile.wait()
+    assert first.done() and other.done() and precompile.pending() == 0
+    assert len(started) == 2
+    assert started[0][3][0] == ((8192, 768), (768, 1), 0, torch.bfloat16)  # (a's layout, as the trace had it)
+
+
+def test_a_failed_warm_up_is_recorded_and_leaves_the_compile_to_the_launch(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(precompile, "warm", broken)
+    monkeypatch.setattr(precompile, "FAILURES", [])
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    chosen = SimpleNamespace(kernel="gluon_ws", config=SimpleNamespace(short=lambda: "128x128x64"))
+    precompile._compile(
+        chosen, GELU_BIAS, torch.device("cuda", 0), tuple(precompile._spec(None) for _ in range(6))
+    )
+    assert precompile.FAILURES == ["gluon_ws 128x128x64: RuntimeError('no compiler here')"]
+
+
+# On a GPU -----------------------------------------------------------------------------------------
+
+
+def _fresh_caches(monkeypatch):
+    """Every tritongemm kernel's in-memory caches emptied for the test (Triton's disk cache may still
+    answer, but each lookup that misses memory passes ``jit_cache_hook``), and the hook's record of
+    those lookups: whether each came from a warm-up."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("tritongemm.kernels."):
+            for kernel in vars(module).values():
+                if isinstance(kernel, triton.runtime.jit.JITFunction):
+                    monkeypatch.setattr(kernel, "device_caches", defaultdict(kernel.create_binder))
+    seen = []
+    monkeypatch.setattr(
+        triton.knobs.runtime, "jit_cache_hook", lambda key, **kw: seen.append(_warmup(kw)) and None
+    )
+    return seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["gelu", "unaligned"])
+def test_a_launch_after_its_warm_up_compiles_nothing(case, monkeypatch):
+    k = 768 if case == "gelu" else 771  # (771: K-major rows not 16-byte aligned: copied into workspaces)
+    x = random_tensor((8192, k), torch.bfloat16, "cuda")
+    layer = tritongemm.nn.Linear(k, 3072, activation="gelu", device="cuda", dtype=torch.bfloat16)
+    call = GELU_BIAS
+    a, b = x, layer.weight.mT
+    out = torch.empty(8192, 3072, dtype=torch.bfloat16, device="cuda")
+    d = layer.bias.expand(8192, 3072)
+    chosen = launch.plan_for(call, a, b, out)
+    if case == "unaligned":
+        assert chosen.alignment is not None and chosen.alignment.padded  # the case this test is about
+    seen = _fresh_caches(monkeypatch)
+    launch.clear_plan_cache()
+    metas = [precompile._meta(precompile._spec(t)) for t in (a, b, out, d)]
+    precompile.warm(chosen, call, *metas)
+    warmed = list(seen)
+    launch.gemm(call, a, b, out, d)
+    assert True in warmed and seen == warmed  # the launch's lookups all hit what the warm-up compiled
+    ref = torch.nn.functional.gelu(torch.addmm(layer.bias.double(), x.double(), layer.weight.double().T))
+    assert relative_error(out, ref) <= tolerance(torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+def test_a_compiled_graphs_first_run_finds_its_kernel_built(monkeypatch):
+    # (a graph found in Inductor's caches is not traced, and its kernel is Triton's cache's)
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
+    torch._dynamo.reset()
+    launch.clear_plan_cache()
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(768, 3072), torch.nn.GELU(), torch.nn.Linear(3072, 768))
+    mlp = mlp.to("cuda", torch.bfloat16)
+    model = tritongemm.nn.convert(copy.deepcopy(mlp))  # (stock's forward then launches none of ours)
+    x = random_tensor((8192, 768), torch.bfloat16, "cuda")
+    seen = _fresh_caches(monkeypatch)
+    with torch.no_grad():
+        ref = mlp(x)
+        out = torch.compile(model, fullgraph=True)(x)
+    assert relative_error(out, ref) <= tolerance(torch.bfloat16, "cuda", against="library")
+    assert seen and all(seen), seen  # compiled in the trace's warm-up only, none at the first launch
+    assert not precompile.FAILURES
