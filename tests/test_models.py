@@ -534,3 +534,29 @@ def test_compiled_view_builds_each_mode_against_its_own_baseline():
         (conv,) = [v for v in variants if v.name == models.compiled_name("compile+convert", mode)]
         assert base in names and conv.baseline == base
         assert "mode=" in models._describe(conv.name, "infer") or mode == "default"
+
+
+def test_compiled_view_runs_each_mode_alone_and_keeps_one_stock_row(monkeypatch):
+    """``--compile-modes a,b``: one run a mode, Dynamo's caches emptied between runs (compiled copies
+    of one model share its code objects' cache entries, which skewed a mixed run), stock's eager
+    row kept once."""
+    resets, runs = [], []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(len(runs)))
+
+    def run(modes):
+        runs.append(modes)
+        rows = [{"impl": "stock", "mode": modes[0]}, {"impl": f"compile+convert:{modes[0]}"}]
+        return models.ModelsResult(rows=rows, gemm_rows=[{"mode": modes[0]}])
+
+    result = models.modes_apart(["default", "reduce-overhead", "max-autotune-no-cudagraphs"], run)
+    assert runs == [("default",), ("reduce-overhead",), ("max-autotune-no-cudagraphs",)]
+    assert resets == [1, 2]  # before the second and third runs
+    assert [r["impl"] for r in result.rows] == [
+        "stock",
+        "compile+convert:default",
+        "compile+convert:reduce-overhead",
+        "compile+convert:max-autotune-no-cudagraphs",
+    ]
+    assert result.rows[0]["mode"] == "default" and len(result.gemm_rows) == 3
+    runs.clear()
+    assert models.modes_apart(None, run).rows[0]["impl"] == "stock" and runs == [("default",)]
