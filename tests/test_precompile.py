@@ -10,7 +10,6 @@ keys are compared through Triton's ``jit_cache_hook`` with a driver that answers
 from __future__ import annotations
 
 import contextlib
-import copy
 import sys
 import threading
 from collections import defaultdict
@@ -65,33 +64,107 @@ class _Sm90Driver:
         return 0
 
 
-def test_a_warmed_kernel_is_the_one_its_launch_looks_up(monkeypatch):
+def _gluon_keys(monkeypatch):
+    """With a driver that answers for an H100, every lookup of the Gluon kernel that misses memory
+    (the caches are emptied) is recorded, as (key, from a warm-up), and compiles nothing: ``run``
+    returns before it would launch."""
     from tritongemm.kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, gemm_gluon_kernel
 
     if not GLUON_AVAILABLE:
         pytest.skip(f"no usable Gluon: {GLUON_UNAVAILABLE_REASON}")
-    a, b, out, d = _operands(_meta)
-    chosen = plan(
-        launch.problem_of(a, b), H100, GELU_BIAS.request, Operand.of(a), Operand.of(b), Operand.of(out),
-        torch.bfloat16, torch.bfloat16, "auto", False, False, "gelu",
-    )  # fmt: skip
-    assert chosen.kernel == "gluon_ws"  # the case this test is about: a descriptor kernel, an opaque op
     monkeypatch.setattr(triton.runtime.driver, "_active", _Sm90Driver())
     monkeypatch.setattr(gemm_gluon_kernel, "device_caches", defaultdict(gemm_gluon_kernel.create_binder))
     seen = []
+    monkeypatch.setattr(
+        triton.knobs.runtime, "jit_cache_hook", lambda key, **kw: seen.append((key, _warmup(kw))) or True
+    )
+    return seen
 
-    def hook(key, **kwargs):
-        seen.append((key, _warmup(kwargs)))
-        return True  # compile nothing: ``run`` returns before it would launch
 
-    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", hook)
+def _empty(dtype):
+    return lambda shape, stride: torch.empty_strided(shape, stride, dtype=dtype)
+
+
+def _h100_plan(call, a, b, out, dtype, out_dtype, fast=False):
+    return plan(
+        launch.problem_of(a, b), H100, call.request, Operand.of(a), Operand.of(b), Operand.of(out),
+        dtype, out_dtype, "auto", False, fast, call.epilogue.activation,
+    )  # fmt: skip
+
+
+def test_a_warmed_kernel_is_the_one_its_launch_looks_up(monkeypatch):
+    seen = _gluon_keys(monkeypatch)
+    a, b, out, d = _operands(_meta)
+    chosen = _h100_plan(GELU_BIAS, a, b, out, torch.bfloat16, torch.bfloat16)
+    assert chosen.kernel == "gluon_ws"  # the case this test is about: a descriptor kernel, an opaque op
     precompile.warm(chosen, GELU_BIAS, a, b, out, d)
     assert [w for _, w in seen] == [True]
     # The launch: real tensors (on the CPU here) of the same layouts, through the launcher a call builds.
-    real = _operands(lambda shape, stride: torch.empty_strided(shape, stride, dtype=torch.bfloat16))
-    a, b, out, d = real
+    a, b, out, d = _operands(_empty(torch.bfloat16))
     launcher = launch.build_launcher(chosen, GELU_BIAS, a, b, out, d, out, out, interpreting=False)
     launcher(a, b, out, d, out, out, 1.0, 1.0)
+    assert [w for _, w in seen] == [True, False]
+    assert seen[0][0] == seen[1][0]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_warmed_fp8_kernel_is_the_one_scaled_mm_looks_up(fast, monkeypatch):
+    from tritongemm.frontend.scaled import _launch_args
+
+    seen = _gluon_keys(monkeypatch)
+    e4m3 = torch.float8_e4m3fn
+    make = {"a": lambda f: f((4096, 4096), (4096, 1), e4m3), "b": lambda f: f((4096, 2048), (1, 4096), e4m3)}
+
+    def operands(f):  # (rowwise scales: (M, 1) and (1, N) fp32)
+        a, b = make["a"](f), make["b"](f)
+        return a, b, f((4096, 1), (1, 1), torch.float32), f((1, 2048), (2048, 1), torch.float32)
+
+    def meta(shape, stride, dtype):
+        return precompile._meta((shape, stride, 0, dtype))
+
+    def real(shape, stride, dtype):
+        return torch.empty_strided(shape, stride, dtype=dtype)
+
+    for f in (meta, real):
+        a, b, sa, sb = operands(f)
+        call, addend, scales = _launch_args(a, b, sa, sb, None, torch.bfloat16, fast, "none", None)
+        out = f((4096, 2048), (2048, 1), torch.bfloat16)
+        chosen = _h100_plan(call, a, b, out, e4m3, torch.bfloat16, fast)
+        assert chosen.kernel == "gluon_ws"
+        if f is meta:
+            precompile.warm(chosen, call, a, b, out, None, None, None, *scales)
+        else:
+            launcher = launch.build_launcher(chosen, call, a, b, out, out, out, out, interpreting=False)
+            launcher(a, b, out, out, out, out, 1.0, 0.0, *scales)
+    assert [w for _, w in seen] == [True, False]
+    assert seen[0][0] == seen[1][0]
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_a_warmed_gated_kernel_is_the_one_its_launch_looks_up(saved, monkeypatch):
+    from tritongemm.launch.gated import GluonGated, _warm
+
+    seen = _gluon_keys(monkeypatch)
+    for f in (_meta, _empty(torch.bfloat16)):
+        x, wg, wu = f((2048, 4096), (4096, 1)), f((14336, 4096), (4096, 1)), f((14336, 4096), (4096, 1))
+        h, g, u = (f((2048, 14336), (14336, 1)) for _ in range(3))
+        if f is _meta:
+            _warm(
+                GluonGated,
+                "silu",
+                False,
+                saved,
+                132,
+                x,
+                wg,
+                wu,
+                h,
+                g if saved else None,
+                u if saved else None,
+            )
+        else:
+            launcher = GluonGated(x, wg, wu, h, "silu", False, saved, 132)
+            launcher(x, wg, wu, h, h, h, *((g, u) if saved else (h, h)))
     assert [w for _, w in seen] == [True, False]
     assert seen[0][0] == seen[1][0]
 
@@ -114,35 +187,35 @@ def test_a_layout_is_requested_once_and_never_off_the_gpu(monkeypatch):
     started, release = [], threading.Event()
     monkeypatch.setattr(precompile, "_compile", lambda *args: started.append(args) or release.wait(10))
     monkeypatch.setattr(precompile, "_REQUESTS", {})
+    monkeypatch.setattr(precompile, "_OUTSTANDING", [0])
     chosen = SimpleNamespace(kernel="gluon_ws")
     ops = _operands(_traced)
-    first = precompile.request(chosen, GELU_BIAS, *ops)
+    first = precompile.request_gemm(chosen, GELU_BIAS, *ops)
     assert first is not None and precompile.pending() == 1
-    assert precompile.request(chosen, GELU_BIAS, *ops) is None  # AOTAutograd may trace the body twice
-    other = precompile.request(chosen, GELU_BIAS, *_operands(_traced, m=4096))
+    assert precompile.request_gemm(chosen, GELU_BIAS, *ops) is None  # AOTAutograd may trace a body twice
+    other = precompile.request_gemm(chosen, GELU_BIAS, *_operands(_traced, m=4096))
     assert other is not None
-    assert precompile.request(chosen, GELU_BIAS, *_operands(lambda s, t: _traced(s, t, "cpu"))) is None
+    assert precompile.request_gemm(chosen, GELU_BIAS, *_operands(lambda s, t: _traced(s, t, "cpu"))) is None
     monkeypatch.setattr(precompile, "ENABLED", False)
-    assert precompile.request(chosen, GELU_BIAS, *_operands(_traced, n=1024)) is None
+    assert precompile.request_gemm(chosen, GELU_BIAS, *_operands(_traced, n=1024)) is None
     release.set()
     precompile.wait()
-    assert first.done() and other.done() and precompile.pending() == 0
+    assert first.done() and other.done() and precompile.pending() == 0 and precompile._OUTSTANDING == [0]
     assert len(started) == 2
-    assert started[0][3][0] == ((8192, 768), (768, 1), 0, torch.bfloat16)  # (a's layout, as the trace had it)
+    warm_up, device, specs = started[0]
+    assert warm_up.func is precompile.warm and warm_up.args == (chosen, GELU_BIAS) and device.type == "cuda"
+    assert specs[0] == ((8192, 768), (768, 1), 0, torch.bfloat16)  # (a's layout, as the trace had it)
+    assert specs[4:] == (None, None)  # (no residual, no pre-activation)
 
 
 def test_a_failed_warm_up_is_recorded_and_leaves_the_compile_to_the_launch(monkeypatch):
     def broken(*args):
         raise RuntimeError("no compiler here")
 
-    monkeypatch.setattr(precompile, "warm", broken)
     monkeypatch.setattr(precompile, "FAILURES", [])
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    chosen = SimpleNamespace(kernel="gluon_ws", config=SimpleNamespace(short=lambda: "128x128x64"))
-    precompile._compile(
-        chosen, GELU_BIAS, torch.device("cuda", 0), tuple(precompile._spec(None) for _ in range(6))
-    )
-    assert precompile.FAILURES == ["gluon_ws 128x128x64: RuntimeError('no compiler here')"]
+    precompile._compile(broken, torch.device("cuda", 0), (None,))
+    assert precompile.FAILURES == ["broken: RuntimeError('no compiler here')"]
 
 
 # On a GPU -----------------------------------------------------------------------------------------
@@ -188,21 +261,41 @@ def test_a_launch_after_its_warm_up_compiles_nothing(case, monkeypatch):
     assert relative_error(out, ref) <= tolerance(torch.bfloat16, "cuda")
 
 
+def _compiled_case(case: str):
+    """(function, its arguments, a float64 reference of its output) for an opaque op of each kind."""
+    torch.manual_seed(0)
+    if case == "gemm":  # a converted Linear with BERT's fused GELU: the warp-specialized kernel
+        mlp = torch.nn.Sequential(torch.nn.Linear(768, 3072), torch.nn.GELU(), torch.nn.Linear(3072, 768))
+        mlp = mlp.to("cuda", torch.bfloat16)
+        x = random_tensor((8192, 768), torch.bfloat16, "cuda")
+        with torch.no_grad():
+            ref = mlp.double()(x.double())
+        return tritongemm.nn.convert(mlp.to(torch.bfloat16)), (x,), ref
+    if case == "gated":  # Llama-3-8B's gate and up projections at 2048 tokens: the gated op
+        x = random_tensor((2048, 4096), torch.bfloat16, "cuda")
+        wg, wu = (random_tensor((14336, 4096), torch.bfloat16, "cuda") * 0.02 for _ in range(2))
+        ref = torch.nn.functional.silu(x.double() @ wg.double().T) * (x.double() @ wu.double().T)
+        return lambda x, wg, wu: tritongemm.gated_linear(x, wg, wu), (x, wg, wu), ref
+    e4m3 = torch.float8_e4m3fn  # fp8 with rowwise scales
+    a = random_tensor((4096, 4096), torch.bfloat16, "cuda").to(e4m3)
+    b = random_tensor((2048, 4096), torch.bfloat16, "cuda").to(e4m3).T
+    sa, sb = torch.rand(4096, 1, device="cuda") + 0.5, torch.rand(1, 2048, device="cuda") + 0.5
+    ref = (a.double() @ b.double()) * sa.double() * sb.double()
+    return lambda *args: tritongemm.scaled_mm(*args, out_dtype=torch.bfloat16), (a, b, sa, sb), ref
+
+
 @pytest.mark.gpu
-def test_a_compiled_graphs_first_run_finds_its_kernel_built(monkeypatch):
+@pytest.mark.parametrize("case", ["gemm", "gated", "fp8"])
+def test_a_compiled_graphs_first_run_finds_its_kernel_built(case, monkeypatch):
     # (a graph found in Inductor's caches is not traced, and its kernel is Triton's cache's)
     monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
+    monkeypatch.setattr(precompile, "FAILURES", [])
     torch._dynamo.reset()
     launch.clear_plan_cache()
-    torch.manual_seed(0)
-    mlp = torch.nn.Sequential(torch.nn.Linear(768, 3072), torch.nn.GELU(), torch.nn.Linear(3072, 768))
-    mlp = mlp.to("cuda", torch.bfloat16)
-    model = tritongemm.nn.convert(copy.deepcopy(mlp))  # (stock's forward then launches none of ours)
-    x = random_tensor((8192, 768), torch.bfloat16, "cuda")
+    fn, args, ref = _compiled_case(case)
     seen = _fresh_caches(monkeypatch)
     with torch.no_grad():
-        ref = mlp(x)
-        out = torch.compile(model, fullgraph=True)(x)
-    assert relative_error(out, ref) <= tolerance(torch.bfloat16, "cuda", against="library")
+        out = torch.compile(fn, fullgraph=True)(*args)
+    assert relative_error(out, ref) <= tolerance(torch.bfloat16, "cuda")
     assert seen and all(seen), seen  # compiled in the trace's warm-up only, none at the first launch
     assert not precompile.FAILURES

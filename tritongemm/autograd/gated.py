@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..launch import gated as gated_launch
+from ..launch import precompile
 from ..launch.gated_grad import gated_grad
 from ..planning.call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall
 from ..semantics import dot_precision
@@ -171,6 +172,7 @@ def _gated(
     save: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``tritongemm::gated``: (h, g, u), or (h, empty, empty) without ``save``."""
+    precompile.wait()  # (its kernel may be compiling since the trace: ``_gated_fake``)
     h, g, u = gated_forward(x, w_gate, w_up, b_gate, b_up, activation, save)
     return (h, g, u) if save else (h, h.new_empty(0), h.new_empty(0))
 
@@ -178,7 +180,11 @@ def _gated(
 def _gated_fake(x, w_gate, w_up, b_gate, b_up, activation, save):
     shape = (x.shape[0], w_gate.shape[0])
     pre = shape if save else (0,)
-    return x.new_empty(shape), x.new_empty(pre), x.new_empty(pre)
+    h, g, u = x.new_empty(shape), x.new_empty(pre), x.new_empty(pre)
+    # A trace: start compiling the kernel the op's first call will launch (``launch.precompile``).
+    gated_launch.precompile(x, w_gate, w_up, h, activation, b_gate is not None or b_up is not None,
+                            (g, u) if save else None)  # fmt: skip
+    return h, g, u
 
 
 def _gated_setup_context(ctx, inputs, output):

@@ -162,7 +162,7 @@ def _gemm(
     if chosen is not None and launch.traced_gemm(chosen, call, a, b, out, d, residual, preact):
         return out, preact_out
     if chosen is not None:
-        precompile.request(chosen, call, a, b, out, d, residual, preact)  # built while Inductor compiles
+        precompile.request_gemm(chosen, call, a, b, out, d, residual, preact)  # built while Inductor compiles
     return torch.ops.tritongemm.gemm_extern(*args)
 
 

@@ -29,6 +29,7 @@ import torch
 from .. import launch
 from ..autograd.function import alloc_out
 from ..device import interpreter_enabled
+from ..launch import precompile
 from ..planning.call import BLOCK_SCALINGS, SCALE_BLOCK_K, Epilogue, GemmCall, make_request
 from ..planning.eligibility import FP8_DTYPES
 from ..semantics import ACTIVATIONS, check_activation
@@ -210,14 +211,10 @@ def stored_dtype(out_dtype: torch.dtype) -> torch.dtype:
     return out_dtype if out_dtype in STORED_DTYPES else torch.float32
 
 
-def run_scaled_mm(
-    a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual, out=None, config=None
-) -> torch.Tensor:
-    """``scaled_mm`` on checked arguments: launch, or hand a CPU call without the interpreter to torch."""
+def _launch_args(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual, config=None):
+    """What ``launch.gemm`` takes besides the operands and the output: the call (its ``out_dtype``, the
+    one stored), the bias as an (M, N) view, and the scales as the kernels read them."""
     scaling = scaling_of(a, b, scale_a, scale_b)
-    if a.device.type != "cuda" and not interpreter_enabled():
-        return _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residual, out)
-    stored = stored_dtype(out_dtype)
     epilogue = Epilogue(
         activation,
         beta=1.0 if bias is not None else 0.0,
@@ -225,11 +222,25 @@ def run_scaled_mm(
         residual=residual is not None,
         scaling=scaling,
     )
-    call = GemmCall(epilogue, make_request(config), stored, "fast" if use_fast_accum else "ieee")
+    call = GemmCall(
+        epilogue, make_request(config), stored_dtype(out_dtype), "fast" if use_fast_accum else "ieee"
+    )
+    m, n = a.shape[0], b.shape[1]
+    addend = bias.reshape(n).expand(m, n) if bias is not None else None
+    return call, addend, kernel_scales(scaling, scale_a, scale_b)
+
+
+def run_scaled_mm(
+    a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual, out=None, config=None
+) -> torch.Tensor:
+    """``scaled_mm`` on checked arguments: launch, or hand a CPU call without the interpreter to torch."""
+    if a.device.type != "cuda" and not interpreter_enabled():
+        return _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residual, out)
+    call, addend, scales = _launch_args(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation,
+                                        residual, config)  # fmt: skip
+    stored = call.out_dtype
     m, n = a.shape[0], b.shape[1]
     target = out if out is not None and out.dtype == stored else alloc_out((m, n), stored, a.device)
-    addend = bias.reshape(n).expand(m, n) if bias is not None else None
-    scales = kernel_scales(scaling, scale_a, scale_b)
     launch.gemm(call, a, b, target, addend, residual, None, scales)
     if out is None and residual is None and bias is None and config is None and target.dtype == out_dtype:
         _remember(call, a, b, scale_a, scale_b, target, out_dtype, use_fast_accum, activation)
@@ -293,12 +304,21 @@ def _scaled_mm_op(
     residual: torch.Tensor | None,
 ) -> torch.Tensor:
     """``scaled_mm`` as one op of a compiled graph (checked at trace time, by ``scaled_mm``)."""
+    precompile.wait()  # (its kernel may be compiling since the trace: ``_scaled_mm_fake``)
     return run_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
 
 
 @_scaled_mm_op.register_fake
 def _scaled_mm_fake(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual):
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+    out = a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+    # A trace: start compiling the kernel the op's first call will launch (``launch.precompile``).
+    call, addend, scales = _launch_args(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation,
+                                        residual)  # fmt: skip
+    target = out if call.out_dtype == out_dtype else a.new_empty(out.shape, dtype=call.out_dtype)
+    chosen = launch.traced_plan(call, a, b, call.out_dtype)
+    if chosen is not None:
+        precompile.request_gemm(chosen, call, a, b, target, addend, residual, None, *scales)
+    return out
 
 
 def _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residual, out):

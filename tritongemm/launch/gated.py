@@ -13,6 +13,8 @@ strides, 16-byte aligned rows); elsewhere, and on the CPU interpreter, ``kernels
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import triton
 
@@ -20,7 +22,7 @@ from .. import launch as _launch  # (the package, for its plan cache: this modul
 from ..device import device_info, interpreter_enabled
 from ..kernels.gated import gated_kernel
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, gemm_gluon_kernel
-from .common import KernelArgs, Launch
+from .common import KernelArgs, Launch, warming
 from .gluon import descriptor, max_registers
 from .keys import layout_signature
 
@@ -79,21 +81,47 @@ def gated_gemm(
     return out
 
 
-def gluon_eligible(x, w_gate, w_up, out, save) -> bool:
+def gluon_eligible(x, w_gate, w_up, out, save, aligned=lambda t: t.data_ptr() % 16 == 0) -> bool:
     """Whether the Gluon kernel can take these tensors: sm_90, 16-bit, every TMA operand (all but the
-    pointer-stored ``u``) row-major with 16-byte aligned rows and base."""
+    pointer-stored ``u``) row-major with 16-byte aligned rows and base (``aligned``)."""
     if not GLUON_AVAILABLE or interpreter_enabled() or x.device.type != "cuda":
         return False
     if not device_info(x.device).is_hopper or x.dtype not in (torch.float16, torch.bfloat16):
         return False
     tensors = (x, w_gate, w_up, out) + ((save[0],) if save is not None else ())
-    return all(t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0 for t in tensors)
+    return all(t.stride(1) == 1 and t.stride(0) % 8 == 0 and aligned(t) for t in tensors)
+
+
+def precompile(x, w_gate, w_up, out, activation: str, biased: bool, save):
+    """Start compiling the kernel ``gated_gemm`` would launch on tensors laid out as these (a trace's
+    fake tensors: their bases taken as 16-byte aligned) on ``launch.precompile``'s worker; its future,
+    or None."""
+    from . import precompile as worker
+
+    if x.device.type != "cuda" or interpreter_enabled():
+        return None
+    if not all(type(v) is int for t in (x, w_gate, w_up) for v in (*t.shape, *t.stride())):
+        return None  # (symbolic sizes)
+    gluon = gluon_eligible(
+        x, w_gate, w_up, out, save, lambda t: t.storage_offset() * t.element_size() % 16 == 0
+    )
+    kind = GluonGated if gluon else PointerGated
+    g, u = save if save is not None else (None, None)
+    warm_up = partial(_warm, kind, activation, biased, save is not None, device_info(x.device).sm_count)
+    return worker.request(("gated", kind.__name__, activation, biased), warm_up, x, w_gate, w_up, out, g, u)
+
+
+def _warm(kind, activation, biased, saved, sm_count, x, w_gate, w_up, out, g, u) -> None:
+    launcher = kind(x, w_gate, w_up, out, activation, biased, saved, sm_count)
+    g, u = (g, u) if saved else (out, out)
+    with warming():  # (``out`` stands in for the biases: the same dtype)
+        launcher(x, w_gate, w_up, out, out, out, g, u)
 
 
 class PointerGated:
     """``kernels.gated.gated_kernel``: any strides, any GPU, the interpreter."""
 
-    def __init__(self, x, w_gate, w_up, out, activation, biased, saved):
+    def __init__(self, x, w_gate, w_up, out, activation, biased, saved, sm_count=None):
         M, K = x.shape
         N = w_gate.shape[0]
         if interpreter_enabled():
@@ -141,7 +169,8 @@ class GluonGated:
 
     BLOCK_M, BLOCK_N, BLOCK_K = 128, 128, 64
 
-    def __init__(self, x, w_gate, w_up, out, activation, biased, saved):
+    def __init__(self, x, w_gate, w_up, out, activation, biased, saved, sm_count=None):
+        """``sm_count``: the GPU's (default: ``x``'s device's)."""
         M, K = x.shape
         N = w_gate.shape[0]
         bm, bn, bk = self.BLOCK_M, self.BLOCK_N, self.BLOCK_K
@@ -154,7 +183,7 @@ class GluonGated:
         # and g's another when backward keeps it: four slots fit beside one, three beside two.
         stages = 3 if saved else 4
         tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-        programs = max(1, min(device_info(x.device).sm_count, tiles))
+        programs = max(1, min(sm_count or device_info(x.device).sm_count, tiles))
         self.launch = Launch(
             KernelArgs(
                 gemm_gluon_kernel,

@@ -1,19 +1,19 @@
-"""Compile a traced GEMM's kernel while ``torch.compile`` goes on (``request``), so that the compiled
-graph's first run finds it built.
+"""Compile the kernels of a compiled graph's opaque calls while ``torch.compile`` goes on, so that the
+graph's first run finds them built.
 
-A GEMM a compiled graph calls as the opaque ``gemm_extern`` (the warp-specialized and TMA kernels:
-``TRACEABLE_KERNELS`` says why) would compile its kernel at the graph's first run, in the calling
-thread, after Inductor has compiled its own kernels: seconds per kernel variant, added to the time a
-user waits for ``torch.compile``.  The trace already knows the plan.  ``request`` hands it, with the
-operands' layouts, to a worker thread, which builds the launcher over meta tensors of those layouts
-and compiles its kernels without launching them (``warm``).  Triton's compiler spends most of its
-time in C++ passes and ptxas with the GIL released, so the compile overlaps Inductor's work.  The
-extern's first call waits for what is still compiling (``wait``); Triton then finds the kernel in
-its cache.
+Three ops reach a compiled graph as opaque calls whose kernels tritongemm launches itself:
+``gemm_extern`` (the warp-specialized and TMA kernels: ``TRACEABLE_KERNELS`` says why), ``scaled_mm``
+and ``gated``.  Each would compile its kernel at the graph's first run, in the calling thread, after
+Inductor has compiled its own: seconds per kernel variant, added to the time a user waits for
+``torch.compile``.  The trace already knows the plan and the operands' layouts.  ``request`` hands
+them to a worker thread, which builds the launcher over meta tensors of those layouts and compiles
+its kernels without launching them (``common.warming``).  Triton's compiler spends most of its time
+in C++ passes and ptxas with the GIL released, so the compile overlaps Inductor's work.  An op's
+first call waits for what is still compiling (``wait``); Triton then finds the kernel in its cache.
 
-``TRITONGEMM_PRECOMPILE=0`` turns it off (the kernel then compiles at its first launch, as before).
-A compile that fails here is recorded in ``FAILURES`` and otherwise ignored: the first launch
-compiles again and raises where the error is real.
+``TRITONGEMM_PRECOMPILE=0`` turns it off (a kernel then compiles at its first launch).  A compile
+that fails here is recorded in ``FAILURES`` and otherwise ignored: the first launch compiles again
+and raises where the error is real.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import torch
 
 from . import build_launcher, common, stand_ins
 
 ENABLED = os.environ.get("TRITONGEMM_PRECOMPILE", "1") != "0"
-#: ``repr`` of each background compile that raised (bounded): for ``explain``-style debugging and tests.
+#: Each background compile that raised, as "what: repr(error)" (bounded).
 FAILURES: list[str] = []
 MAX_FAILURES = 32
 #: Requests already made, by call and layouts (a trace may run a GEMM's body more than once).
@@ -35,6 +36,7 @@ MAX_REQUESTS = 1024
 
 _LOCK = threading.Lock()
 _REQUESTS: dict = {}
+_OUTSTANDING = [0]  # requests not yet finished: ``wait``'s test, without the lock
 _POOL: list[ThreadPoolExecutor] = []
 
 
@@ -51,16 +53,20 @@ def _meta(spec) -> torch.Tensor | None:
     return torch.empty(extent, dtype=dtype, device="meta").as_strided(shape, stride, offset)
 
 
-def request(chosen, call, a, b, out, addend=None, residual=None, preact=None) -> Future | None:
-    """Start compiling ``chosen``'s kernels for tensors laid out as these (fake tensors will do: only
-    shapes, strides, offsets and dtypes are read, on this thread) on a worker thread.  Returns its
-    future, or None where nothing was started: turned off, not a CUDA device, or requested before."""
-    if not ENABLED or a.device.type != "cuda":
+def request(key, warm_up, *tensors) -> Future | None:
+    """Start ``warm_up(*meta)`` on the worker thread: ``meta`` are meta tensors laid out as ``tensors``
+    (None stays None; fake tensors will do: only their shapes, strides, offsets and dtypes are read,
+    on this thread), and it runs with their GPU current and launches compiling only
+    (``common.warming``).  ``key`` says what is compiled besides the layouts (an op and its call).
+    Returns the future, or None where nothing was started: turned off, not on a CUDA device, or
+    this key and these layouts requested before."""
+    device = next(t.device for t in tensors if t is not None)
+    if not ENABLED or device.type != "cuda":
         return None
-    specs = tuple(_spec(t) for t in (a, b, out, addend, residual, preact))
-    key = (call, specs, a.device)
+    specs = tuple(_spec(t) for t in tensors)
+    full_key = (key, specs, device)
     with _LOCK:
-        if key in _REQUESTS:
+        if full_key in _REQUESTS:
             return None
         if len(_REQUESTS) >= MAX_REQUESTS:
             for k in [k for k, f in _REQUESTS.items() if f.done()]:
@@ -68,29 +74,41 @@ def request(chosen, call, a, b, out, addend=None, residual=None, preact=None) ->
         if not _POOL:
             # One worker: compiles of one kernel function share Triton's per-device caches.
             _POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritongemm-precompile"))
-        future = _POOL[0].submit(_compile, chosen, call, a.device, specs)
-        _REQUESTS[key] = future
+        _OUTSTANDING[0] += 1
+        future = _POOL[0].submit(_compile, warm_up, device, specs)
+        _REQUESTS[full_key] = future
+    future.add_done_callback(_finished)
     return future
 
 
-def _compile(chosen, call, device: torch.device, specs) -> None:
+def _finished(future: Future) -> None:
+    with _LOCK:
+        _OUTSTANDING[0] -= 1
+
+
+def request_gemm(chosen, call, a, b, out, addend=None, residual=None, preact=None, *scales) -> Future | None:
+    """``request`` the kernels of ``launch.gemm``'s launch of ``chosen`` (``warm``)."""
+    return request(("gemm", call), partial(warm, chosen, call), a, b, out, addend, residual, preact, *scales)
+
+
+def _compile(warm_up, device: torch.device, specs) -> None:
     try:
-        a, b, out, addend, residual, preact = (_meta(s) for s in specs)
-        with torch.cuda.device(device):  # Triton compiles for, and keeps the kernel under, the current device
-            warm(chosen, call, a, b, out, addend, residual, preact)
+        with torch.cuda.device(device), common.warming():  # (Triton compiles for the current device)
+            warm_up(*(_meta(s) for s in specs))
     except Exception as exc:  # the first launch compiles again, and raises if the error is real
         if len(FAILURES) < MAX_FAILURES:
-            FAILURES.append(f"{chosen.kernel} {chosen.config.short()}: {exc!r}")
+            FAILURES.append(f"{getattr(warm_up, 'func', warm_up).__name__}: {exc!r}")
 
 
-def warm(chosen, call, a, b, out, addend=None, residual=None, preact=None) -> None:
+def warm(chosen, call, a, b, out, addend=None, residual=None, preact=None, *scales) -> None:
     """Compile the kernels ``chosen``'s launcher would launch on tensors of these layouts (meta tensors
-    will do) for the current GPU, on this thread, and launch nothing."""
+    will do; ``scales``: an fp8 call's, as ``launch.gemm`` takes them) for the current GPU, on this
+    thread, and launch nothing."""
     d, r, z = stand_ins(out, addend, residual, preact)
     launcher = build_launcher(chosen, call, a, b, out, d, r, z, interpreting=False)
     ep = call.epilogue
     with common.warming():
-        launcher(a, b, out, d, r, z, ep.alpha, ep.beta)
+        launcher(a, b, out, d, r, z, ep.alpha, ep.beta, *scales)
 
 
 def pending() -> int:
@@ -101,6 +119,8 @@ def pending() -> int:
 
 def wait() -> None:
     """Return once every requested compile has finished (a launch then finds its kernel built)."""
+    if not _OUTSTANDING[0]:
+        return
     with _LOCK:
         futures = [f for f in _REQUESTS.values() if not f.done()]
     for f in futures:
