@@ -208,6 +208,48 @@ def test_a_layout_is_requested_once_and_never_off_the_gpu(monkeypatch):
     assert specs[4:] == (None, None)  # (no residual, no pre-activation)
 
 
+def test_the_fake_kernels_of_scaled_mm_and_the_gated_op_request_their_kernels(monkeypatch):
+    """A trace runs the ops' fake kernels on fake GPU tensors: each requests the kernel the op's first
+    call will launch (planned here as for an H100), and a request that fails only records why."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tritongemm.autograd import gated as gated_ops
+    from tritongemm.frontend import scaled
+    from tritongemm.launch import gated as gated_launch
+
+    requests = []
+
+    def request(key, warm_up, *tensors):
+        requests.append((key, warm_up, [precompile._spec(t) for t in tensors]))
+
+    monkeypatch.setattr(precompile, "request", request)
+    monkeypatch.setattr(precompile, "FAILURES", [])
+    for module in (launch, gated_launch):
+        monkeypatch.setattr(module, "interpreter_enabled", lambda: False)
+        monkeypatch.setattr(module, "device_info", lambda device: H100)
+    e4m3, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    with FakeTensorMode():
+        a = torch.empty(4096, 4096, device="cuda", dtype=e4m3)
+        b = torch.empty(2048, 4096, device="cuda", dtype=e4m3).T
+        sa, sb = torch.empty(4096, 1, device="cuda"), torch.empty(1, 2048, device="cuda")
+        out = scaled._scaled_mm_fake(a, b, sa, sb, None, bf16, False, "none", None)
+        x = torch.empty(2048, 4096, device="cuda", dtype=bf16)
+        wg, wu = (torch.empty(14336, 4096, device="cuda", dtype=bf16) for _ in range(2))
+        h, g, u = gated_ops._gated_fake(x, wg, wu, None, None, "silu", True)
+        flat = torch.empty(14336, device="cuda", dtype=bf16)
+        gated_ops._gated_fake(x, flat, flat, None, None, "silu", False)  # (1-D weights: no plan)
+    assert out.shape == (4096, 2048) and out.dtype == bf16 and h.shape == g.shape == u.shape == (2048, 14336)
+    (fp8_key, fp8_warm, fp8_specs), (gated_key, gated_warm, gated_specs) = requests
+    assert fp8_key[0] == "gemm" and fp8_key[1].epilogue.scaling == "rowwise"
+    assert fp8_warm.func is precompile.warm and fp8_warm.args[0].kernel == "gluon_ws"
+    assert fp8_specs[:2] == [((4096, 4096), (4096, 1), 0, e4m3), ((4096, 2048), (1, 4096), 0, e4m3)]
+    assert len(fp8_specs) == 8  # a, b, out, no bias, residual or pre-activation, then both scales
+    assert gated_key == ("gated", "GluonGated", "silu", False)
+    assert gated_warm.args[:4] == (gated_launch.GluonGated, "silu", False, True)
+    assert gated_specs[4] == ((2048, 14336), (14336, 1), 0, bf16)  # g, saved for backward
+    assert len(precompile.FAILURES) == 1 and precompile.FAILURES[0].startswith("gated: ")
+
+
 def test_a_failed_warm_up_is_recorded_and_leaves_the_compile_to_the_launch(monkeypatch):
     def broken(*args):
         raise RuntimeError("no compiler here")

@@ -182,8 +182,9 @@ def _gated_fake(x, w_gate, w_up, b_gate, b_up, activation, save):
     pre = shape if save else (0,)
     h, g, u = x.new_empty(shape), x.new_empty(pre), x.new_empty(pre)
     # A trace: start compiling the kernel the op's first call will launch (``launch.precompile``).
-    gated_launch.precompile(x, w_gate, w_up, h, activation, b_gate is not None or b_up is not None,
-                            (g, u) if save else None)  # fmt: skip
+    biased = b_gate is not None or b_up is not None
+    precompile.attempt("gated", gated_launch.precompile, x, w_gate, w_up, h, activation, biased,
+                       (g, u) if save else None)  # fmt: skip
     return h, g, u
 
 

@@ -310,15 +310,20 @@ def _scaled_mm_op(
 
 @_scaled_mm_op.register_fake
 def _scaled_mm_fake(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual):
-    out = a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
     # A trace: start compiling the kernel the op's first call will launch (``launch.precompile``).
+    args = (a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
+    precompile.attempt("scaled_mm", _precompile, *args)
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+def _precompile(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual) -> None:
+    """Request the kernel ``run_scaled_mm`` would launch on tensors laid out as these (``launch.precompile``)."""
     call, addend, scales = _launch_args(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation,
                                         residual)  # fmt: skip
-    target = out if call.out_dtype == out_dtype else a.new_empty(out.shape, dtype=call.out_dtype)
     chosen = launch.traced_plan(call, a, b, call.out_dtype)
     if chosen is not None:
+        target = a.new_empty((a.shape[0], b.shape[1]), dtype=call.out_dtype)
         precompile.request_gemm(chosen, call, a, b, target, addend, residual, None, *scales)
-    return out
 
 
 def _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, activation, residual, out):

@@ -91,13 +91,27 @@ def request_gemm(chosen, call, a, b, out, addend=None, residual=None, preact=Non
     return request(("gemm", call), partial(warm, chosen, call), a, b, out, addend, residual, preact, *scales)
 
 
+def attempt(what: str, request_fn, *args) -> None:
+    """``request_fn(*args)``, a request made while tracing, with its errors recorded in ``FAILURES``
+    rather than raised: a kernel not compiled ahead is compiled at its first launch, where a real
+    error is raised."""
+    try:
+        request_fn(*args)
+    except Exception as exc:
+        _record(what, exc)
+
+
+def _record(what: str, exc: Exception) -> None:
+    if len(FAILURES) < MAX_FAILURES:
+        FAILURES.append(f"{what}: {exc!r}")
+
+
 def _compile(warm_up, device: torch.device, specs) -> None:
     try:
         with torch.cuda.device(device), common.warming():  # (Triton compiles for the current device)
             warm_up(*(_meta(s) for s in specs))
     except Exception as exc:  # the first launch compiles again, and raises if the error is real
-        if len(FAILURES) < MAX_FAILURES:
-            FAILURES.append(f"{getattr(warm_up, 'func', warm_up).__name__}: {exc!r}")
+        _record(getattr(warm_up, "func", warm_up).__name__, exc)
 
 
 def warm(chosen, call, a, b, out, addend=None, residual=None, preact=None, *scales) -> None:
