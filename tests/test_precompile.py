@@ -10,6 +10,9 @@ keys are compared through Triton's ``jit_cache_hook`` with a driver that answers
 from __future__ import annotations
 
 import contextlib
+import os
+import select
+import signal
 import sys
 import threading
 from collections import defaultdict
@@ -341,3 +344,35 @@ def test_a_compiled_graphs_first_run_finds_its_kernel_built(case, monkeypatch):
     assert relative_error(out, ref) <= tolerance(torch.bfloat16, "cuda")
     assert seen and all(seen), seen  # compiled in the trace's warm-up only, none at the first launch
     assert not precompile.FAILURES
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_without_the_parents_requests(monkeypatch):
+    """A child forked while the worker holds requests has no worker thread: it must not wait on them."""
+    release = threading.Event()
+    monkeypatch.setattr(precompile, "_compile", lambda *args: release.wait(10))
+    monkeypatch.setattr(precompile, "_REQUESTS", {})
+    monkeypatch.setattr(precompile, "_OUTSTANDING", [0])
+    monkeypatch.setattr(precompile, "_POOL", [])
+    assert (
+        precompile.request_gemm(SimpleNamespace(kernel="gluon_ws"), GELU_BIAS, *_operands(_traced))
+        is not None
+    )
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report whether it starts clean and returns from ``wait`` at once
+        try:
+            precompile.wait()
+            clean = not precompile._REQUESTS and precompile._OUTSTANDING == [0] and not precompile._POOL
+            os.write(write, b"ok" if clean else b"dirty")
+        finally:
+            os._exit(0)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 30)
+    answer = os.read(read, 16) if ready else b"hung in wait()"
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    release.set()
+    precompile.wait()
+    assert answer == b"ok"

@@ -40,6 +40,19 @@ _OUTSTANDING = [0]  # requests not yet finished: ``wait``'s test, without the lo
 _POOL: list[ThreadPoolExecutor] = []
 
 
+def _forget() -> None:
+    """In a forked child: the parent's worker thread does not exist there, so its queue and requests go."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _POOL.clear()
+    _REQUESTS.clear()
+    _OUTSTANDING[0] = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget)
+
+
 def _spec(t: torch.Tensor | None):
     return None if t is None else (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
 
