@@ -376,3 +376,18 @@ def test_a_forked_child_starts_without_the_parents_requests(monkeypatch):
     release.set()
     precompile.wait()
     assert answer == b"ok"
+
+
+def test_warming_blocks_nest_and_restore_the_threads_launch_state():
+    from tritongemm.launch import common
+    from tritongemm.launch.context import THREAD
+
+    before = (THREAD.ready, THREAD.warming, THREAD.tracing)
+    with common.warming():
+        with common.warming():  # (``precompile.warm`` inside the worker's own block)
+            assert THREAD.warming and not THREAD.ready
+        assert THREAD.warming and not THREAD.ready  # the outer block still compiles only
+        with common.tracing():
+            assert THREAD.tracing and THREAD.warming
+        assert not THREAD.tracing
+    assert (THREAD.ready, THREAD.warming, THREAD.tracing) == before

@@ -159,26 +159,28 @@ class Launch:
 
 
 @contextlib.contextmanager
-def warming():
-    """Within the block, launches on this thread compile their kernels and run nothing (``Launch.warm``)."""
-    ready = THREAD.ready
-    THREAD.ready, THREAD.warming = False, True
+def _not_launching(flag: str):
+    """Within the block, launches on this thread take the course ``THREAD.<flag>`` names: ``ready`` is
+    cleared, so that ``Launch.__call__`` reads the flags.  Both are restored after (blocks nest)."""
+    ready, before = THREAD.ready, getattr(THREAD, flag)
+    THREAD.ready = False
+    setattr(THREAD, flag, True)
     try:
         yield
     finally:
-        THREAD.ready, THREAD.warming = ready, False
+        THREAD.ready = ready
+        setattr(THREAD, flag, before)
 
 
-@contextlib.contextmanager
+def warming():
+    """Within the block, launches on this thread compile their kernels and run nothing (``Launch.warm``)."""
+    return _not_launching("warming")
+
+
 def tracing():
     """Within the block, launches on this thread are recorded into the graph being traced
     (``Launch.traced``) instead of run, and buffers a launch would keep are made per call."""
-    ready = THREAD.ready
-    THREAD.ready, THREAD.tracing = False, True
-    try:
-        yield
-    finally:
-        THREAD.ready, THREAD.tracing = ready, False
+    return _not_launching("tracing")
 
 
 def max_offset(t: torch.Tensor) -> int:
