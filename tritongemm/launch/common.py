@@ -114,7 +114,7 @@ class Launch:
     def warm(self, *values) -> None:
         """Compile the kernel these arguments would launch, and launch nothing (``JITFunction.warmup``:
         Triton keeps it, so the first launch finds it).  Meta tensors will do: the compile reads their
-        dtypes, and the 16-byte alignment their null data pointers have."""
+        dtypes and their data pointers' 16-byte alignment (a meta tensor's is its offset from a null base)."""
         values = list(values)
         for i, template in self.descriptors:
             values[i] = rebase(template, values[i])

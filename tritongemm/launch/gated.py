@@ -122,6 +122,7 @@ class PointerGated:
     """``kernels.gated.gated_kernel``: any strides, any GPU, the interpreter."""
 
     def __init__(self, x, w_gate, w_up, out, activation, biased, saved, sm_count=None):
+        """(``sm_count``: unread, its grid covers every tile; taken as ``GluonGated`` takes it.)"""
         M, K = x.shape
         N = w_gate.shape[0]
         if interpreter_enabled():
