@@ -191,11 +191,14 @@ def test_a_layout_is_requested_once_and_never_off_the_gpu(monkeypatch):
     monkeypatch.setattr(precompile, "_compile", lambda *args: started.append(args) or release.wait(10))
     monkeypatch.setattr(precompile, "_REQUESTS", {})
     monkeypatch.setattr(precompile, "_OUTSTANDING", [0])
-    chosen = SimpleNamespace(kernel="gluon_ws")
+    chosen = SimpleNamespace(kernel="gluon_ws", config="128x128x64")
     ops = _operands(_traced)
     first = precompile.request_gemm(chosen, GELU_BIAS, *ops)
     assert first is not None and precompile.pending() == 1
     assert precompile.request_gemm(chosen, GELU_BIAS, *ops) is None  # AOTAutograd may trace a body twice
+    replanned = SimpleNamespace(kernel="gluon_ws", config="128x256x64")  # (the tuning cache changed, say)
+    again = precompile.request_gemm(replanned, GELU_BIAS, *ops)
+    assert again is not None
     other = precompile.request_gemm(chosen, GELU_BIAS, *_operands(_traced, m=4096))
     assert other is not None
     assert precompile.request_gemm(chosen, GELU_BIAS, *_operands(lambda s, t: _traced(s, t, "cpu"))) is None
@@ -203,8 +206,9 @@ def test_a_layout_is_requested_once_and_never_off_the_gpu(monkeypatch):
     assert precompile.request_gemm(chosen, GELU_BIAS, *_operands(_traced, n=1024)) is None
     release.set()
     precompile.wait()
-    assert first.done() and other.done() and precompile.pending() == 0 and precompile._OUTSTANDING == [0]
-    assert len(started) == 2
+    assert first.done() and other.done() and again.done()
+    assert precompile.pending() == 0 and precompile._OUTSTANDING == [0]
+    assert len(started) == 3
     warm_up, device, specs = started[0]
     assert warm_up.func is precompile.warm and warm_up.args == (chosen, GELU_BIAS) and device.type == "cuda"
     assert specs[0] == ((8192, 768), (768, 1), 0, torch.bfloat16)  # (a's layout, as the trace had it)
@@ -355,7 +359,9 @@ def test_a_forked_child_starts_without_the_parents_requests(monkeypatch):
     monkeypatch.setattr(precompile, "_OUTSTANDING", [0])
     monkeypatch.setattr(precompile, "_POOL", [])
     assert (
-        precompile.request_gemm(SimpleNamespace(kernel="gluon_ws"), GELU_BIAS, *_operands(_traced))
+        precompile.request_gemm(
+            SimpleNamespace(kernel="gluon_ws", config="128x128x64"), GELU_BIAS, *_operands(_traced)
+        )
         is not None
     )
     read, write = os.pipe()

@@ -69,8 +69,9 @@ def _meta(spec) -> torch.Tensor | None:
 def request(key, warm_up, *tensors) -> Future | None:
     """Start ``warm_up(*meta)`` on the worker thread: ``meta`` are meta tensors laid out as ``tensors``
     (None stays None; fake tensors will do: only their shapes, strides, offsets and dtypes are read,
-    on this thread), and it runs with their GPU current and launches compiling only
-    (``common.warming``).  ``key`` says what is compiled besides the layouts (an op and its call).
+    on this thread), with their GPU current; ``warm_up`` runs its launcher under ``common.warming``, so
+    that launches compile only.  ``key`` says what is compiled besides the layouts (an op, its call, its
+    plan).
     Returns the future, or None where nothing was started: turned off, not on a CUDA device, or
     this key and these layouts requested before."""
     device = next(t.device for t in tensors if t is not None)
@@ -101,7 +102,8 @@ def _finished(future: Future) -> None:
 
 def request_gemm(chosen, call, a, b, out, addend=None, residual=None, preact=None, *scales) -> Future | None:
     """``request`` the kernels of ``launch.gemm``'s launch of ``chosen`` (``warm``)."""
-    return request(("gemm", call), partial(warm, chosen, call), a, b, out, addend, residual, preact, *scales)
+    key = ("gemm", call, chosen.kernel, chosen.config)  # (a new plan, after tuning say, is another kernel)
+    return request(key, partial(warm, chosen, call), a, b, out, addend, residual, preact, *scales)
 
 
 def attempt(what: str, request_fn, *args) -> None:
@@ -121,7 +123,7 @@ def _record(what: str, exc: Exception) -> None:
 
 def _compile(warm_up, device: torch.device, specs) -> None:
     try:
-        with torch.cuda.device(device), common.warming():  # (Triton compiles for the current device)
+        with torch.cuda.device(device):  # (Triton compiles for the current device)
             warm_up(*(_meta(s) for s in specs))
     except Exception as exc:  # the first launch compiles again, and raises if the error is real
         _record(getattr(warm_up, "func", warm_up).__name__, exc)
