@@ -256,6 +256,7 @@ CASES = [
     ("bf16", 128, 128, 64, 4, True, False, 8, "none", False, 1, 64),  # 128 x 192: two accumulators, TN
     ("fp16", 64, 128, 64, 5, False, True, 4, "gelu", True, 2, 64),  # 64 x 192 ping-pong, whole epilogue
     ("bf16", 128, 64, 64, 6, True, True, 4, "none", False, 1, 32),  # 128 x 96, NN (B's 32 columns row-major)
+    ("bf16", 128, 128, 64, 5, True, True, 4, "gelu_grad", True, 2, 0),  # ping-pong NN, a derivative epilogue
 ]
 #: Power-of-two tiles as two halves staged through one half-width buffer (epilogue_subtile): the
 #: warps, stages, layouts and epilogues as above, and a fourth slot for 128 x 256 in 224 KiB.
@@ -269,7 +270,7 @@ SUBTILE_CASES = [
 def case_id(c, subtile=False):
     dt, bm, bn, bk, s, ar, br, w, act, full, consumers, bn2 = c
     return (
-        f"{dt}-{bm}x{bn + bn2}x{bk}-s{s}-A{'N' if ar else 'T'}B{'N' if br else 'T'}-w{w}-{'full' if full else act}"
+        f"{dt}-{bm}x{bn + bn2}x{bk}-s{s}-A{'N' if ar else 'T'}B{'N' if br else 'T'}-w{w}-{(act + '-full' if act.endswith('_grad') else 'full') if full else act}"
         + ("-pingpong" if consumers == 2 else "")
         + ("-subtile" if subtile else "")
     )
@@ -598,6 +599,7 @@ def test_gated_mode_keeps_two_accumulators_and_stores_one_tile(case):
 EPILOGUE_WARP_CASES = [
     ("bf16", 6, "gelu", False, False),
     ("fp16", 6, "silu", True, False),
+    ("bf16", 6, "gelu_tanh_grad", True, False),  # a derivative epilogue: dL/dh * act'(z), z read as R
     ("bf16", 6, "gelu", False, True),
 ]
 
@@ -607,7 +609,8 @@ EPILOGUE_WARP_CASES = [
     "case",
     EPILOGUE_WARP_CASES,
     ids=[
-        f"{c[0]}-s{c[1]}-{'full' if c[3] else c[2]}{'-streamk' if c[4] else ''}" for c in EPILOGUE_WARP_CASES
+        f"{c[0]}-s{c[1]}-{(c[2] + '-full' if c[2].endswith('_grad') else 'full') if c[3] else c[2]}{'-streamk' if c[4] else ''}"
+        for c in EPILOGUE_WARP_CASES
     ],
 )
 def test_epilogue_warps_finish_tiles_off_the_consumer(case):

@@ -4,6 +4,7 @@ Public API (torch signatures and semantics, all differentiable)::
 
     tritongemm.matmul, mm, bmm, addmm, baddbmm, linear
     tritongemm.gated_linear        # act(linear(x, w_gate)) * linear(x, w_up): a GLU MLP's first half, one kernel
+    tritongemm.mlp                 # linear(act(linear(x, w1, b1)), w2, b2): act's gradient in a GEMM's epilogue
     tritongemm.scaled_mm           # fp8 (torch._scaled_mm's semantics), fused epilogues
     tritongemm.nn.Linear, tritongemm.nn.GatedMLP, tritongemm.nn.convert
     tritongemm.patch()             # route torch's matmul family here
@@ -14,7 +15,7 @@ Public API (torch signatures and semantics, all differentiable)::
 
 Where things live, top down (each folder imports only from folders below it)::
 
-    frontend/   the doors: api.py (matmul, mm, ..., linear), gated.py (gated_linear),
+    frontend/   the doors: api.py (matmul, mm, ..., linear), gated.py (gated_linear), mlp.py (mlp),
                 nn.py presents modules.py (Linear, GatedMLP) and convert.py (fusion.py: which
                 MLPs it fuses),
                 patch.py, scaled.py (fp8 scaled_mm), float8.py (fp8 training), explain.py
@@ -43,6 +44,7 @@ from .frontend import nn
 from .frontend.api import addmm, baddbmm, bmm, linear, matmul, mm
 from .frontend.explain import explain
 from .frontend.gated import gated_linear
+from .frontend.mlp import mlp
 from .frontend.patch import PatchStats, patch
 from .frontend.scaled import scaled_mm
 from .launch import clear_plan_cache
@@ -67,6 +69,7 @@ __all__ = [
     "baddbmm",
     "linear",
     "gated_linear",
+    "mlp",
     "scaled_mm",
     "nn",
     "patch",

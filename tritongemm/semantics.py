@@ -101,6 +101,18 @@ ACTIVATIONS = {
 }
 
 
+#: The derivative epilogue of each activation: a GEMM computing ``dL / d act(z)`` that stores
+#: ``dL / dz = (its result) * act'(z)`` instead, reading the saved pre-activation ``z`` in the residual's
+#: place (``Epilogue(activation=DERIVATIVE_EPILOGUES[act], residual=True)``).  Used by backward passes
+#: (``autograd.mlp``); not a user-facing activation.
+DERIVATIVE_EPILOGUES = {
+    "relu": "relu_grad",
+    "gelu": "gelu_grad",
+    "gelu_tanh": "gelu_tanh_grad",
+    "silu": "silu_grad",
+}
+
+
 def check_activation(fn: str, activation: str | None) -> str:
     """``activation`` as the epilogue names it ("none" for None), or torch's ValueError."""
     if activation is None:
@@ -127,6 +139,7 @@ def activation_backward(grad: torch.Tensor, z: torch.Tensor, activation: str) ->
 
 __all__ = [
     "ACTIVATIONS",
+    "DERIVATIVE_EPILOGUES",
     "SUPPORTED_DTYPES",
     "UnsupportedInputError",
     "activation_backward",

@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 
 from .. import launch
-from ..planning.call import Epilogue, GemmCall, Request, op_args
-from ..semantics import ACTIVATIONS, activation_backward
+from ..planning.call import NO_REQUEST, Epilogue, GemmCall, Request, op_args
+from ..semantics import ACTIVATIONS, activation_backward, dot_precision
 from . import distributed
 
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -87,6 +87,12 @@ def run(call: GemmCall, a, b, addend=None, residual=None, out=None) -> torch.Ten
         addend = addend if call.epilogue.addend else None
     y = gemm_op(call, a, b, addend, residual)
     return y if out is None else out.copy_(y)
+
+
+def backward_call(dtype: torch.dtype, epilogue: Epilogue, traced: bool) -> GemmCall:
+    """A backward GEMM's call; float32's TF32 rule read now (or, traced, when the op runs)."""
+    precision = ("auto" if traced else dot_precision(dtype)) if dtype == torch.float32 else "ieee"
+    return GemmCall(epilogue, NO_REQUEST, None, precision)
 
 
 def needs_autograd(call: GemmCall, a, b, addend, residual) -> bool:

@@ -27,10 +27,10 @@ import torch
 from ..launch import gated as gated_launch
 from ..launch import precompile
 from ..launch.gated_grad import gated_grad
-from ..planning.call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall
-from ..semantics import dot_precision
+from ..planning.call import PLAIN_EPILOGUE, Epilogue
 from .function import (
     alloc_out,
+    backward_call,
     gemm_op,
     gradient_gemm,
     is_tracing,
@@ -57,12 +57,6 @@ def gated_forward(x, w_gate, w_up, b_gate, b_up, activation: str, save: bool) ->
     return (h, *pre) if save else (h, None, None)
 
 
-def _grad_call(dtype: torch.dtype, epilogue: Epilogue, traced: bool) -> GemmCall:
-    """A backward GEMM's call; float32's TF32 rule read now (or, traced, when the op runs)."""
-    precision = ("auto" if traced else dot_precision(dtype)) if dtype == torch.float32 else "ieee"
-    return GemmCall(epilogue, NO_REQUEST, None, precision)
-
-
 def gated_backward(needs, dh, x, w_gate, w_up, g, u, activation: str, row_major=(True, True)) -> tuple:
     """Gradients of (x, w_gate, w_up, b_gate, b_up) from ``dh``, None where ``needs`` says none is wanted.
 
@@ -87,13 +81,13 @@ def gated_backward(needs, dh, x, w_gate, w_up, g, u, activation: str, row_major=
     def gemm(call, a, b, addend=None):
         return run_gemm(call, a, b, addend) if direct else gemm_op(call, a, b, addend)
 
-    plain = _grad_call(dh.dtype, PLAIN_EPILOGUE, traced)
+    plain = backward_call(dh.dtype, PLAIN_EPILOGUE, traced)
     dx = dw_gate = dw_up = None
     if needs_x:
         # (x's gradient is not put in x's layout as the weights' are: it flows into the reshape
         # and the layers before, not into a .grad.)
         partial = gemm(plain, du, w_up)
-        dx = gemm(_grad_call(dh.dtype, ADD_EPILOGUE, traced), dg, w_gate, partial)
+        dx = gemm(backward_call(dh.dtype, ADD_EPILOGUE, traced), dg, w_gate, partial)
 
     def weight_grad(grad_z, row_major_weight: bool):
         # The weight is B = w.T of x @ B: a transposed view where w is row-major, whose gradient

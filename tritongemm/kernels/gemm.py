@@ -217,6 +217,45 @@ def activate(x, ACTIVATION: tl.constexpr, OUT_BITS: tl.constexpr = 32):
 
 
 @triton.jit
+def slope(z, ACTIVATION: tl.constexpr):
+    """act'(z) on fp32 (fp64) values for a derivative epilogue, ACTIVATION = "<act>_grad" (not "relu_grad",
+    which selects instead of multiplying).  tanh(u) is written as 2 sigmoid(2u) - 1, finite for every z."""
+    if ACTIVATION == "gelu_grad":  # Phi(z) + z phi(z)
+        if z.dtype == tl.float64:
+            cdf = 0.5 * (1.0 + tl.math.erf(z * 0.7071067811865476))
+        else:
+            cdf = normal_cdf(z)
+        s = cdf + z * 0.3989422804014327 * tl.exp(-0.5 * z * z)
+    elif ACTIVATION == "gelu_tanh_grad":  # with s = sigmoid(2u): s + 2 z s (1 - s) u'(z)
+        z2 = z * z
+        sg = tl.sigmoid(1.5957691216057308 * (z + 0.044715 * z2 * z))
+        s = sg + 1.5957691216057308 * z * sg * (1.0 - sg) * (1.0 + 0.134145 * z2)
+    else:  # "silu_grad": sigmoid(z) (1 + z (1 - sigmoid(z)))
+        sg = tl.sigmoid(z)
+        s = sg * (1.0 + z * (1.0 - sg))
+    return s
+
+
+@triton.jit
+def activate_with(acc, r, ACTIVATION: tl.constexpr, OUT_BITS: tl.constexpr):
+    """The epilogue's last step given R (both fp32 / fp64): act(acc) + R; or, for a derivative epilogue
+    ("<act>_grad", R the pre-activation z that forward saved), acc * act'(z), the gradient through the
+    activation of a GEMM computing dL/d act(z).  ReLU's selects, as torch's ``threshold_backward``:
+    0 where z <= 0 whatever the gradient (inf or NaN included)."""
+    if ACTIVATION == "relu_grad":
+        y = tl.where(r > 0, acc, 0.0)
+    elif ACTIVATION == "gelu_grad":
+        y = acc * slope(r, ACTIVATION)
+    elif ACTIVATION == "gelu_tanh_grad":
+        y = acc * slope(r, ACTIVATION)
+    elif ACTIVATION == "silu_grad":
+        y = acc * slope(r, ACTIVATION)
+    else:
+        y = activate(acc, ACTIVATION, OUT_BITS) + r
+    return y
+
+
+@triton.jit
 def finish_tile(
     acc,
     offs_m,
@@ -232,6 +271,7 @@ def finish_tile(
 
         z = alpha * acc + beta * D      (D: addmm's input, or linear's bias, broadcast by strides)
         y = activation(z) + R           (R: a residual of the output's shape)
+        y = z * act'(R)                 (a derivative epilogue, "<act>_grad": R the saved pre-activation)
 
     ADDEND says how D is read: "none"; "row", one row broadcast down the tile (a bias), loaded as one
     vector; "full", one element per output (``launch.pointer.addend_kind``).  ``z`` is also stored
@@ -254,10 +294,11 @@ def finish_tile(
     if STORE_PREACT:
         z_ptrs = z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn
         tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    acc = activate(acc, ACTIVATION, z_ptr.dtype.element_ty.primitive_bitwidth)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn, mask=mask, other=0.0)
-        acc = acc + r.to(acc.dtype)
+        acc = activate_with(acc, r.to(acc.dtype), ACTIVATION, z_ptr.dtype.element_ty.primitive_bitwidth)
+    else:
+        acc = activate(acc, ACTIVATION, z_ptr.dtype.element_ty.primitive_bitwidth)
     return acc
 
 

@@ -1,7 +1,7 @@
 """The warp-specialized kernel's epilogues (``gemm_gluon``), on the accumulator where the wgmma left it.
 
-* ``finish_tile``: ``gemm.finish_tile``'s arithmetic (z = alpha acc + beta D, y = act(z) + R, after an
-  fp8 product's dequantization) in the wgmma register layout;
+* ``finish_tile``: ``gemm.finish_tile``'s arithmetic (z = alpha acc + beta D, y = act(z) + R or a
+  derivative epilogue's z * act'(R), after an fp8 product's dequantization) in the wgmma register layout;
 * ``store_tile``: a consumer finishing its own tile (one or two accumulators) and storing it with TMA;
 * ``epilogue_partition``: epilogue warps that finish tiles a consumer staged, under its next mainloop;
 * ``gated_epilogue``: a GLU MLP's ``act(g) * u`` from the gate's and the up projection's accumulators.
@@ -59,6 +59,26 @@ def activate(x, ACTIVATION: gl.constexpr, OUT_BITS: gl.constexpr = 32):
 
 
 @gluon.jit
+def activate_with(acc, r, ACTIVATION: gl.constexpr, OUT_BITS: gl.constexpr):
+    """``gemm.activate_with`` in Gluon: act(acc) + r, or a derivative epilogue's acc * act'(r) ("<act>_grad",
+    r the saved pre-activation; ReLU's selects)."""
+    if ACTIVATION == "relu_grad":
+        y = gl.where(r > 0, acc, 0.0)
+    elif ACTIVATION == "gelu_grad":  # Phi(z) + z phi(z)
+        y = acc * (normal_cdf(r) + r * 0.3989422804014327 * gl.exp(-0.5 * r * r))
+    elif ACTIVATION == "gelu_tanh_grad":  # s + 2 z s (1 - s) u'(z), s = sigmoid(2u)
+        r2 = r * r
+        s = 1.0 / (1.0 + gl.exp(-1.5957691216057308 * (r + 0.044715 * r2 * r)))
+        y = acc * (s + 1.5957691216057308 * r * s * (1.0 - s) * (1.0 + 0.134145 * r2))
+    elif ACTIVATION == "silu_grad":
+        s = 1.0 / (1.0 + gl.exp(-r))
+        y = acc * (s * (1.0 + r * (1.0 - s)))
+    else:
+        y = activate(acc, ACTIVATION, OUT_BITS) + r
+    return y
+
+
+@gluon.jit
 def finish_tile(
     acc,
     off_m,
@@ -102,10 +122,11 @@ def finish_tile(
         acc = acc + beta * d.to(gl.float32)
     if STORE_PREACT:
         gl.store(z_ptr + rows * stride_zm + cols * stride_zn, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    acc = activate(acc, ACTIVATION, z_ptr.dtype.element_ty.primitive_bitwidth)
     if HAS_RESIDUAL:
         r = gl.load(r_ptr + rows * stride_rm + cols * stride_rn, mask=mask, other=0.0)
-        acc = acc + r.to(gl.float32)
+        acc = activate_with(acc, r.to(gl.float32), ACTIVATION, z_ptr.dtype.element_ty.primitive_bitwidth)
+    else:
+        acc = activate(acc, ACTIVATION, z_ptr.dtype.element_ty.primitive_bitwidth)
     return acc
 
 
@@ -236,7 +257,7 @@ def epilogue_partition(
 
     The consumer stages ``z = alpha acc + beta D`` in C's dtype (what an unfused ``act(linear(x))``
     reads back from memory) and goes on to its next tile's wgmma; these warps apply the activation
-    and the residual to the staged tile, in rows of 32 read in a blocked layout (16 bytes a thread,
+    and the residual (or a derivative epilogue's act'(R)) to the staged tile, in rows of 32 read in a blocked layout (16 bytes a thread,
     the residual's loads coalesced), write it back and store it.  ``handoff`` = (staged, drained):
     the consumer arrives on ``staged`` once the tile is in shared memory, these warps on ``drained``
     once its TMA store has read it."""
@@ -261,7 +282,6 @@ def epilogue_partition(
         for part in gl.static_range(BLOCK_M // ROWS):
             rows_smem = c_smem.slice(part * ROWS, ROWS)
             z = rows_smem.load(layout).to(gl.float32)
-            y = activate(z, ACTIVATION, c_desc.dtype.primitive_bitwidth)
             if HAS_RESIDUAL:
                 offs_m = off_m + part * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
                 offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
@@ -270,7 +290,9 @@ def epilogue_partition(
                 r = gl.load(
                     r_ptr + rows * stride_rm + cols * stride_rn, mask=(rows < M) & (cols < N), other=0.0
                 )
-                y = y + r.to(gl.float32)
+                y = activate_with(z, r.to(gl.float32), ACTIVATION, c_desc.dtype.primitive_bitwidth)
+            else:
+                y = activate(z, ACTIVATION, c_desc.dtype.primitive_bitwidth)
             rows_smem.store(y.to(c_desc.dtype))
         fence_async_shared()
         tma_store(c_desc, [off_m, off_n], c_smem)

@@ -20,6 +20,7 @@ import torch
 import triton
 
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, cluster_layouts, gemm_gluon_kernel
+from ..planning.heuristics.epilogue import TRANSCENDENTAL
 from .common import KernelArgs, Launch
 from .pointer import epilogue_constexprs, scaling_args
 from .stream_k import StreamKBuffers
@@ -80,7 +81,7 @@ def epilogue_warps(call, cfg) -> int:
     epilogue warps, 183 us without the activation; SiLU 197 and 196 us, tanh-GELU 204 and 195 us.  ReLU
     costs the consumer about 1 us, and a residual was not measured apart: both stay there."""
     ep = call.epilogue
-    if ep.activation not in ("gelu", "gelu_tanh", "silu"):
+    if ep.activation not in TRANSCENDENTAL:
         return 0
     if cfg.num_warps != 4 or cfg.pingpong or cfg.accumulator_widths[1] or cfg.cluster_m * cfg.cluster_n > 1:
         return 0

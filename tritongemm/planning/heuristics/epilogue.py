@@ -37,8 +37,9 @@ from ..configs import TileConfig
 from ..problem import GemmProblem
 from .tiles import tiles_of
 
-#: Activations whose epilogue is worth hiding (a reciprocal, an exponential and a few FMAs an element).
-TRANSCENDENTAL = ("gelu", "gelu_tanh", "silu")
+#: Activations whose epilogue is worth hiding (a reciprocal, an exponential and a few FMAs an element),
+#: and the derivative epilogues of the same (``semantics.DERIVATIVE_EPILOGUES``), which cost as much.
+TRANSCENDENTAL = ("gelu", "gelu_tanh", "silu", "gelu_grad", "gelu_tanh_grad", "silu_grad")
 #: K up to which any epilogue is worth hiding (12-16 steps of 64, against a store of the whole tile), in
 #: a forward layer's layout (both operands K-major).
 SHORT_K = 1024

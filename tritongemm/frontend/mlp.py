@@ -1,0 +1,204 @@
+"""``mlp``: a two-layer MLP, ``F.linear(act(F.linear(x, w1, b1)), w2, b2)``, whose backward computes the
+activation's derivative in the epilogue of the GEMM that produces its input (``autograd.mlp``).
+
+GPT-2's, timm's and most encoders' MLPs (``fc2(act(fc1(x)))``, GELU or ReLU) compute this.  In
+forward the activation is fused into the first layer's epilogue, as ``linear(..., activation=...)``
+fuses it; training is where the op differs from two ``linear`` calls: the gradient through the
+activation is one GEMM epilogue instead of a GEMM's output written, read back and rewritten by an
+elementwise pass (two passes over the (M, hidden) tensor fewer a step).
+
+Where it runs:
+
+* the fused backward: eager calls that record a gradient, for operands of one dtype tritongemm runs
+  with at least ``FUSED_MIN_MACS`` multiply-adds in the first layer (below it, host time, which the
+  layers' repeated-call entries keep lower, weighs more than the pass saved);
+* tritongemm's ``linear`` twice, the activation in the first one's epilogue (``unfused``): no
+  gradient, small calls, traces (``torch.compile``, ``torch.export``: a compiled graph's aligned
+  layers are the stock model's aten ops, which Inductor fuses around), DTensor operands and
+  ``torch.func`` transforms;
+* torch's ops: inputs tritongemm cannot run (``request.fallback.torch_reason``).
+
+``convert`` uses it for the MLPs it can prove compute this (``fusion``): the first layer becomes
+the MLP's head, which runs it (``head_forward``), and the second passes the head's result on
+(``handed_over``).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from ..autograd.distributed import any_dtensor
+from ..autograd.function import is_tracing
+from ..autograd.mlp import mlp_op
+from ..request import checks
+from ..request.autocast import as_torch_sees
+from ..request.fallback import torch_reason, warn_device_fallback
+from ..semantics import ACTIVATIONS, DERIVATIVE_EPILOGUES, SUPPORTED_DTYPES
+from . import api
+
+_functorch_active = torch._C._are_functorch_transforms_active
+
+#: Below this many multiply-adds in the first layer (x's elements times the hidden width), the fused
+#: backward is not taken: the pass it saves is then a few microseconds, about the host time its five
+#: GEMM launches cost beyond the layers' own repeated-call entries.  The gated MLP's threshold
+#: (``modules.FUSED_MIN_MACS``), for the same reason.
+FUSED_MIN_MACS = 2**32
+
+
+def mlp(
+    input: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None = None,
+    *,
+    activation: str = "gelu",
+) -> torch.Tensor:
+    """``F.linear(act(F.linear(input, w1, b1)), w2, b2)``, the activation's gradient fused into a GEMM.
+
+    >>> y = tritongemm.mlp(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, activation="gelu")
+
+    ``input`` (*, K); ``w1`` (H, K) and ``w2`` (N, H) as ``nn.Linear`` stores them; ``b1`` (H,),
+    ``b2`` (N,) or None.  ``activation``: "gelu" (default), "gelu_tanh", "silu" or "relu".  Returns
+    (*, N), differentiable in every tensor argument (once: no double backward on the fused path).
+    """
+    if activation not in DERIVATIVE_EPILOGUES:
+        raise ValueError(
+            f"mlp: unknown activation {activation!r}; choose one of {list(DERIVATIVE_EPILOGUES)}"
+        )
+    input, w1, b1, _ = as_torch_sees(input, w1, b1, None)
+    w2, b2 = as_torch_sees(w2, b2)
+    named = {"input": input, "w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    for name, t in named.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"mlp(): argument '{name}' must be Tensor, not {type(t).__name__}")
+    check_shapes(input, w1, b1, w2, b2)
+    tensors = tuple(t for t in named.values() if t is not None)
+    if not is_tracing(input) or any_dtensor(*tensors):
+        reason = torch_reason(*tensors)
+        if reason is not None:
+            warn_device_fallback("tritongemm.mlp", reason, input.device)
+            return torch_mlp(input, w1, b1, w2, b2, activation)
+    if fused_eligible(input, tensors, w1.shape[0]):
+        return _fused(input, w1.mT, b1, w2.mT, b2, activation)
+    return unfused(input, w1, b1, w2, b2, activation)
+
+
+def check_shapes(input, w1, b1, w2, b2) -> None:
+    """torch's RuntimeError, with the shapes, for operands whose sizes do not fit together."""
+    if input.dim() == 0:
+        raise RuntimeError("mlp: input must be at least 1-D, got a 0-D tensor")
+    for name, w in (("w1", w1), ("w2", w2)):
+        if w.dim() != 2:
+            raise RuntimeError(
+                f"mlp: {name} of shape {checks.shape_str(w)} has {w.dim()} dimensions (it must be a matrix)"
+            )
+    if input.shape[-1] != w1.shape[1]:
+        raise RuntimeError(
+            f"mlp: input of shape {checks.shape_str(input)} and w1 of shape {checks.shape_str(w1)} "
+            f"do not match ({input.shape[-1]} in-features != {w1.shape[1]})"
+        )
+    if w2.shape[1] != w1.shape[0]:
+        raise RuntimeError(
+            f"mlp: w1 of shape {checks.shape_str(w1)} and w2 of shape {checks.shape_str(w2)} do not match "
+            f"({w1.shape[0]} hidden features != {w2.shape[1]})"
+        )
+    for name, b, n in (("b1", b1, w1.shape[0]), ("b2", b2, w2.shape[0])):
+        if b is not None and tuple(b.shape) != (n,):
+            raise RuntimeError(f"mlp: {name} of shape {checks.shape_str(b)} must be ({n},)")
+
+
+def fused_eligible(x: torch.Tensor, tensors: tuple, hidden: int) -> bool:
+    """Does this call take the fused backward (the rules in this module's docstring)?"""
+    return (
+        torch.is_grad_enabled()
+        and any(t.requires_grad for t in tensors)
+        and not (is_tracing(x) or _functorch_active() or any_dtensor(*tensors))
+        and x.dtype in SUPPORTED_DTYPES
+        and all(t.dtype == x.dtype and t.device == x.device for t in tensors)
+        and x.numel() * hidden >= FUSED_MIN_MACS
+    )
+
+
+def _fused(input, b1, bias1, b2, bias2, activation: str) -> torch.Tensor:
+    """The op on B operands (``w.mT`` of a Linear's weight, a Conv1D's weight itself)."""
+    k, n = b1.shape[0], b2.shape[1]
+    x = input.reshape(-1, k)
+    y = mlp_op(x, b1, bias1, b2, bias2, activation)
+    return y.view(*input.shape[:-1], n)
+
+
+def unfused(input, w1, b1, w2, b2, activation: str) -> torch.Tensor:
+    """tritongemm's ``linear`` twice, the activation in the first one's epilogue."""
+    return api.linear(api.linear(input, w1, b1, activation=activation), w2, b2)
+
+
+def torch_mlp(input, w1, b1, w2, b2, activation: str) -> torch.Tensor:
+    """The same with torch's own ops: what a stock MLP computes."""
+    return F.linear(ACTIVATIONS[activation](F.linear(input, w1, b1)), w2, b2)
+
+
+# ----------------------------------------------------------------------------------
+# A converted model's MLPs: the first layer runs the whole MLP, the second passes it on
+# ----------------------------------------------------------------------------------
+def _weight(layer: torch.nn.Module) -> torch.Tensor:
+    """A layer's weight as ``nn.Linear`` stores it (N, K): a Linear's, or a Conv1D's transposed."""
+    return layer.weight if isinstance(layer, torch.nn.Linear) else layer.weight.mT
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    return bool(
+        module._forward_pre_hooks
+        or module._forward_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+    )
+
+
+def _passes_through(module: torch.nn.Module) -> bool:
+    """Does a module between the activation and the second layer leave values and gradients as they are
+    (an ``Identity``; a ``Dropout`` with p = 0 or in eval mode), with no hooks, now?"""
+    if _hooked(module):
+        return False
+    return isinstance(module, torch.nn.Identity) or (
+        isinstance(module, torch.nn.Dropout) and (module.p == 0 or not module.training)
+    )
+
+
+def head_forward(head: torch.nn.Module, input: torch.Tensor) -> torch.Tensor:
+    """The MLP's first layer (a converted ``Linear`` or ``Conv1D`` with an activation): the whole MLP
+    where its fused backward applies, handing the result to the second layer (``handed_over``); else
+    the layer's own ``act(linear(x))``, and the second layer computes itself."""
+    tail = head.mlp_next
+    w1, b1, w2, b2 = _weight(head), head.bias, _weight(tail), tail.bias
+    tensors = tuple(t for t in (input, w1, b1, w2, b2) if t is not None)
+    if (
+        input.dim() >= 1
+        and input.shape[-1] == w1.shape[1]
+        and fused_eligible(input, tensors, w1.shape[0])
+        and not (_hooked(head) or _hooked(tail))
+        and all(_passes_through(m) for m in head.mlp_through)
+        and torch_reason(*tensors) is None
+    ):
+        input, w1, b1, _ = as_torch_sees(input, w1, b1, None)  # (a no-op outside autocast)
+        w2, b2 = as_torch_sees(w2, b2)
+        y = _fused(input, w1.mT, b1, w2.mT, b2, head.activation)
+        tail.__dict__["mlp_handed"] = weakref.ref(y)
+        return y
+    return head._linear(input, _weight(head), head.bias)
+
+
+def handed_over(tail: torch.nn.Module, input: torch.Tensor) -> bool:
+    """Is ``input`` the MLP's output, which the head computed for this (second) layer?  Once: the hand-over
+    is cleared."""
+    ref = tail.__dict__.get("mlp_handed")
+    if ref is None:
+        return False
+    tail.__dict__["mlp_handed"] = None
+    return ref() is input
+
+
+__all__ = ["FUSED_MIN_MACS", "check_shapes", "handed_over", "head_forward", "mlp", "torch_mlp", "unfused"]
