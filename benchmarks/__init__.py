@@ -12,7 +12,7 @@
   ``nn.convert`` / ``patch()`` / ``torch.compile``, gated, with a per-GEMM
   breakdown (``gemm_breakdown.py``); ``tiny_models.py`` holds the CPU test models.
 * ``host.py``    — per-call host time of tiny GEMMs against torch.
-* ``mlp.py``     — a whole gated MLP block (SwiGLU, GeGLU) of Llama-3-8B / Qwen2.5-7B / Gemma-7B
+* ``mlp.py``     — a whole MLP block: gated (SwiGLU, GeGLU) of Llama-3-8B / Qwen2.5-7B / Gemma-7B, plain of GPT-2 / BERT-large / ViT-H
   widths: stock torch against ``tritongemm.nn.GatedMLP`` and unfused ``tritongemm.nn.Linear``.
 * ``epilogue.py`` — a linear layer's fused epilogue (bias + GELU, SiLU, tanh-GELU or residual)
   through ``tritongemm.linear`` against torch's unfused sequence, forward and forward + backward.

@@ -322,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'host':10s} {len(host.cases()):3d} cases  per-call host time of tiny GEMMs vs torch")
         mlp_cases = mlp.cases()
         print(
-            f"{'mlp':10s} {len(mlp_cases):3d} cases  the gated MLP block down(act(gate(x)) * up(x)): torch vs "
-            f"tritongemm.nn.GatedMLP and unfused tritongemm.nn.Linear (default dtypes bf16)"
+            f"{'mlp':10s} {len(mlp_cases):3d} cases  the MLP block, gated down(act(gate(x)) * up(x)) and plain "
+            f"fc2(act(fc1(x))): torch vs tritongemm.nn.convert, fused and not (default dtypes bf16)"
         )
         for c in mlp_cases:
             print(f"    {c.label:45s} M={c.m:<6d} N={c.intermediate:<6d} K={c.hidden:<6d} {c.activation}")

@@ -1,34 +1,40 @@
-"""``python -m benchmarks run --suite mlp``: a whole gated MLP block, stock torch against tritongemm.
+"""``python -m benchmarks run --suite mlp``: a whole MLP block, stock torch against tritongemm.
 
-The block is ``down(act(gate(x)) * up(x))`` with bias-free projections, at the widths of
-Llama-3-8B (hidden 4096, intermediate 14336, SwiGLU), Qwen2.5-7B (3584, 18944, SwiGLU) and Gemma-7B
-(3072, 24576, GeGLU: the tanh GELU), at M = 1024, 2048, 4096 and 8192 tokens, forward and forward +
-backward, bf16 (``--dtype`` picks another; ``--filter`` keeps the cases whose label contains it).
+Two kinds of block, forward and forward + backward, bf16 (``--dtype`` picks another; ``--filter``
+keeps the cases whose label contains it):
+
+* gated, ``down(act(gate(x)) * up(x))`` with bias-free projections, at the widths of Llama-3-8B
+  (hidden 4096, intermediate 14336, SwiGLU), Qwen2.5-7B (3584, 18944, SwiGLU) and Gemma-7B (3072,
+  24576, GeGLU: the tanh GELU), M = 1024, 2048, 4096 and 8192 tokens;
+* plain, ``fc2(act(fc1(x)))`` with biases, at the widths of GPT-2 (768, 3072, tanh GELU), BERT-large
+  (1024, 4096, GELU) and ViT-H (1280, 5120, GELU), M = 2048, 4096, 8192 and 16384 tokens.
 
 Three implementations on the same parameters (one set of weights per case, shared):
 
-* ``torch``: ``MLP``, the stock module (``F.linear`` three times, the activation, the product) -- the
-  baseline of ``speedup_vs_cublas`` (family ``cublas``, as every suite's torch baseline);
-* ``tritongemm.nn.GatedMLP``: what ``tritongemm.nn.convert`` makes of that module (the gate and up
-  projections and the product in one kernel, then ``down_proj``);
-* ``tritongemm.nn.Linear``: ``convert(fuse_mlp=False)``, the three projections on tritongemm's GEMMs
-  one by one, the activation and the product by torch (the gate's activation in its epilogue: no).
+* ``torch``: the stock module -- the baseline of ``speedup_vs_cublas`` (family ``cublas``, as every
+  suite's torch baseline);
+* ``tritongemm.nn.convert``: what ``convert`` makes of it: a ``GatedMLP`` (the gate and up
+  projections and the product in one kernel, then ``down_proj``), or a chained MLP (the activation
+  in fc1's epilogue, and in training its gradient in the epilogue of the GEMM that gives fc2's input
+  gradient: ``frontend.mlp``);
+* ``tritongemm.nn.convert(fuse_mlp=False)``: the projections on tritongemm's GEMMs one by one, the
+  activation (and the product) by torch.
 
 The harness's rules hold: inputs (``x`` and, with backward, the output's gradient) rotate over enough
-copies that together they exceed twice the L2 cache (the weights, 130-450 MB a case, are far larger
-than the L2 anyway); before anything is timed each implementation's output -- with backward also the
-input's and every weight's gradient -- on the first and the last copy is compared with torch's
-(relative Frobenius error, the harness's library tolerance: both sides round to bf16), and a wrong one
-is recorded ``failed_gate`` and never timed; then a case's three implementations are timed with
-``do_bench`` in ``--rounds`` interleaved rounds, the order reversed every other round.
+copies that together they exceed twice the L2 cache; before anything is timed each implementation's
+output -- with backward also the input's and every parameter's gradient -- on the first and the last
+copy is compared with torch's (relative Frobenius error, the harness's library tolerance: both sides
+round to bf16), and a wrong one is recorded ``failed_gate`` and never timed; then a case's three
+implementations are timed with ``do_bench`` in ``--rounds`` interleaved rounds, the order reversed
+every other round.
 
 One row per (case, implementation), in the results schema: ``group`` "<model> fwd" / "<model>
 fwd+bwd", ``case`` "<model> M=<m> fwd", ``x`` = ``m`` the tokens, ``n`` the intermediate and ``k``
-the hidden width, ``layout`` NT (``x @ W.T``); ``flops`` counts the three GEMMs, 6 M N K (x3 with
-backward; the elementwise work is not counted), ``bytes`` the compulsory traffic: ``x`` read, three
-weights read, the output written (x3 with backward).  Own columns: ``model``, ``activation``.
+the hidden width, ``layout`` NT (``x @ W.T``); ``flops`` counts the GEMMs, 2 M N K each (x3 with
+backward; the elementwise work is not counted), ``bytes`` the compulsory traffic: ``x`` read, the
+parameters read, the output written (x3 with backward).  Own columns: ``model``, ``activation``.
 Writes ``mlp.csv``, ``mlp_tflops.png`` and ``mlp_speedup.png`` under ``benchmarks/results/<gpu>/``.
-Sized to run in about two minutes on an H100 (24 cases, three implementations).
+Sized to run in about four minutes on an H100 (48 cases, three implementations).
 """
 
 from __future__ import annotations
@@ -55,6 +61,14 @@ MODELS: tuple[tuple[str, int, int, str], ...] = (
     ("gemma-7b", 3072, 24576, "gelu_tanh"),
 )
 TOKENS = (1024, 2048, 4096, 8192)
+#: (model, hidden, intermediate, activation) of plain MLPs, ``fc2(act(fc1(x)))``, and their token counts
+#: (from 2048 at GPT-2's width the first layer has ``frontend.mlp.FUSED_MIN_MACS`` multiply-adds).
+PLAIN_MODELS: tuple[tuple[str, int, int, str], ...] = (
+    ("gpt2", 768, 3072, "gelu_tanh"),
+    ("bert-large", 1024, 4096, "gelu"),
+    ("vit-h", 1280, 5120, "gelu"),
+)
+PLAIN_TOKENS = (2048, 4096, 8192, 16384)
 ROUNDS = harness.ROUNDS
 
 
@@ -68,6 +82,7 @@ class MlpCase:
     activation: str
     m: int
     backward: bool
+    gated: bool = True
 
     @property
     def mode(self) -> str:
@@ -78,21 +93,31 @@ class MlpCase:
         return f"{self.model} M={self.m} {self.mode}"
 
     @property
+    def gemms(self) -> int:
+        return 3 if self.gated else 2
+
+    @property
     def flops(self) -> int:
-        return 6 * self.m * self.intermediate * self.hidden * (3 if self.backward else 1)
+        return 2 * self.gemms * self.m * self.intermediate * self.hidden * (3 if self.backward else 1)
 
     def bytes(self, elem: int) -> int:
-        once = (2 * self.m * self.hidden + 3 * self.hidden * self.intermediate) * elem
+        params = self.gemms * self.hidden * self.intermediate + (
+            0 if self.gated else self.intermediate + self.hidden
+        )
+        once = (2 * self.m * self.hidden + params) * elem
         return once * (3 if self.backward else 1)
 
 
-def cases(models=MODELS, tokens=TOKENS) -> list[MlpCase]:
-    """Per model, forward at every M, then forward + backward at every M."""
+def cases(
+    models=MODELS, tokens=TOKENS, plain_models=PLAIN_MODELS, plain_tokens=PLAIN_TOKENS
+) -> list[MlpCase]:
+    """Per model, gated ones first, forward at every M, then forward + backward at every M."""
     return [
-        MlpCase(model, hidden, inter, act, m, backward)
-        for model, hidden, inter, act in models
+        MlpCase(model, hidden, inter, act, m, backward, gated)
+        for gated, group, counts in ((True, models, tokens), (False, plain_models, plain_tokens))
+        for model, hidden, inter, act in group
         for backward in (False, True)
-        for m in tokens
+        for m in counts
     ]
 
 
@@ -115,6 +140,19 @@ class MLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
+class PlainMLP(nn.Module):
+    """The stock two-layer MLP with biases, as timm and GPT-2 write theirs (so ``convert`` chains it)."""
+
+    def __init__(self, hidden: int, intermediate: int, activation: str, device=None, dtype=None):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, intermediate, device=device, dtype=dtype)
+        self.act = nn.GELU(approximate=activation_approximation(activation))
+        self.fc2 = nn.Linear(intermediate, hidden, device=device, dtype=dtype)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
 def activation_approximation(activation: str) -> str:
     """``nn.GELU``'s ``approximate`` for a GELU activation name."""
     return {"gelu": "none", "gelu_tanh": "tanh"}[activation]
@@ -130,37 +168,52 @@ class MlpImpl:
     build: Callable[[MLP], nn.Module]
 
 
-def _sharing(stock: MLP, **convert_options) -> nn.Module:
+def _sharing(stock: nn.Module, **convert_options) -> nn.Module:
     """``convert`` of a copy of ``stock`` that holds ``stock``'s own parameters (no second set of weights)."""
     import tritongemm
 
     converted = tritongemm.nn.convert(_meta_copy(stock), **convert_options)
-    for name in ("gate_proj", "up_proj", "down_proj"):
-        getattr(converted, name).weight = getattr(stock, name).weight
+    for name, param in stock.named_parameters():
+        layer, attr = name.rsplit(".", 1)
+        setattr(converted.get_submodule(layer), attr, param)
     return converted
 
 
-def _meta_copy(stock: MLP) -> MLP:
+def _meta_copy(stock: nn.Module) -> nn.Module:
     """The same module with parameters on the meta device (no memory), to be given ``stock``'s."""
-    hidden, inter = stock.gate_proj.in_features, stock.gate_proj.out_features
-    copy_ = MLP(hidden, inter, "silu", device="meta")
-    copy_.act_fn = copy.deepcopy(stock.act_fn)
+    first = stock.gate_proj if isinstance(stock, MLP) else stock.fc1
+    copy_ = type(stock)(first.in_features, first.out_features, "gelu", device="meta")
+    setattr(copy_, "act_fn" if isinstance(stock, MLP) else "act", copy.deepcopy(_activation(stock)))
     return copy_
 
 
-def _fused(stock: MLP) -> nn.Module:
+def _activation(stock: nn.Module) -> nn.Module:
+    return stock.act_fn if isinstance(stock, MLP) else stock.act
+
+
+def _fused(stock: nn.Module) -> nn.Module:
     import tritongemm
 
     module = _sharing(stock)
-    if type(module) is not tritongemm.nn.GatedMLP:
+    fused = (
+        type(module) is tritongemm.nn.GatedMLP
+        if isinstance(stock, MLP)
+        else module.fc1.mlp_next is module.fc2
+    )
+    if not fused:
         raise RuntimeError("convert did not fuse the stock MLP: " + tritongemm.nn.fusion_summary(module))
     return module
 
 
 IMPLS = (
-    MlpImpl("torch", "cublas", "F.linear + act + mul", lambda stock: stock),
-    MlpImpl("tritongemm.nn.GatedMLP", "tritongemm", "fused", _fused),
-    MlpImpl("tritongemm.nn.Linear", "tritongemm", "unfused", lambda stock: _sharing(stock, fuse_mlp=False)),
+    MlpImpl("torch", "cublas", "stock", lambda stock: stock),
+    MlpImpl("tritongemm.nn.convert", "tritongemm", "fused", _fused),
+    MlpImpl(
+        "tritongemm.nn.convert(fuse_mlp=False)",
+        "tritongemm",
+        "unfused",
+        lambda stock: _sharing(stock, fuse_mlp=False),
+    ),
 )
 
 
@@ -190,16 +243,25 @@ def base_row(case: MlpCase, dtype: torch.dtype) -> dict:
     }
 
 
-def make_stock(case: MlpCase, dtype: torch.dtype, device, seed: int = 0) -> MLP:
-    """The stock block with random normal weights scaled by 1 / sqrt(fan-in) (activations stay O(1))."""
+def make_stock(case: MlpCase, dtype: torch.dtype, device, seed: int = 0) -> nn.Module:
+    """The stock block with random normal weights scaled by 1 / sqrt(fan-in) (activations stay O(1)) and,
+    in a plain MLP, random biases of the same scale."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    stock = MLP(case.hidden, case.intermediate, case.activation, device="meta")
-    for name in ("gate_proj", "up_proj", "down_proj"):
-        layer = getattr(stock, name)
-        w = random_tensor((layer.out_features, layer.in_features), torch.float32, device, gen)
-        layer.weight = nn.Parameter((w / math.sqrt(layer.in_features)).to(dtype), requires_grad=case.backward)
+    stock = (MLP if case.gated else PlainMLP)(case.hidden, case.intermediate, case.activation, device="meta")
+    for name in parameter_names(case):
+        layer, attr = name.rsplit(".", 1)
+        module = stock.get_submodule(layer)
+        shape = (module.out_features, module.in_features) if attr == "weight" else (module.out_features,)
+        value = random_tensor(shape, torch.float32, device, gen) / math.sqrt(module.in_features)
+        setattr(module, attr, nn.Parameter(value.to(dtype), requires_grad=case.backward))
     return stock
+
+
+def parameter_names(case: MlpCase) -> tuple[str, ...]:
+    if case.gated:
+        return ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+    return ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 
 
 def input_set_bytes(case: MlpCase, dtype: torch.dtype) -> int:
@@ -224,7 +286,7 @@ def run_block(module: nn.Module, case: MlpCase, inputs: tuple) -> tuple[torch.Te
     if not case.backward:
         with torch.no_grad():
             return (module(x),)
-    weights = [getattr(module, n).weight for n in ("gate_proj", "up_proj", "down_proj")]
+    weights = [module.get_parameter(name) for name in parameter_names(case)]
     for t in (x, *weights):
         t.grad = None
     out = module(x)
@@ -236,11 +298,8 @@ def gate(
     module: nn.Module, case: MlpCase, sets: Sequence[tuple], refs: dict[int, tuple]
 ) -> harness.GateResult:
     """``module`` on the checked copies against the reference outputs; the worst result, or the first failure."""
-    return harness.gate_copies(
-        lambda index: run_block(module, case, sets[index]),
-        refs,
-        ("out", "grad_x", "grad_gate", "grad_up", "grad_down"),
-    )
+    names = ("out", "grad_x", *(f"grad_{name}" for name in parameter_names(case)))
+    return harness.gate_copies(lambda index: run_block(module, case, sets[index]), refs, names)
 
 
 def impl_row(case: MlpCase, dtype: torch.dtype, impl: MlpImpl) -> dict:
@@ -250,7 +309,7 @@ def impl_row(case: MlpCase, dtype: torch.dtype, impl: MlpImpl) -> dict:
 def prepare(
     case: MlpCase,
     impl: MlpImpl,
-    stock: MLP,
+    stock: nn.Module,
     sets: Sequence[tuple],
     refs: dict[int, tuple],
     device: torch.device,
@@ -364,7 +423,7 @@ def run_cli(args) -> int:
         device,
         functools.partial(run_mlp, case_list, dtype),
         {"gate_tolerance": harness.gate_tolerance(dtype)},
-        title="the gated MLP block, torch vs tritongemm, on {gpu}",
+        title="the MLP block, torch vs tritongemm, on {gpu}",
         table=summary_table,
         plot=plot_mlp,
     )
@@ -374,6 +433,9 @@ __all__ = [
     "IMPLS",
     "MLP",
     "MODELS",
+    "PLAIN_MODELS",
+    "PLAIN_TOKENS",
+    "PlainMLP",
     "SUITE",
     "TOKENS",
     "MlpCase",

@@ -1019,39 +1019,50 @@ def test_fp8_train_corpus_blocks_and_figure(tmp_path):
 # ----------------------------------------------------------------------------------
 # The mlp suite (a whole gated MLP block: torch vs GatedMLP vs unfused Linear)
 # ----------------------------------------------------------------------------------
-def test_mlp_cases_are_the_three_models_at_four_token_counts():
+def test_mlp_cases_are_three_gated_and_three_plain_models_at_four_token_counts():
     from benchmarks import mlp
 
     cases = mlp.cases()
-    assert len(cases) == len({c.label for c in cases}) == 3 * 4 * 2
-    widths = {(c.model, c.hidden, c.intermediate, c.activation) for c in cases}
+    assert len(cases) == len({c.label for c in cases}) == 2 * 3 * 4 * 2
+    widths = {(c.model, c.hidden, c.intermediate, c.activation, c.gated) for c in cases}
     assert widths == {
-        ("llama3-8b", 4096, 14336, "silu"),
-        ("qwen2.5-7b", 3584, 18944, "silu"),
-        ("gemma-7b", 3072, 24576, "gelu_tanh"),
+        ("llama3-8b", 4096, 14336, "silu", True),
+        ("qwen2.5-7b", 3584, 18944, "silu", True),
+        ("gemma-7b", 3072, 24576, "gelu_tanh", True),
+        ("gpt2", 768, 3072, "gelu_tanh", False),
+        ("bert-large", 1024, 4096, "gelu", False),
+        ("vit-h", 1280, 5120, "gelu", False),
     }
-    assert {c.m for c in cases} == {1024, 2048, 4096, 8192}
+    assert {c.m for c in cases if c.gated} == {1024, 2048, 4096, 8192}
+    assert {c.m for c in cases if not c.gated} == {2048, 4096, 8192, 16384}
     llama = next(c for c in cases if c.model == "llama3-8b" and c.m == 4096 and c.backward)
     assert llama.flops == 3 * 3 * 2 * 4096 * 14336 * 4096
+    gpt2 = next(c for c in cases if c.model == "gpt2" and c.m == 2048 and not c.backward)
+    assert gpt2.flops == 2 * 2 * 2048 * 3072 * 768
+    assert gpt2.bytes(2) == 2 * (2 * 2048 * 768 + 2 * 768 * 3072 + 3072 + 768)
     assert [i.family for i in mlp.IMPLS] == ["cublas", "tritongemm", "tritongemm"]
 
 
 @pytest.mark.parametrize(
     "backward", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["forward", "backward"]
 )
-def test_mlp_suite_gates_then_times_each_implementation(backward, tmp_path):
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "plain"])
+def test_mlp_suite_gates_then_times_each_implementation(backward, gated, tmp_path, monkeypatch):
     """On the interpreter with a tiny block: the three implementations pass the gate (with backward:
     the output and every gradient) and are timed; a wrong one is recorded failed_gate, untimed;
     the rows go to the schema and to the suite's two figures."""
+    import tritongemm.frontend.mlp
     from benchmarks import mlp
+
+    monkeypatch.setattr(tritongemm.frontend.mlp, "FUSED_MIN_MACS", 0)  # the plain MLP's fused backward
 
     def wrong(stock):
         module = mlp._sharing(stock, fuse_mlp=False)
-        module.act_fn = torch.nn.ReLU()  # the wrong activation
+        setattr(module, "act_fn" if gated else "act", torch.nn.ReLU())  # the wrong activation
         return module
 
     impls = (*mlp.IMPLS, mlp.MlpImpl("sabotaged", "test", "ReLU for GELU", wrong))
-    case = mlp.MlpCase("tiny", 16, 40, "gelu_tanh", 12, backward)
+    case = mlp.MlpCase("tiny", 16, 40, "gelu_tanh", 12, backward, gated)
     rows = mlp.measure_case(
         case,
         torch.float32,
@@ -1063,7 +1074,7 @@ def test_mlp_suite_gates_then_times_each_implementation(backward, tmp_path):
         l2_bytes=3 * mlp.input_set_bytes(case, torch.float32),  # 2 x L2 over the copies: 6 of them
     )
     by = {r["impl"]: r for r in rows}
-    for name in ("torch", "tritongemm.nn.GatedMLP", "tritongemm.nn.Linear"):
+    for name in ("torch", "tritongemm.nn.convert", "tritongemm.nn.convert(fuse_mlp=False)"):
         r = by[name]
         assert r["status"] == "ok", r.get("message")
         assert r["rel_err"] <= r["tol"] and r["ms"] > 0 and r["tflops"] > 0 and r["n_copies"] == 6
@@ -1076,7 +1087,7 @@ def test_mlp_suite_gates_then_times_each_implementation(backward, tmp_path):
     df = schema.read(csv)
     assert list(df.columns[: len(schema.COLUMNS)]) == schema.COLUMNS
     assert sorted(p.name for p in mlp.plot_mlp(csv, tmp_path)) == ["mlp_speedup.png", "mlp_tflops.png"]
-    assert "tritongemm.nn.GatedMLP ms" in mlp.summary_table(rows)
+    assert "tritongemm.nn.convert ms" in mlp.summary_table(rows)
 
 
 def test_mlp_suite_is_listed_and_refused_without_gpu(capsys):
