@@ -12,8 +12,8 @@
   ``nn.convert`` / ``patch()`` / ``torch.compile``, gated, with a per-GEMM
   breakdown (``gemm_breakdown.py``); ``tiny_models.py`` holds the CPU test models.
 * ``host.py``    — per-call host time of tiny GEMMs against torch.
-* ``mlp.py``     — a whole MLP block: gated (SwiGLU, GeGLU) of Llama-3-8B / Qwen2.5-7B / Gemma-7B, plain of GPT-2 / BERT-large / ViT-H
-  widths: stock torch against ``tritongemm.nn.GatedMLP`` and unfused ``tritongemm.nn.Linear``.
+* ``mlp.py``     — a whole MLP block, gated (SwiGLU, GeGLU: Llama-3-8B / Qwen2.5-7B / Gemma-7B widths) and
+  plain (GPT-2 / BERT-large / ViT-H widths): stock torch against ``convert``'s fused and unfused blocks.
 * ``epilogue.py`` — a linear layer's fused epilogue (bias + GELU, SiLU, tanh-GELU or residual)
   through ``tritongemm.linear`` against torch's unfused sequence, forward and forward + backward.
 * ``fp8.py``     — ``tritongemm.scaled_mm`` against ``torch._scaled_mm`` (fp8 e4m3 in, bf16
