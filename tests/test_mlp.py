@@ -65,16 +65,20 @@ def test_relu_derivative_selects_as_threshold_backward(device):
     assert torch.equal(out, expected), (out, expected)
 
 
-def test_derivative_epilogues_are_finished_off_the_consumer_and_hidden_like_activations():
+def test_derivative_epilogues_are_finished_by_epilogue_warps_on_one_consumer():
     from tritongemm.launch.gluon import epilogue_warps
     from tritongemm.planning.configs import TileConfig
-    from tritongemm.planning.heuristics.epilogue import TRANSCENDENTAL
+    from tritongemm.planning.heuristics.epilogue import epilogue_config
+    from tritongemm.planning.problem import GemmProblem
 
     cfg = TileConfig(128, 128, 64, 8, 4, 6, kernel="gluon_ws")
-    for activation, warps in (("gelu_grad", 4), ("silu_grad", 4), ("gelu_tanh_grad", 4), ("relu_grad", 0)):
+    problem = GemmProblem(8192, 4096, 1024, dtype="bf16", layout="NN")
+    h100 = tritongemm.KNOWN_DEVICES["h100"]
+    for activation in DERIVATIVE_EPILOGUES.values():
         call = GemmCall(Epilogue(activation=activation, residual=True))
-        assert epilogue_warps(call, cfg) == warps, activation
-        assert (activation in TRANSCENDENTAL) == (warps == 4)
+        assert epilogue_warps(call, cfg) == 4, activation
+        assert epilogue_config(cfg, problem, h100, activation) == (cfg, None)  # no ping-pong
+    assert epilogue_config(cfg, problem, h100, "gelu")[0].pingpong
 
 
 # -- tritongemm.mlp ------------------------------------------------------------------------------------
@@ -289,21 +293,23 @@ def test_a_chained_mlp_saves_loads_and_deep_copies(device, fused_calls):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1024, 2048], ids=["epilogue-warps", "pingpong"])
+@pytest.mark.parametrize("rows", [1024, 2048], ids=["under-two-waves", "over-two-waves"])
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
 def test_fused_mlp_backward_on_the_gpu_at_model_width(activation, rows):
-    """bf16 at a GPT-2 width, above the size threshold: the warp-specialized kernel's derivative epilogue,
-    finished by epilogue warps (under two waves of tiles) or by two ping-pong consumers."""
-    x = random_tensor((rows, 768), torch.bfloat16, "cuda").requires_grad_()
-    w1 = (random_tensor((3072, 768), torch.bfloat16, "cuda") * 0.05).requires_grad_()
-    w2 = (random_tensor((768, 3072), torch.bfloat16, "cuda") * 0.05).requires_grad_()
+    """bf16 above the size threshold: the warp-specialized kernel's derivative epilogue, finished by
+    epilogue warps, under and over two waves of tiles (where a forward activation would take ping-pong)."""
+    hidden = 1536
+    x = random_tensor((rows, hidden), torch.bfloat16, "cuda").requires_grad_()
+    w1 = (random_tensor((3072, hidden), torch.bfloat16, "cuda") * 0.05).requires_grad_()
+    w2 = (random_tensor((hidden, 3072), torch.bfloat16, "cuda") * 0.05).requires_grad_()
     b1 = random_tensor((3072,), torch.bfloat16, "cuda").requires_grad_()
-    b2 = random_tensor((768,), torch.bfloat16, "cuda").requires_grad_()
+    b2 = random_tensor((hidden,), torch.bfloat16, "cuda").requires_grad_()
     assert x.numel() * 3072 >= mlp_module.FUSED_MIN_MACS
     call = GemmCall(Epilogue(activation=DERIVATIVE_EPILOGUES[activation], residual=True))
     dz = torch.empty(rows, 3072, dtype=torch.bfloat16, device="cuda")
     chosen = launch.plan_for(call, x.detach(), w2.detach(), dz)
-    assert chosen.kernel == "gluon_ws" and chosen.config.pingpong == (rows == 2048), chosen.describe()
+    assert chosen.kernel == "gluon_ws" and not chosen.config.pingpong, chosen.describe()
+    assert launch.gluon.epilogue_warps(call, chosen.config) == 4
     assert_matches_reference(
         lambda *a: tritongemm.mlp(*a, activation=activation),
         lambda *a: mlp_module.torch_mlp(*a, activation),

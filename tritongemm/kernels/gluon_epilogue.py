@@ -241,6 +241,18 @@ def gated_epilogue(
 
 
 @gluon.jit
+def residual_rows(
+    r_ptr, stride_rm, stride_rn, row0, off_n, M, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, layout
+):
+    """R's ``ROWS`` x ``BLOCK_N`` block at (row0, off_n), in ``layout`` (coalesced), zero outside (M, N)."""
+    offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    rows = gl.expand_dims(offs_m, 1)
+    cols = gl.expand_dims(offs_n, 0)
+    return gl.load(r_ptr + rows * stride_rm + cols * stride_rn, mask=(rows < M) & (cols < N), other=0.0)
+
+
+@gluon.jit
 def epilogue_partition(
     c_desc,
     c_smem,
@@ -278,19 +290,30 @@ def epilogue_partition(
         pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
+        if HAS_RESIDUAL:  # the first rows of R are read while the consumer's mainloop still runs
+            r = residual_rows(r_ptr, stride_rm, stride_rn, off_m, off_n, M, N, ROWS, BLOCK_N, layout)
         mbarrier.wait(staged, lap & 1)
         for part in gl.static_range(BLOCK_M // ROWS):
             rows_smem = c_smem.slice(part * ROWS, ROWS)
+            if HAS_RESIDUAL:
+                if part + 1 < BLOCK_M // ROWS:  # the next rows' loads in flight under this part's math
+                    r_next = residual_rows(
+                        r_ptr,
+                        stride_rm,
+                        stride_rn,
+                        off_m + (part + 1) * ROWS,
+                        off_n,
+                        M,
+                        N,
+                        ROWS,
+                        BLOCK_N,
+                        layout,
+                    )
             z = rows_smem.load(layout).to(gl.float32)
             if HAS_RESIDUAL:
-                offs_m = off_m + part * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-                offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-                rows = gl.expand_dims(offs_m, 1)
-                cols = gl.expand_dims(offs_n, 0)
-                r = gl.load(
-                    r_ptr + rows * stride_rm + cols * stride_rn, mask=(rows < M) & (cols < N), other=0.0
-                )
                 y = activate_with(z, r.to(gl.float32), ACTIVATION, c_desc.dtype.primitive_bitwidth)
+                if part + 1 < BLOCK_M // ROWS:
+                    r = r_next
             else:
                 y = activate(z, ACTIVATION, c_desc.dtype.primitive_bitwidth)
             rows_smem.store(y.to(c_desc.dtype))

@@ -20,7 +20,7 @@ import torch
 import triton
 
 from ..kernels.gemm_gluon import GLUON_AVAILABLE, GLUON_UNAVAILABLE_REASON, cluster_layouts, gemm_gluon_kernel
-from ..planning.heuristics.epilogue import TRANSCENDENTAL
+from ..planning.heuristics.epilogue import DERIVATIVES, TRANSCENDENTAL
 from .common import KernelArgs, Launch
 from .pointer import epilogue_constexprs, scaling_args
 from .stream_k import StreamKBuffers
@@ -73,7 +73,8 @@ def descriptor(t: torch.Tensor, rows_block: int, cols_block: int, cga=None):
 
 def epilogue_warps(call, cfg) -> int:
     """Warps that finish tiles apart from the consumer (the kernel's EPILOGUE_WARPS): 4 for an activation
-    with a transcendental (GELU, SiLU) where one 4-warp consumer owns whole power-of-two tiles (with
+    with a transcendental (GELU, SiLU) or a derivative epilogue (which also reads R:
+    ``heuristics.epilogue.DERIVATIVES``) where one 4-warp consumer owns whole power-of-two tiles (with
     Stream-K, the whole tiles: the consumer finishes the streamed ones itself), else 0.
 
     A consumer that finishes its own tiles leaves the tensor cores idle meanwhile.  On the H100, bf16,
@@ -81,7 +82,7 @@ def epilogue_warps(call, cfg) -> int:
     epilogue warps, 183 us without the activation; SiLU 197 and 196 us, tanh-GELU 204 and 195 us.  ReLU
     costs the consumer about 1 us, and a residual was not measured apart: both stay there."""
     ep = call.epilogue
-    if ep.activation not in TRANSCENDENTAL:
+    if ep.activation not in TRANSCENDENTAL and ep.activation not in DERIVATIVES:
         return 0
     if cfg.num_warps != 4 or cfg.pingpong or cfg.accumulator_widths[1] or cfg.cluster_m * cfg.cluster_n > 1:
         return 0
