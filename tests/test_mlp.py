@@ -76,7 +76,7 @@ def test_derivative_epilogues_are_finished_by_epilogue_warps_on_one_consumer():
     h100 = tritongemm.KNOWN_DEVICES["h100"]
     for activation in DERIVATIVE_EPILOGUES.values():
         call = GemmCall(Epilogue(activation=activation, residual=True))
-        assert epilogue_warps(call, cfg) == 4, activation
+        assert epilogue_warps(call, cfg) == 8, activation
         assert epilogue_config(cfg, problem, h100, activation) == (cfg, None)  # no ping-pong
     assert epilogue_config(cfg, problem, h100, "gelu")[0].pingpong
 
@@ -309,7 +309,8 @@ def test_fused_mlp_backward_on_the_gpu_at_model_width(activation, rows):
     dz = torch.empty(rows, 3072, dtype=torch.bfloat16, device="cuda")
     chosen = launch.plan_for(call, x.detach(), w2.detach(), dz)
     assert chosen.kernel == "gluon_ws" and not chosen.config.pingpong, chosen.describe()
-    assert launch.gluon.epilogue_warps(call, chosen.config) == 4
+    # (under two waves the heuristic's 128 x 192 tile on 8 warps finishes its own tiles)
+    assert launch.gluon.epilogue_warps(call, chosen.config) == (8 if rows == 2048 else 0)
     assert_matches_reference(
         lambda *a: tritongemm.mlp(*a, activation=activation),
         lambda *a: mlp_module.torch_mlp(*a, activation),

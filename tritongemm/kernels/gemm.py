@@ -217,12 +217,27 @@ def activate(x, ACTIVATION: tl.constexpr, OUT_BITS: tl.constexpr = 32):
 
 
 @triton.jit
-def slope(z, ACTIVATION: tl.constexpr):
+def normal_cdf_16(x):
+    """Phi(x) as ``gelu_16`` writes it, 1 / (1 + 2^-(x P(x^2))): for results rounded to 16 bits."""
+    x2 = tl.minimum(x * x, 25.0)
+    p = -1.92362056e-07 * x2 + 8.95980859e-06
+    p = p * x2 - 0.000145463738
+    p = p * x2 - 0.000129064741
+    p = p * x2 + 0.104868111
+    p = p * x2 + 2.30220155
+    return 1.0 / (1.0 + tl.exp2(-x * p))
+
+
+@triton.jit
+def slope(z, ACTIVATION: tl.constexpr, OUT_BITS: tl.constexpr):
     """act'(z) on fp32 (fp64) values for a derivative epilogue, ACTIVATION = "<act>_grad" (not "relu_grad",
-    which selects instead of multiplying).  tanh(u) is written as 2 sigmoid(2u) - 1, finite for every z."""
+    which selects instead of multiplying), for an output of OUT_BITS bits.  tanh(u) is written as
+    2 sigmoid(2u) - 1, finite for every z."""
     if ACTIVATION == "gelu_grad":  # Phi(z) + z phi(z)
         if z.dtype == tl.float64:
             cdf = 0.5 * (1.0 + tl.math.erf(z * 0.7071067811865476))
+        elif OUT_BITS == 16:
+            cdf = normal_cdf_16(z)
         else:
             cdf = normal_cdf(z)
         s = cdf + z * 0.3989422804014327 * tl.exp(-0.5 * z * z)
@@ -245,11 +260,11 @@ def activate_with(acc, r, ACTIVATION: tl.constexpr, OUT_BITS: tl.constexpr):
     if ACTIVATION == "relu_grad":
         y = tl.where(r > 0, acc, 0.0)
     elif ACTIVATION == "gelu_grad":
-        y = acc * slope(r, ACTIVATION)
+        y = acc * slope(r, ACTIVATION, OUT_BITS)
     elif ACTIVATION == "gelu_tanh_grad":
-        y = acc * slope(r, ACTIVATION)
+        y = acc * slope(r, ACTIVATION, OUT_BITS)
     elif ACTIVATION == "silu_grad":
-        y = acc * slope(r, ACTIVATION)
+        y = acc * slope(r, ACTIVATION, OUT_BITS)
     else:
         y = activate(acc, ACTIVATION, OUT_BITS) + r
     return y

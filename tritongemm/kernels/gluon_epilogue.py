@@ -41,6 +41,18 @@ def gelu_16(x):
 
 
 @gluon.jit
+def normal_cdf_16(x):
+    """Phi(x) as ``gelu_16`` writes it, 1 / (1 + 2^-(x P(x^2))): for results rounded to 16 bits."""
+    x2 = gl.minimum(x * x, 25.0)
+    p = -1.92362056e-07 * x2 + 8.95980859e-06
+    p = p * x2 - 0.000145463738
+    p = p * x2 - 0.000129064741
+    p = p * x2 + 0.104868111
+    p = p * x2 + 2.30220155
+    return 1.0 / (1.0 + gl.exp2(-x * p))
+
+
+@gluon.jit
 def activate(x, ACTIVATION: gl.constexpr, OUT_BITS: gl.constexpr = 32):
     """``gemm.activate`` in Gluon (which has no sigmoid: 1 / (1 + exp(-x)) is what tl.sigmoid computes)."""
     if ACTIVATION == "relu":
@@ -64,8 +76,12 @@ def activate_with(acc, r, ACTIVATION: gl.constexpr, OUT_BITS: gl.constexpr):
     r the saved pre-activation; ReLU's selects)."""
     if ACTIVATION == "relu_grad":
         y = gl.where(r > 0, acc, 0.0)
-    elif ACTIVATION == "gelu_grad":  # Phi(z) + z phi(z)
-        y = acc * (normal_cdf(r) + r * 0.3989422804014327 * gl.exp(-0.5 * r * r))
+    elif ACTIVATION == "gelu_grad":  # Phi(z) + z phi(z), phi(z) = exp2(-z^2 log2(e) / 2) / sqrt(2 pi)
+        if OUT_BITS == 16:
+            cdf = normal_cdf_16(r)
+        else:
+            cdf = normal_cdf(r)
+        y = acc * (cdf + r * 0.3989422804014327 * gl.exp2(-0.7213475204444817 * r * r))
     elif ACTIVATION == "gelu_tanh_grad":  # s + 2 z s (1 - s) u'(z), s = sigmoid(2u)
         r2 = r * r
         s = 1.0 / (1.0 + gl.exp(-1.5957691216057308 * (r + 0.044715 * r2 * r)))

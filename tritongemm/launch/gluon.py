@@ -86,7 +86,12 @@ def epilogue_warps(call, cfg) -> int:
         return 0
     if cfg.num_warps != 4 or cfg.pingpong or cfg.accumulator_widths[1] or cfg.cluster_m * cfg.cluster_n > 1:
         return 0
-    return 4
+    return DERIVATIVE_EPILOGUE_WARPS if ep.activation in DERIVATIVES else 4
+
+
+#: Epilogue warps for a derivative epilogue: its math and R's loads over a 128 x 128 tile outlast a
+#: short-K mainloop with four.
+DERIVATIVE_EPILOGUE_WARPS = 8
 
 
 def max_registers(consumer_warps: int) -> int:
