@@ -13,12 +13,12 @@ Three implementations on the same parameters (one set of weights per case, share
 
 * ``torch``: the stock module -- the baseline of ``speedup_vs_cublas`` (family ``cublas``, as every
   suite's torch baseline);
-* ``tritongemm.nn.convert``: what ``convert`` makes of it: a ``GatedMLP`` (the gate and up
-  projections and the product in one kernel, then ``down_proj``), or a chained MLP (the activation
-  in fc1's epilogue, and in training its gradient in the epilogue of the GEMM that gives fc2's input
-  gradient: ``frontend.mlp``);
-* ``tritongemm.nn.convert(fuse_mlp=False)``: the projections on tritongemm's GEMMs one by one, the
-  activation (and the product) by torch.
+* ``tritongemm fused``: for a gated block what ``convert`` makes of it, a ``GatedMLP`` (the gate and up
+  projections and the product in one kernel, then ``down_proj``); for a plain one ``tritongemm.mlp``
+  (the activation in fc1's epilogue, and in training, from ``frontend.mlp.FUSED_MIN_MACS``, its
+  gradient in the epilogue of the GEMM that gives fc2's input gradient);
+* ``tritongemm unfused``: ``convert(fuse_mlp=False)``, the projections on tritongemm's GEMMs one by
+  one, the activation (and the product) by torch.
 
 The harness's rules hold: inputs (``x`` and, with backward, the output's gradient) rotate over enough
 copies that together they exceed twice the L2 cache; before anything is timed each implementation's
@@ -141,10 +141,11 @@ class MLP(nn.Module):
 
 
 class PlainMLP(nn.Module):
-    """The stock two-layer MLP with biases, as timm and GPT-2 write theirs (so ``convert`` chains it)."""
+    """The stock two-layer MLP with biases, as timm and GPT-2 write theirs."""
 
     def __init__(self, hidden: int, intermediate: int, activation: str, device=None, dtype=None):
         super().__init__()
+        self.activation = activation
         self.fc1 = nn.Linear(hidden, intermediate, device=device, dtype=dtype)
         self.act = nn.GELU(approximate=activation_approximation(activation))
         self.fc2 = nn.Linear(intermediate, hidden, device=device, dtype=dtype)
@@ -191,27 +192,39 @@ def _activation(stock: nn.Module) -> nn.Module:
     return stock.act_fn if isinstance(stock, MLP) else stock.act
 
 
+class FusedPlainMLP(nn.Module):
+    """``tritongemm.mlp`` on a stock plain MLP's own layers: the activation in fc1's epilogue, and in training
+    (from ``frontend.mlp.FUSED_MIN_MACS``) its gradient in the epilogue of the GEMM that gives fc2's input's."""
+
+    def __init__(self, stock: PlainMLP):
+        super().__init__()
+        self.fc1, self.fc2, self.activation = stock.fc1, stock.fc2, stock.activation
+
+    def forward(self, x):
+        import tritongemm
+
+        fc1, fc2 = self.fc1, self.fc2
+        return tritongemm.mlp(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, activation=self.activation)
+
+
 def _fused(stock: nn.Module) -> nn.Module:
     import tritongemm
 
+    if isinstance(stock, PlainMLP):
+        return FusedPlainMLP(stock)
     module = _sharing(stock)
-    fused = (
-        type(module) is tritongemm.nn.GatedMLP
-        if isinstance(stock, MLP)
-        else module.fc1.mlp_next is module.fc2
-    )
-    if not fused:
+    if type(module) is not tritongemm.nn.GatedMLP:
         raise RuntimeError("convert did not fuse the stock MLP: " + tritongemm.nn.fusion_summary(module))
     return module
 
 
 IMPLS = (
     MlpImpl("torch", "cublas", "stock", lambda stock: stock),
-    MlpImpl("tritongemm.nn.convert", "tritongemm", "fused", _fused),
+    MlpImpl("tritongemm fused", "tritongemm", "GatedMLP (convert) / tritongemm.mlp", _fused),
     MlpImpl(
-        "tritongemm.nn.convert(fuse_mlp=False)",
+        "tritongemm unfused",
         "tritongemm",
-        "unfused",
+        "convert(fuse_mlp=False)",
         lambda stock: _sharing(stock, fuse_mlp=False),
     ),
 )
@@ -435,6 +448,7 @@ __all__ = [
     "MODELS",
     "PLAIN_MODELS",
     "PLAIN_TOKENS",
+    "FusedPlainMLP",
     "PlainMLP",
     "SUITE",
     "TOKENS",

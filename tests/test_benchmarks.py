@@ -1053,8 +1053,11 @@ def test_mlp_suite_gates_then_times_each_implementation(backward, gated, tmp_pat
     the rows go to the schema and to the suite's two figures."""
     import tritongemm.frontend.mlp
     from benchmarks import mlp
+    from tritongemm.autograd.mlp import mlp_op
 
+    calls = []
     monkeypatch.setattr(tritongemm.frontend.mlp, "FUSED_MIN_MACS", 0)  # the plain MLP's fused backward
+    monkeypatch.setattr(tritongemm.frontend.mlp, "mlp_op", lambda *a: calls.append(a[-1]) or mlp_op(*a))
 
     def wrong(stock):
         module = mlp._sharing(stock, fuse_mlp=False)
@@ -1074,7 +1077,7 @@ def test_mlp_suite_gates_then_times_each_implementation(backward, gated, tmp_pat
         l2_bytes=3 * mlp.input_set_bytes(case, torch.float32),  # 2 x L2 over the copies: 6 of them
     )
     by = {r["impl"]: r for r in rows}
-    for name in ("torch", "tritongemm.nn.convert", "tritongemm.nn.convert(fuse_mlp=False)"):
+    for name in ("torch", "tritongemm fused", "tritongemm unfused"):
         r = by[name]
         assert r["status"] == "ok", r.get("message")
         assert r["rel_err"] <= r["tol"] and r["ms"] > 0 and r["tflops"] > 0 and r["n_copies"] == 6
@@ -1083,11 +1086,12 @@ def test_mlp_suite_gates_then_times_each_implementation(backward, gated, tmp_pat
     bad = by["sabotaged"]
     assert bad["status"] == "failed_gate" and bad.get("ms") is None
     assert bad["message"].startswith("out:")
+    assert bool(calls) == (backward and not gated)  # a plain block's training ran the fused backward
     csv = harness.write_results(rows, tmp_path / "mlp.csv", ENV, {"suite": "mlp"})
     df = schema.read(csv)
     assert list(df.columns[: len(schema.COLUMNS)]) == schema.COLUMNS
     assert sorted(p.name for p in mlp.plot_mlp(csv, tmp_path)) == ["mlp_speedup.png", "mlp_tflops.png"]
-    assert "tritongemm.nn.convert ms" in mlp.summary_table(rows)
+    assert "tritongemm fused ms" in mlp.summary_table(rows)
 
 
 def test_mlp_suite_is_listed_and_refused_without_gpu(capsys):

@@ -1,7 +1,5 @@
 """The two-layer MLP whose backward runs the activation's derivative in a GEMM epilogue: the derivative
-epilogue itself, ``tritongemm.mlp``, and the MLPs ``nn.convert`` chains (head computes, tail hands on)."""
-
-import copy
+epilogue itself, and ``tritongemm.mlp``."""
 
 import pytest
 import torch
@@ -154,149 +152,11 @@ def test_mlp_double_backward_is_refused(device, fused_calls):
         torch.autograd.grad(y.sum(), x, create_graph=True)
 
 
-# -- MLPs nn.convert chains ----------------------------------------------------------------------------
-
-
-class Mlp(torch.nn.Module):
-    """timm's ``Mlp``: a dropout and a norm between the activation and the second layer."""
-
-    def __init__(self, drop=0.0, act=torch.nn.GELU):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(16, 40)
-        self.act = act()
-        self.drop1 = torch.nn.Dropout(drop)
-        self.norm = torch.nn.Identity()
-        self.fc2 = torch.nn.Linear(40, 16)
-        self.drop2 = torch.nn.Dropout(drop)
-
-    def forward(self, x):
-        x = self.fc1(x)
-        x = self.act(x)
-        x = self.drop1(x)
-        x = self.norm(x)
-        x = self.fc2(x)
-        x = self.drop2(x)
-        return x
-
-
-class ReadsHidden(torch.nn.Module):
-    """The hidden activation is read twice: no MLP to chain (the activation is still fused)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.act, self.fc2 = torch.nn.Linear(16, 40), torch.nn.ReLU(), torch.nn.Linear(40, 16)
-
-    def forward(self, x):
-        h = self.act(self.fc1(x))
-        return self.fc2(h) + h[..., :16]
-
-
-def _models():
-    return torch.nn.ModuleDict(
-        {
-            "seq": torch.nn.Sequential(
-                torch.nn.Linear(16, 40),
-                torch.nn.SiLU(),
-                torch.nn.Linear(40, 24),
-                torch.nn.ReLU(),
-                torch.nn.Linear(24, 16),
-            ),
-            "timm": Mlp(),
-            "reads": ReadsHidden(),
-        }
-    )
-
-
-def _train_step(model, x):
-    y = model(x)
-    y.square().sum().backward()
-    return y
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
-def test_convert_chains_mlps_and_their_training_matches_stock(dtype, device, fused_calls):
-    stock = _models().to(device)
-    models = tritongemm.nn.convert(copy.deepcopy(stock).to(dtype))
-    keys = list(stock.state_dict())
-    assert list(models.state_dict()) == keys
-    seq, timm, reads = models["seq"], models["timm"], models["reads"]
-    # seq: 0 -> SiLU -> 2 -> ReLU -> 4: the second activation's Linear is an MLP head, the first's is not
-    # (its next layer carries an activation of its own).
-    assert seq[2].mlp_next is seq[4] and seq[4].mlp_prev == "2" and seq[0].mlp_next is None
-    assert timm.fc1.mlp_next is timm.fc2 and timm.fc1.mlp_through == (timm.drop1, timm.norm)
-    assert reads.fc1.activation == "relu" and reads.fc1.mlp_next is None
-    assert "MLP head (fc2 computed here)" in repr(timm.fc1) and "MLP tail (computed by fc1)" in repr(timm.fc2)
-    summary = tritongemm.nn.fusion_summary(models)
-    assert (
-        "timm.fc1: gelu fused into its epilogue, its gradient into fc2's backward GEMM (one MLP)" in summary
-    )
-    x = random_tensor((2, 5, 16), dtype, device)
-    for name, model in models.items():
-        y = _train_step(model, x)
-        ref = _train_step(stock[name].double(), x.double())
-        tol = 4 * tolerance(dtype, device)
-        assert_close(y, ref, tol=tol, what=name)
-        for (pname, p), q in zip(model.named_parameters(), stock[name].parameters()):
-            assert_close(p.grad, q.grad, tol=4 * tol, what=f"{name}: grad of {pname}")
-    assert fused_calls == ["relu", "gelu"]  # seq's chained MLP, then timm's
-    with torch.no_grad():
-        assert_close(models["timm"](x), stock["timm"](x.double()), tol=4 * tolerance(dtype, device))
-    assert fused_calls == ["relu", "gelu"]  # nothing to differentiate: the layers one by one
-
-
-def test_a_dropout_that_drops_or_a_hook_on_the_tail_unchains_the_mlp(device, fused_calls):
-    model = tritongemm.nn.convert(Mlp(drop=0.5).to(device))
-    assert model.fc1.mlp_next is model.fc2  # chained, but checked at each call
-    x = random_tensor((4, 16), torch.float32, device)
-    model.train()
-    torch.manual_seed(0)
-    y = _train_step(model, x)
-    assert fused_calls == [] and model.fc1.weight.grad is not None
-    assert model.fc2.__dict__.get("mlp_handed") is None
-    model.eval()  # dropout passes values on in eval mode: fused again
-    _train_step(model, x)
-    assert fused_calls == ["gelu"]
-    seen = []
-    model.fc2.register_forward_hook(lambda m, i, o: seen.append(o.shape))
-    y = _train_step(model, x)
-    assert fused_calls == ["gelu"] and seen == [y.shape]
-    stock = Mlp(drop=0.5).to(device).eval()
-    stock.load_state_dict(model.state_dict())
-    assert_close(y, stock.double()(x.double()), tol=4 * tolerance(torch.float32, device))
-
-
-def test_convert_leaves_a_shared_or_hooked_second_layer_unchained(device):
-    shared = torch.nn.Linear(40, 16)
-    model = torch.nn.ModuleDict(
-        {
-            "a": torch.nn.Sequential(torch.nn.Linear(16, 40), torch.nn.GELU(), shared),
-            "b": torch.nn.Sequential(shared),
-        }
-    )
-    hooked = Mlp()
-    hooked.fc2.register_forward_pre_hook(lambda m, i: None)
-    tritongemm.nn.convert(model)
-    tritongemm.nn.convert(hooked)
-    assert model["a"][0].activation == "gelu" and model["a"][0].mlp_next is None
-    assert hooked.fc1.activation == "gelu" and hooked.fc1.mlp_next is None
-
-
-def test_a_chained_mlp_saves_loads_and_deep_copies(device, fused_calls):
-    model = tritongemm.nn.convert(Mlp().to(device))
-    twin = copy.deepcopy(model)
-    assert twin.fc1.mlp_next is twin.fc2 and twin.fc1.mlp_through == (twin.drop1, twin.norm)
-    fresh = tritongemm.nn.convert(Mlp().to(device))
-    fresh.load_state_dict(model.state_dict())
-    x = random_tensor((3, 16), torch.float32, device)
-    assert_close(_train_step(fresh, x), _train_step(model, x).double(), tol=tolerance(torch.float32, device))
-    assert fused_calls == ["gelu", "gelu"]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1024, 2048], ids=["under-two-waves", "over-two-waves"])
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
-def test_fused_mlp_backward_on_the_gpu_at_model_width(activation, rows):
-    """bf16 above the size threshold: the warp-specialized kernel's derivative epilogue, finished by
+def test_fused_mlp_backward_on_the_gpu_at_model_width(activation, rows, fused_calls):
+    """bf16, the fused backward taken: the warp-specialized kernel's derivative epilogue, finished by
     epilogue warps, under and over two waves of tiles (where a forward activation would take ping-pong)."""
     hidden = 1536
     x = random_tensor((rows, hidden), torch.bfloat16, "cuda").requires_grad_()
@@ -304,7 +164,6 @@ def test_fused_mlp_backward_on_the_gpu_at_model_width(activation, rows):
     w2 = (random_tensor((hidden, 3072), torch.bfloat16, "cuda") * 0.05).requires_grad_()
     b1 = random_tensor((3072,), torch.bfloat16, "cuda").requires_grad_()
     b2 = random_tensor((hidden,), torch.bfloat16, "cuda").requires_grad_()
-    assert x.numel() * 3072 >= mlp_module.FUSED_MIN_MACS
     call = GemmCall(Epilogue(activation=DERIVATIVE_EPILOGUES[activation], residual=True))
     dz = torch.empty(rows, 3072, dtype=torch.bfloat16, device="cuda")
     chosen = launch.plan_for(call, x.detach(), w2.detach(), dz)
@@ -316,3 +175,4 @@ def test_fused_mlp_backward_on_the_gpu_at_model_width(activation, rows):
         lambda *a: mlp_module.torch_mlp(*a, activation),
         x, w1, b1, w2, b2,
     )  # fmt: skip
+    assert fused_calls == [activation]

@@ -161,12 +161,9 @@ def convert(
         return new
 
     def fuse_activations(module: torch.nn.Module) -> None:
-        """Each activation ``module`` applies to a Linear's output alone, into that Linear's epilogue; and
-        where a Linear is then applied to the activation's output alone, the two as one MLP."""
+        """Each activation ``module`` applies to a Linear's output alone, into that Linear's epilogue."""
         left = {}
-        pairs = fusion.linear_activation_pairs(module)
-        into = {}  # activation's name -> the Linear's it was fused into
-        for linear, act in pairs:
+        for linear, act in fusion.linear_activation_pairs(module):
             activation, reason = fusion.linear_activation_reason(module, linear, act, _plain_linear)
             if activation is None and reason is None:
                 continue
@@ -183,39 +180,10 @@ def convert(
             new.activation = activation
             setattr(module, linear, new)
             setattr(module, act, FusedActivation(activation, linear))
-            into[act] = linear
-        for act, linear in into.items():
-            chain_mlp(module, pairs, linear, act)
         if left:
             _ACTIVATIONS_NOT_FUSED[module] = left
         else:
             _ACTIVATIONS_NOT_FUSED.pop(module, None)
-
-    def chain_mlp(module: torch.nn.Module, pairs, linear: str, act: str) -> None:
-        """Make ``linear`` (its activation ``act`` fused) and the Linear applied to ``act``'s output alone,
-        through modules that pass values on (``fusion.passes_on``), one MLP (``frontend.mlp``)."""
-        after = dict(pairs)  # (each child is applied to one other's output at most: read once)
-        through, name = [], after.get(act)
-        while name is not None and fusion.passes_on(module._modules.get(name)):
-            through.append(module._modules[name])
-            name = after.get(name)
-        tail = module._modules.get(name) if name is not None else None
-        if (
-            tail is None
-            or not _plain_linear(tail)
-            or names[id(tail)] > 1
-            or any(names[id(m)] > 1 for m in through)
-        ):
-            return
-        if fusion.has_hooks(tail) or "forward" in tail.__dict__ or tail.__dict__.get("mlp_prev") is not None:
-            return
-        new = replacement(tail) if _to_convert(tail) else tail
-        if not isinstance(new, (Linear, Conv1D)) or isinstance(new, Float8Linear):
-            return
-        head = module._modules[linear]
-        head.__dict__.update(mlp_next=new, mlp_through=tuple(through), mlp_names=(linear, name))
-        new.__dict__["mlp_prev"] = linear
-        setattr(module, name, new)
 
     def walk(module: torch.nn.Module) -> None:
         if id(module) in visited:
@@ -319,8 +287,6 @@ def fusion_summary(model: torch.nn.Module) -> str:
                 f"  {name or '(model)'}: fused ({activation}" + (f", from {source})" if source else ")")
             )
         else:
-            tail = modules[name].__dict__.get("mlp_names", ("", None))[1]
-            grad = f", its gradient into {tail}'s backward GEMM (one MLP)" if tail else ""
-            lines.append(f"  {name}: {activation} fused into its epilogue{grad}")
+            lines.append(f"  {name}: {activation} fused into its epilogue")
     lines += [f"  {name or '(model)'}: left alone: {reason}" for name, reason in left.items()]
     return "\n".join(lines)

@@ -301,17 +301,6 @@ def linear_activation_reason(
     return activation, None
 
 
-def passes_on(module: object) -> bool:
-    """May ``module`` sit between an MLP's activation and its second Linear (``convert``'s MLP chain)?  An
-    ``Identity`` or a ``Dropout`` of torch's own, without hooks: each MLP call checks that the dropout
-    still drops nothing (p = 0 or eval mode; ``frontend.mlp``)."""
-    return (
-        type(module) in (torch.nn.Identity, torch.nn.Dropout)
-        and not has_hooks(module)
-        and "forward" not in module.__dict__
-    )
-
-
 _PAIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -402,5 +391,4 @@ __all__ = [
     "is_candidate",
     "linear_activation_pairs",
     "linear_activation_reason",
-    "passes_on",
 ]

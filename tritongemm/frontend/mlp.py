@@ -5,27 +5,24 @@ GPT-2's, timm's and most encoders' MLPs (``fc2(act(fc1(x)))``, GELU or ReLU) com
 forward the activation is fused into the first layer's epilogue, as ``linear(..., activation=...)``
 fuses it; training is where the op differs from two ``linear`` calls: the gradient through the
 activation is one GEMM epilogue instead of a GEMM's output written, read back and rewritten by an
-elementwise pass (two passes over the (M, hidden) tensor fewer a step).
+elementwise pass.
 
 Where it runs:
 
 * the fused backward: eager calls that record a gradient, for operands of one dtype tritongemm runs
-  with at least ``FUSED_MIN_MACS`` multiply-adds in the first layer (below it, host time, which the
-  layers' repeated-call entries keep lower, weighs more than the pass saved);
+  with at least ``FUSED_MIN_MACS`` multiply-adds in the first layer;
 * tritongemm's ``linear`` twice, the activation in the first one's epilogue (``unfused``): no
-  gradient, small calls, traces (``torch.compile``, ``torch.export``: a compiled graph's aligned
+  gradient, smaller calls, traces (``torch.compile``, ``torch.export``: a compiled graph's aligned
   layers are the stock model's aten ops, which Inductor fuses around), DTensor operands and
   ``torch.func`` transforms;
 * torch's ops: inputs tritongemm cannot run (``request.fallback.torch_reason``).
 
-``convert`` uses it for the MLPs it can prove compute this (``fusion``): the first layer becomes
-the MLP's head, which runs it (``head_forward``), and the second passes the head's result on
-(``handed_over``).
+``nn.convert`` does not route models' MLPs here: below the threshold the layers' own repeated-call
+entries cost less host time than this op's six launches, and above it the op gains 1-3% of GPU time
+over them (``benchmarks/results/h100/sweeps/mlp_derivative_epilogue.txt``).
 """
 
 from __future__ import annotations
-
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -41,11 +38,12 @@ from . import api
 
 _functorch_active = torch._C._are_functorch_transforms_active
 
-#: Below this many multiply-adds in the first layer (x's elements times the hidden width), the fused
-#: backward is not taken: the pass it saves is then a few microseconds, about the host time its five
-#: GEMM launches cost beyond the layers' own repeated-call entries.  The gated MLP's threshold
-#: (``modules.FUSED_MIN_MACS``), for the same reason.
-FUSED_MIN_MACS = 2**32
+#: From this many multiply-adds in the first layer (x's elements times the hidden width) the fused
+#: backward is taken: below it the step is host-bound on the H100's host, and this op's launches cost
+#: 200-850 us a step more than two ``linear`` calls' fast-path entries (GPT-2 to ViT-H widths,
+#: ``sweeps/mlp_derivative_epilogue.txt``: fused 0.55-0.98 of torch where unfused reads 0.94-1.32;
+#: from BERT-large at 16384 tokens, 6.9e10, and ViT-H at 8192, 5.4e10, it reads 1.00-1.03 against 0.95-1.00).
+FUSED_MIN_MACS = 4 * 10**10
 
 
 def mlp(
@@ -141,64 +139,4 @@ def torch_mlp(input, w1, b1, w2, b2, activation: str) -> torch.Tensor:
     return F.linear(ACTIVATIONS[activation](F.linear(input, w1, b1)), w2, b2)
 
 
-# ----------------------------------------------------------------------------------
-# A converted model's MLPs: the first layer runs the whole MLP, the second passes it on
-# ----------------------------------------------------------------------------------
-def _weight(layer: torch.nn.Module) -> torch.Tensor:
-    """A layer's weight as ``nn.Linear`` stores it (N, K): a Linear's, or a Conv1D's transposed."""
-    return layer.weight if isinstance(layer, torch.nn.Linear) else layer.weight.mT
-
-
-def _hooked(module: torch.nn.Module) -> bool:
-    return bool(
-        module._forward_pre_hooks
-        or module._forward_hooks
-        or module._backward_hooks
-        or module._backward_pre_hooks
-    )
-
-
-def _passes_through(module: torch.nn.Module) -> bool:
-    """Does a module between the activation and the second layer leave values and gradients as they are
-    (an ``Identity``; a ``Dropout`` with p = 0 or in eval mode), with no hooks, now?"""
-    if _hooked(module):
-        return False
-    return isinstance(module, torch.nn.Identity) or (
-        isinstance(module, torch.nn.Dropout) and (module.p == 0 or not module.training)
-    )
-
-
-def head_forward(head: torch.nn.Module, input: torch.Tensor) -> torch.Tensor:
-    """The MLP's first layer (a converted ``Linear`` or ``Conv1D`` with an activation): the whole MLP
-    where its fused backward applies, handing the result to the second layer (``handed_over``); else
-    the layer's own ``act(linear(x))``, and the second layer computes itself."""
-    tail = head.mlp_next
-    w1, b1, w2, b2 = _weight(head), head.bias, _weight(tail), tail.bias
-    tensors = tuple(t for t in (input, w1, b1, w2, b2) if t is not None)
-    if (
-        input.dim() >= 1
-        and input.shape[-1] == w1.shape[1]
-        and fused_eligible(input, tensors, w1.shape[0])
-        and not (_hooked(head) or _hooked(tail))
-        and all(_passes_through(m) for m in head.mlp_through)
-        and torch_reason(*tensors) is None
-    ):
-        input, w1, b1, _ = as_torch_sees(input, w1, b1, None)  # (a no-op outside autocast)
-        w2, b2 = as_torch_sees(w2, b2)
-        y = _fused(input, w1.mT, b1, w2.mT, b2, head.activation)
-        tail.__dict__["mlp_handed"] = weakref.ref(y)
-        return y
-    return head._linear(input, _weight(head), head.bias)
-
-
-def handed_over(tail: torch.nn.Module, input: torch.Tensor) -> bool:
-    """Is ``input`` the MLP's output, which the head computed for this (second) layer?  Once: the hand-over
-    is cleared."""
-    ref = tail.__dict__.get("mlp_handed")
-    if ref is None:
-        return False
-    tail.__dict__["mlp_handed"] = None
-    return ref() is input
-
-
-__all__ = ["FUSED_MIN_MACS", "check_shapes", "handed_over", "head_forward", "mlp", "torch_mlp", "unfused"]
+__all__ = ["FUSED_MIN_MACS", "check_shapes", "mlp", "torch_mlp", "unfused"]

@@ -16,7 +16,6 @@ from ..request import calls, fastpath
 from ..request.autocast import autocast_dtype
 from ..request.fallback import count_fallback, torch_reason
 from ..semantics import ACTIVATIONS
-from . import mlp
 from .float8 import WeightCache, float8_linear, float8_unsupported_reason
 from .gated import check_gated_activation, gated_linear, torch_gated
 
@@ -34,11 +33,6 @@ class Linear(torch.nn.Linear):
     #: Reasons inputs were handed to torch instead, summed over all instances
     #: (each instance's own counts shadow this name on the instance).
     fallbacks: Counter = Counter()
-    #: In an MLP ``convert`` fused (``frontend.mlp``): on its first layer, the second layer, which the
-    #: first computes too, and the modules between the activation and it; on the second, the first's name.
-    mlp_next: torch.nn.Module | None = None
-    mlp_through: tuple = ()
-    mlp_prev: str | None = None
 
     def __init__(
         self,
@@ -58,13 +52,9 @@ class Linear(torch.nn.Linear):
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation!r}" if self.activation != "none" else ""
-        return super().extra_repr() + act + _mlp_repr(self) + ", backend=tritongemm"
+        return super().extra_repr() + act + ", backend=tritongemm"
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.mlp_next is not None:
-            return mlp.head_forward(self, input)
-        if self.mlp_prev is not None and mlp.handed_over(self, input):
-            return input
         return self._linear(input, self.weight, self.bias)
 
     def _linear(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -119,14 +109,6 @@ class Linear(torch.nn.Linear):
         return _take_over(cls, module)
 
 
-def _mlp_repr(layer) -> str:
-    if layer.mlp_next is not None:
-        return f", MLP head ({layer.__dict__.get('mlp_names', ('', ''))[1]} computed here)"
-    if layer.mlp_prev is not None:
-        return f", MLP tail (computed by {layer.mlp_prev})"
-    return ""
-
-
 def _take_over(cls: type, module: torch.nn.Module, activation: str = "none", **own):
     """A ``cls`` (``Linear``, ``Conv1D``, ``GatedMLP``) with ``module``'s state: the same objects, not copies;
     ``activation``, fresh ``fallbacks`` and ``own``'s attributes are its own."""
@@ -177,20 +159,13 @@ class Conv1D(torch.nn.Module):
         self.fallbacks = Counter()
 
     _linear = Linear._linear
-    mlp_next, mlp_through, mlp_prev = None, (), None  # (as Linear's)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.mlp_next is not None:
-            return mlp.head_forward(self, input)
-        if self.mlp_prev is not None and mlp.handed_over(self, input):
-            return input
         return self._linear(input, self.weight.mT, self.bias)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation!r}" if self.activation != "none" else ""
-        return (
-            f"nf={self.weight.shape[1]}, nx={self.weight.shape[0]}{act}{_mlp_repr(self)}, backend=tritongemm"
-        )
+        return f"nf={self.weight.shape[1]}, nx={self.weight.shape[0]}{act}, backend=tritongemm"
 
     @classmethod
     def from_conv1d(cls, module: torch.nn.Module) -> Conv1D:
