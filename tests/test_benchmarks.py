@@ -1406,6 +1406,30 @@ def test_epilogue_tiles_sweep_forces_tiles_the_kernel_takes_and_tabulates(monkey
     assert "gelu" in text and "1.250" in text and "wrong" in text and "100.0" in text and "pingpong" in text
 
 
+def test_derivative_epilogue_sweep_needs_a_gpu_checks_every_variant_and_tabulates(
+    monkeypatch, capsys, tmp_path
+):
+    """The derivative epilogue sweep needs an sm_90 GPU (it says so and exits 2 without one); on the
+    interpreter its variants but the forced ping-pong tile (a Gluon tile) match float64; its table
+    reads a record's ratios and statuses."""
+    from benchmarks import sweep_derivative_epilogue as sweep
+    from tritongemm.device import DeviceInfo
+
+    sweep.PINGPONG.validate(DeviceInfo("H100", (9, 0), 132, 232448), 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert sweep.main(["--out", str(tmp_path)]) == 2
+    assert "sm_90" in capsys.readouterr().err
+    monkeypatch.setattr(sweep, "DTYPE", torch.float32)
+    monkeypatch.setattr(sweep.harness, "l2_cache_bytes", lambda device: 1)
+    monkeypatch.setattr(sweep, "timed_rounds", lambda live, row: row.update(timed=sorted(live)))
+    row = sweep.measure("tiny", 24, 40, 16, "gelu_tanh", torch.device("cpu"), torch.Generator())
+    assert row["timed"] == ["rule", "torch", "unfused"], row
+    assert row["pingpong_status"].startswith("error") and row["rule_rel_err"] < 1e-5
+    row.update(torch_ms=0.1, rule_ratio=1.25)
+    text = sweep.table([row])
+    assert "gelu_tanh" in text and "1.250" in text and "error" in text and "100.0" in text
+
+
 def test_short_k_sweep_forces_tiles_the_kernel_takes_and_tabulates(monkeypatch, capsys):
     """The short-K sweep needs an sm_90 GPU (it says so and exits 2 without one); its forced tiles are
     warp-specialized bf16 tiles an H100 takes at its shapes, and its table reads a record's ratios, the
