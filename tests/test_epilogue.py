@@ -332,7 +332,7 @@ def _gelu_over_range(device, dtype, **kw):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_gelu_epilogue_rounds_as_the_exact_gelu(device, dtype):
-    # 16-bit outputs take the cheap fit of Phi (``kernels.gemm.gelu_16``): within 1.6e-6 of the exact
+    # 16-bit outputs take the cheap fit of Phi (``kernels.activations.gelu_16``): within 1.6e-6 of the exact
     # GELU before rounding; fp32 outputs keep the fp32-accurate erfc fit.
     z, out = _gelu_over_range(device, dtype, config=TileConfig(16, 16, 16, 8, 4, 2))
     exact = z * 0.5 * torch.erfc(-z / 2**0.5)

@@ -256,7 +256,6 @@ CASES = [
     ("bf16", 128, 128, 64, 4, True, False, 8, "none", False, 1, 64),  # 128 x 192: two accumulators, TN
     ("fp16", 64, 128, 64, 5, False, True, 4, "gelu", True, 2, 64),  # 64 x 192 ping-pong, whole epilogue
     ("bf16", 128, 64, 64, 6, True, True, 4, "none", False, 1, 32),  # 128 x 96, NN (B's 32 columns row-major)
-    ("bf16", 128, 128, 64, 5, True, True, 4, "gelu_grad", True, 2, 0),  # ping-pong NN, a derivative epilogue
 ]
 #: Power-of-two tiles as two halves staged through one half-width buffer (epilogue_subtile): the
 #: warps, stages, layouts and epilogues as above, and a fourth slot for 128 x 256 in 224 KiB.

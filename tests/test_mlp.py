@@ -3,6 +3,7 @@ epilogue itself, and ``tritongemm.mlp``."""
 
 import pytest
 import torch
+from conftest import grid_cases
 
 import tritongemm
 import tritongemm.frontend.mlp as mlp_module
@@ -33,12 +34,19 @@ def fused_calls(monkeypatch):
 # -- the derivative epilogue ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("activation", ACTS)
 @pytest.mark.parametrize(
-    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=DTYPE_IDS.get
+    "layout, dtype, activation",
+    grid_cases(
+        {
+            "layout": ["NN", "NT", "TN"],
+            "dtype": [torch.float32, torch.bfloat16, torch.float16, torch.float64],
+            "activation": ACTS,
+        },
+        keep=lambda layout, dtype, act: (layout + dtype) % 4 == act,  # each activation, dtype and layout
+        ids={"dtype": DTYPE_IDS.get},
+    ),
 )
-@pytest.mark.parametrize("layout", ["NN", "NT", "TN"])
-def test_derivative_epilogue_multiplies_by_the_activations_slope(activation, dtype, layout, device):
+def test_derivative_epilogue_multiplies_by_the_activations_slope(layout, dtype, activation, device):
     m, n, k = 37, 70, 45  # ragged against every tile
     a = random_tensor((m, k) if layout[0] == "N" else (k, m), dtype, device)
     b = random_tensor((k, n) if layout[1] == "N" else (n, k), dtype, device)
@@ -82,10 +90,15 @@ def test_derivative_epilogues_are_finished_by_epilogue_warps_on_one_consumer():
 # -- tritongemm.mlp ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("activation", ACTS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_mlp_forward_and_every_gradient(activation, dtype, bias, device, fused_calls):
+@pytest.mark.parametrize(
+    "bias, dtype, activation",
+    grid_cases(
+        {"bias": [True, False], "dtype": [torch.float32, torch.bfloat16], "activation": ACTS},
+        keep=lambda bias, dtype, act: (bias + dtype) % 2 == act % 2,  # each activation, dtype and bias
+        ids={"bias": lambda b: "bias" if b else "no-bias", "dtype": DTYPE_IDS.get},
+    ),
+)
+def test_mlp_forward_and_every_gradient(bias, dtype, activation, device, fused_calls):
     x = random_tensor((3, 11, 24), dtype, device).requires_grad_()
     w1 = random_tensor((40, 24), dtype, device).requires_grad_()
     w2 = random_tensor((17, 40), dtype, device).requires_grad_()

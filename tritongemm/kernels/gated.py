@@ -12,7 +12,8 @@ everywhere else, the CPU interpreter included.
 import triton
 import triton.language as tl
 
-from .gemm import activate, grouped_tile_coords
+from .activations import activate
+from .gemm import grouped_tile_coords
 
 
 @triton.jit

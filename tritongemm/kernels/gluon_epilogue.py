@@ -12,7 +12,7 @@ from .gluon_common import cta_barrier, fence_async_shared, gl, gluon, mbarrier, 
 
 @gluon.jit
 def normal_cdf(x):
-    """``gemm.normal_cdf`` in Gluon: Phi(x) without libdevice's branch on |x|."""
+    """``activations.normal_cdf`` in Gluon: Phi(x) without libdevice's branch on |x|."""
     z = gl.abs(x) * 0.7071067811865476
     t = 1.0 / (1.0 + 0.5 * z)
     p = 0.17087277 * t - 0.82215223
@@ -30,7 +30,7 @@ def normal_cdf(x):
 
 @gluon.jit
 def gelu_16(x):
-    """``gemm.gelu_16`` in Gluon: x Phi(x), Phi as a logistic of x times a polynomial in x^2, for 16-bit outputs."""
+    """``activations.gelu_16`` in Gluon: x Phi(x), Phi as a logistic of x times a polynomial in x^2, for 16-bit outputs."""
     x2 = gl.minimum(x * x, 25.0)
     p = -1.92362056e-07 * x2 + 8.95980859e-06
     p = p * x2 - 0.000145463738
@@ -54,7 +54,7 @@ def normal_cdf_16(x):
 
 @gluon.jit
 def activate(x, ACTIVATION: gl.constexpr, OUT_BITS: gl.constexpr = 32):
-    """``gemm.activate`` in Gluon (which has no sigmoid: 1 / (1 + exp(-x)) is what tl.sigmoid computes)."""
+    """``activations.activate`` in Gluon (which has no sigmoid: 1 / (1 + exp(-x)) is what tl.sigmoid computes)."""
     if ACTIVATION == "relu":
         x = gl.maximum(x, 0.0)
     elif ACTIVATION == "gelu":
@@ -72,7 +72,7 @@ def activate(x, ACTIVATION: gl.constexpr, OUT_BITS: gl.constexpr = 32):
 
 @gluon.jit
 def activate_with(acc, r, ACTIVATION: gl.constexpr, OUT_BITS: gl.constexpr):
-    """``gemm.activate_with`` in Gluon: act(acc) + r, or a derivative epilogue's acc * act'(r) ("<act>_grad",
+    """``activations.activate_with`` in Gluon: act(acc) + r, or a derivative epilogue's acc * act'(r) ("<act>_grad",
     r the saved pre-activation; ReLU's selects)."""
     if ACTIVATION == "relu_grad":
         y = gl.where(r > 0, acc, 0.0)
