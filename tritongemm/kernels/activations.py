@@ -33,6 +33,18 @@ def normal_cdf(x):
 
 
 @triton.jit
+def logit_phi_16(x):
+    """log2(Phi(x) / (1 - Phi(x))) as ``gelu_16``'s fit writes it: x P(x^2), x^2 clamped at 25."""
+    x2 = tl.minimum(x * x, 25.0)
+    p = -1.92362056e-07 * x2 + 8.95980859e-06
+    p = p * x2 - 0.000145463738
+    p = p * x2 - 0.000129064741
+    p = p * x2 + 0.104868111
+    p = p * x2 + 2.30220155
+    return x * p
+
+
+@triton.jit
 def gelu_16(x):
     """GELU = x Phi(x) for an output of 16 bits, with Phi as a logistic: 1 / (1 + 2^-(x P(x^2))).
 
@@ -45,13 +57,7 @@ def gelu_16(x):
     the epilogue longer than a K = 768 mainloop (H100, 8192 x 3072 x 768 with bias: fused 0.92 of
     ``F.gelu(F.linear(...))``, 1.34 with this one).
     """
-    x2 = tl.minimum(x * x, 25.0)
-    p = -1.92362056e-07 * x2 + 8.95980859e-06
-    p = p * x2 - 0.000145463738
-    p = p * x2 - 0.000129064741
-    p = p * x2 + 0.104868111
-    p = p * x2 + 2.30220155
-    return x / (1.0 + tl.exp2(-x * p))
+    return x / (1.0 + tl.exp2(-logit_phi_16(x)))
 
 
 @triton.jit
@@ -77,13 +83,7 @@ def activate(x, ACTIVATION: tl.constexpr, OUT_BITS: tl.constexpr = 32):
 @triton.jit
 def normal_cdf_16(x):
     """Phi(x) as ``gelu_16`` writes it, 1 / (1 + 2^-(x P(x^2))): for results rounded to 16 bits."""
-    x2 = tl.minimum(x * x, 25.0)
-    p = -1.92362056e-07 * x2 + 8.95980859e-06
-    p = p * x2 - 0.000145463738
-    p = p * x2 - 0.000129064741
-    p = p * x2 + 0.104868111
-    p = p * x2 + 2.30220155
-    return 1.0 / (1.0 + tl.exp2(-x * p))
+    return 1.0 / (1.0 + tl.exp2(-logit_phi_16(x)))
 
 
 @triton.jit

@@ -29,27 +29,27 @@ def normal_cdf(x):
 
 
 @gluon.jit
-def gelu_16(x):
-    """``activations.gelu_16`` in Gluon: x Phi(x), Phi as a logistic of x times a polynomial in x^2, for 16-bit outputs."""
+def logit_phi_16(x):
+    """log2(Phi(x) / (1 - Phi(x))) as ``gelu_16``'s fit writes it: x P(x^2), x^2 clamped at 25."""
     x2 = gl.minimum(x * x, 25.0)
     p = -1.92362056e-07 * x2 + 8.95980859e-06
     p = p * x2 - 0.000145463738
     p = p * x2 - 0.000129064741
     p = p * x2 + 0.104868111
     p = p * x2 + 2.30220155
-    return x / (1.0 + gl.exp2(-x * p))
+    return x * p
+
+
+@gluon.jit
+def gelu_16(x):
+    """``activations.gelu_16`` in Gluon: x Phi(x), Phi as a logistic of x times a polynomial in x^2, for 16-bit outputs."""
+    return x / (1.0 + gl.exp2(-logit_phi_16(x)))
 
 
 @gluon.jit
 def normal_cdf_16(x):
     """Phi(x) as ``gelu_16`` writes it, 1 / (1 + 2^-(x P(x^2))): for results rounded to 16 bits."""
-    x2 = gl.minimum(x * x, 25.0)
-    p = -1.92362056e-07 * x2 + 8.95980859e-06
-    p = p * x2 - 0.000145463738
-    p = p * x2 - 0.000129064741
-    p = p * x2 + 0.104868111
-    p = p * x2 + 2.30220155
-    return 1.0 / (1.0 + gl.exp2(-x * p))
+    return 1.0 / (1.0 + gl.exp2(-logit_phi_16(x)))
 
 
 @gluon.jit
