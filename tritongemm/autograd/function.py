@@ -89,8 +89,9 @@ def run(call: GemmCall, a, b, addend=None, residual=None, out=None) -> torch.Ten
     return y if out is None else out.copy_(y)
 
 
-def backward_call(dtype: torch.dtype, epilogue: Epilogue, traced: bool) -> GemmCall:
-    """A backward GEMM's call; float32's TF32 rule read now (or, traced, when the op runs)."""
+def internal_call(dtype: torch.dtype, epilogue: Epilogue, traced: bool) -> GemmCall:
+    """The call of a GEMM autograd makes itself (a gradient, a fused op's step): no request, float32's
+    TF32 rule read now (or, traced, when the op runs)."""
     precision = ("auto" if traced else dot_precision(dtype)) if dtype == torch.float32 else "ieee"
     return GemmCall(epilogue, NO_REQUEST, None, precision)
 

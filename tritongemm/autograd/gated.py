@@ -30,7 +30,7 @@ from ..launch.gated_grad import gated_grad
 from ..planning.call import PLAIN_EPILOGUE, Epilogue
 from .function import (
     alloc_out,
-    backward_call,
+    internal_call,
     gemm_op,
     gradient_gemm,
     is_tracing,
@@ -81,13 +81,13 @@ def gated_backward(needs, dh, x, w_gate, w_up, g, u, activation: str, row_major=
     def gemm(call, a, b, addend=None):
         return run_gemm(call, a, b, addend) if direct else gemm_op(call, a, b, addend)
 
-    plain = backward_call(dh.dtype, PLAIN_EPILOGUE, traced)
+    plain = internal_call(dh.dtype, PLAIN_EPILOGUE, traced)
     dx = dw_gate = dw_up = None
     if needs_x:
         # (x's gradient is not put in x's layout as the weights' are: it flows into the reshape
         # and the layers before, not into a .grad.)
         partial = gemm(plain, du, w_up)
-        dx = gemm(backward_call(dh.dtype, ADD_EPILOGUE, traced), dg, w_gate, partial)
+        dx = gemm(internal_call(dh.dtype, ADD_EPILOGUE, traced), dg, w_gate, partial)
 
     def weight_grad(grad_z, row_major_weight: bool):
         # The weight is B = w.T of x @ B: a transposed view where w is row-major, whose gradient

@@ -6,7 +6,7 @@ transformers ``Conv1D``'s weights themselves.  Forward is the two GEMMs with the
 and torch's activation between them (the pre-activation ``z`` and ``h = act(z)`` are both kept for
 backward, as a stock MLP's autograd keeps them).  Backward, for ``dy``:
 
-    dz      = (dy @ b2^T) * act'(z)         one GEMM: the derivative epilogue (``semantics.DERIVATIVE_EPILOGUES``)
+    dz      = (dy @ b2^T) * act'(z)         one GEMM, the derivative epilogue (``DERIVATIVE_EPILOGUES``)
     db2     = h^T dy,  dbias2 = sum of dy's rows
     db1     = x^T dz,  dbias1 = sum of dz's rows
     dx      = dz @ b1^T
@@ -25,7 +25,7 @@ import torch
 
 from ..planning.call import PLAIN_EPILOGUE, Epilogue
 from ..semantics import ACTIVATIONS, DERIVATIVE_EPILOGUES
-from .function import alloc_out, backward_call, gradient_gemm, is_transposed_view, operand_view, run_gemm
+from .function import alloc_out, internal_call, gradient_gemm, is_transposed_view, operand_view, run_gemm
 
 #: The forward GEMMs' epilogue with a bias: ``a @ b + 1 * bias`` (the bias a stride-0 (M, N) view).
 BIAS_EPILOGUE = Epilogue(beta=1.0, addend=True)
@@ -34,7 +34,7 @@ BIAS_EPILOGUE = Epilogue(beta=1.0, addend=True)
 def _layer(x: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ b + bias`` on tritongemm's kernels, no autograd."""
     m, n = x.shape[0], b.shape[1]
-    call = backward_call(x.dtype, PLAIN_EPILOGUE if bias is None else BIAS_EPILOGUE, False)
+    call = internal_call(x.dtype, PLAIN_EPILOGUE if bias is None else BIAS_EPILOGUE, False)
     out = alloc_out((m, n), x.dtype, x.device)
     return run_gemm(call, x, b, None if bias is None else bias.expand(m, n), out=out)
 
@@ -59,7 +59,7 @@ def mlp_backward(needs, dy, x, b1, b2, z, h, activation: str, transposed=(False,
             "run its layers one by one instead"
         )
     needs_x, needs_b1, needs_bias1, needs_b2, needs_bias2 = needs[:5]
-    plain = backward_call(dy.dtype, PLAIN_EPILOGUE, False)
+    plain = internal_call(dy.dtype, PLAIN_EPILOGUE, False)
     grad_b1 = grad_b2 = grad_x = None
 
     def weight_grad(grad_out, inp, is_transposed: bool):
@@ -73,7 +73,7 @@ def mlp_backward(needs, dy, x, b1, b2, z, h, activation: str, transposed=(False,
     grad_bias2 = dy.sum(0) if needs_bias2 else None
     if not (needs_x or needs_b1 or needs_bias1):
         return None, None, None, grad_b2, grad_bias2
-    derivative = backward_call(
+    derivative = internal_call(
         dy.dtype, Epilogue(activation=DERIVATIVE_EPILOGUES[activation], residual=True), False
     )
     dz = run_gemm(derivative, dy, b2.mT, residual=z)

@@ -115,6 +115,7 @@ def fused_eligible(x: torch.Tensor, tensors: tuple, hidden: int) -> bool:
         torch.is_grad_enabled()
         and any(t.requires_grad for t in tensors)
         and not (is_tracing(x) or _functorch_active() or any_dtensor(*tensors))
+        and x.shape[-1] > 0  # (K = 0: torch's exact empty sum, ``linear``'s)
         and x.dtype in SUPPORTED_DTYPES
         and all(t.dtype == x.dtype and t.device == x.device for t in tensors)
         and x.numel() * hidden >= FUSED_MIN_MACS

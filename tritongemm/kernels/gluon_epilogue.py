@@ -42,7 +42,7 @@ def logit_phi_16(x):
 
 @gluon.jit
 def gelu_16(x):
-    """``activations.gelu_16`` in Gluon: x Phi(x), Phi as a logistic of x times a polynomial in x^2, for 16-bit outputs."""
+    """``activations.gelu_16`` in Gluon: x Phi(x), Phi a logistic of x times a polynomial in x^2 (16-bit outputs)."""
     return x / (1.0 + gl.exp2(-logit_phi_16(x)))
 
 
@@ -54,7 +54,7 @@ def normal_cdf_16(x):
 
 @gluon.jit
 def activate(x, ACTIVATION: gl.constexpr, OUT_BITS: gl.constexpr = 32):
-    """``activations.activate`` in Gluon (which has no sigmoid: 1 / (1 + exp(-x)) is what tl.sigmoid computes)."""
+    """``activations.activate`` in Gluon (no sigmoid there: 1 / (1 + exp(-x)) is what tl.sigmoid computes)."""
     if ACTIVATION == "relu":
         x = gl.maximum(x, 0.0)
     elif ACTIVATION == "gelu":
@@ -72,8 +72,8 @@ def activate(x, ACTIVATION: gl.constexpr, OUT_BITS: gl.constexpr = 32):
 
 @gluon.jit
 def activate_with(acc, r, ACTIVATION: gl.constexpr, OUT_BITS: gl.constexpr):
-    """``activations.activate_with`` in Gluon: act(acc) + r, or a derivative epilogue's acc * act'(r) ("<act>_grad",
-    r the saved pre-activation; ReLU's selects)."""
+    """``activations.activate_with`` in Gluon: act(acc) + r, or a derivative epilogue's acc * act'(r)
+    ("<act>_grad", r the saved pre-activation; ReLU's selects)."""
     if ACTIVATION == "relu_grad":
         y = gl.where(r > 0, acc, 0.0)
     elif ACTIVATION == "gelu_grad":  # Phi(z) + z phi(z), phi(z) = exp2(-z^2 log2(e) / 2) / sqrt(2 pi)
@@ -285,8 +285,9 @@ def epilogue_partition(
 
     The consumer stages ``z = alpha acc + beta D`` in C's dtype (what an unfused ``act(linear(x))``
     reads back from memory) and goes on to its next tile's wgmma; these warps apply the activation
-    and the residual (or a derivative epilogue's act'(R)) to the staged tile, in rows of 32 read in a blocked layout (16 bytes a thread,
-    the residual's loads coalesced), write it back and store it.  ``handoff`` = (staged, drained):
+    and the residual (or a derivative epilogue's act'(R)) to the staged tile, in rows of 32 read in a
+    blocked layout (16 bytes a thread; R's loads coalesced, a part ahead, the first under the consumer's
+    mainloop), write it back and store it.  ``handoff`` = (staged, drained):
     the consumer arrives on ``staged`` once the tile is in shared memory, these warps on ``drained``
     once its TMA store has read it."""
     staged, drained = handoff
