@@ -30,9 +30,9 @@ from ..launch.gated_grad import gated_grad
 from ..planning.call import PLAIN_EPILOGUE, Epilogue
 from .function import (
     alloc_out,
-    internal_call,
     gemm_op,
     gradient_gemm,
+    internal_call,
     is_tracing,
     is_transposed_view,
     operand_view,

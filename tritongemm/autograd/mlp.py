@@ -25,7 +25,7 @@ import torch
 
 from ..planning.call import PLAIN_EPILOGUE, Epilogue
 from ..semantics import ACTIVATIONS, DERIVATIVE_EPILOGUES
-from .function import alloc_out, internal_call, gradient_gemm, is_transposed_view, operand_view, run_gemm
+from .function import alloc_out, gradient_gemm, internal_call, is_transposed_view, operand_view, run_gemm
 
 #: The forward GEMMs' epilogue with a bias: ``a @ b + 1 * bias`` (the bias a stride-0 (M, N) view).
 BIAS_EPILOGUE = Epilogue(beta=1.0, addend=True)
