@@ -23,7 +23,6 @@ Ratio = torch's time / that one's (> 1: faster).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from tritongemm.semantics import DERIVATIVE_EPILOGUES, activation_backward
 
 from . import harness
 from .sweep_fp8_blockwise import checked
-from .sweep_fp8_split_rows import timed_rounds
+from .sweep_fp8_split_rows import ratio_cell, save_records, timed_rounds
 
 #: (label, M, H: fc1's outputs, hidden: the GEMM's K, activation)
 SHAPES = (
@@ -104,10 +103,7 @@ def table(rows: list[dict]) -> str:
         f"{'model':<11} {'M x H x K':<18} {'act':<10} {'torch us':>8} " + " ".join(f"{n:>9}" for n in NAMES)
     ]
     for r in rows:
-        cells = [
-            format(r[f"{n}_ratio"], ".3f") if f"{n}_ratio" in r else r.get(f"{n}_status", "-")[:9]
-            for n in NAMES
-        ]
+        cells = [ratio_cell(r, n, 9) for n in NAMES]
         torch_us = format(r["torch_ms"] * 1e3, ".1f") if "torch_ms" in r else "-"
         shape = f"{r['m']}x{r['h']}x{r['k']}"
         lines.append(
@@ -149,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, shape in enumerate(SHAPES, 1):
         print(f"[{i}/{len(SHAPES)}] {shape[0]} {shape[1]}x{shape[2]}x{shape[3]}", file=sys.stderr, flush=True)
         rows.append(measure(*shape, device, gen))
-        (out / "derivative_epilogue.json").write_text(
-            json.dumps({"env": env, "records": rows}, indent=1, default=str)
-        )
-        (out / "derivative_epilogue.txt").write_text(table(rows) + "\n")
+        save_records(out, "derivative_epilogue", {"env": env, "records": rows}, table(rows))
     print(table(rows))
     return 0
 

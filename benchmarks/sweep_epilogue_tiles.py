@@ -21,7 +21,6 @@ a forced config takes the whole request path on every eager call).  Ratio = torc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from tritongemm import TileConfig
 
 from . import harness
 from .sweep_fp8_blockwise import checked
-from .sweep_fp8_split_rows import timed_rounds
+from .sweep_fp8_split_rows import ratio_cell, save_records, timed_rounds
 
 SHAPES = (
     (512, 14336, 4096),
@@ -96,10 +95,7 @@ def table(rows: list[dict]) -> str:
         f"{'shape':<18} {'activation':<10} {'torch us':>8} " + " ".join(f"{n:>15}" for n in names) + "  rule"
     ]
     for r in rows:
-        cells = [
-            format(r[f"{n}_ratio"], ".3f") if f"{n}_ratio" in r else r.get(f"{n}_status", "-")[:15]
-            for n in names
-        ]
+        cells = [ratio_cell(r, n, 15) for n in names]
         torch_us = format(r["torch_ms"] * 1e3, ".1f") if "torch_ms" in r else "-"
         shape = f"{r['m']}x{r['n']}x{r['k']}"
         lines.append(
@@ -133,10 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, ((m, n, k), act) in enumerate(jobs, 1):
         print(f"[{i}/{len(jobs)}] {m}x{n}x{k} {act}", file=sys.stderr, flush=True)
         rows.append(measure(m, n, k, act, device, gen))
-        (out / "epilogue_tiles.json").write_text(
-            json.dumps({"env": env, "records": rows}, indent=1, default=str)
-        )
-        (out / "epilogue_tiles.txt").write_text(table(rows) + "\n")
+        save_records(out, "epilogue_tiles", {"env": env, "records": rows}, table(rows))
     print(table(rows))
     return 0
 

@@ -163,6 +163,20 @@ def timed_rounds(live: dict, row: dict, rounds: int = ROUNDS) -> None:
                 row[f"{name}_ratio"] = row["torch_ms"] / row[f"{name}_ms"]
 
 
+def ratio_cell(row: dict, name: str, width: int) -> str:
+    """``name``'s cell in a sweep's table: its ratio to torch (``timed_rounds``), else its status, cut to ``width``."""
+    if f"{name}_ratio" in row:
+        return format(row[f"{name}_ratio"], ".3f")
+    return row.get(f"{name}_status", "-")[:width]
+
+
+def save_records(out: Path, stem: str, records: dict, text: str) -> None:
+    """``out/<stem>.json`` (``records``) and ``out/<stem>.txt`` (``text``, the table); written after each
+    case, so a run cut short keeps what it measured."""
+    (out / f"{stem}.json").write_text(json.dumps(records, indent=1, default=str))
+    (out / f"{stem}.txt").write_text(text + "\n")
+
+
 def time_ms(fn) -> tuple[float, str]:
     """The median time of ``fn`` replayed from a CUDA graph (``do_bench`` where capture fails)."""
     try:
@@ -182,9 +196,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         recipe = recipe_name(r["recipe"], r["fast_accum"])
         cells = [
-            (format(r[f"{n}_ratio"], ".3f") + ("*" if r.get(f"{n}_timer") == "eager" else ""))
-            if f"{n}_ratio" in r
-            else r.get(f"{n}_status", "-")[:15]
+            ratio_cell(r, n, 15) + ("*" if f"{n}_ratio" in r and r.get(f"{n}_timer") == "eager" else "")
             for n in names
         ]
         torch_tf = format(r["torch_tflops"], ".0f") if "torch_tflops" in r else "-"
@@ -234,11 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, ((m, n, k), (recipe, fast)) in enumerate(jobs, 1):
         print(f"[{i}/{len(jobs)}] {m}x{n}x{k} {recipe_name(recipe, fast)}", file=sys.stderr, flush=True)
         rows.append(measure(m, n, k, recipe, fast, device, gen))
-        # (written as it goes: a run cut short keeps what it measured)
-        (out / "fp8_split_rows.json").write_text(
-            json.dumps({"env": env, "records": rows}, indent=1, default=str)
-        )
-        (out / "fp8_split_rows.txt").write_text(table(rows) + "\n")
+        save_records(out, "fp8_split_rows", {"env": env, "records": rows}, table(rows))
     print(table(rows))
     return 0
 

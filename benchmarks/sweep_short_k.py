@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -43,7 +42,7 @@ from tritongemm.testing import relative_error
 from . import harness
 from .sweep_epilogue_tiles import TORCH_ACTIVATIONS, linear_inputs
 from .sweep_fp8_blockwise import checked
-from .sweep_fp8_split_rows import timed_rounds
+from .sweep_fp8_split_rows import ratio_cell, save_records, timed_rounds
 
 #: (what, M, N, K, activation): the MLP's first projection and the attention's, at prefill rows.
 SHAPES = (
@@ -153,10 +152,7 @@ def table(rows: list[dict], models: list[dict]) -> str:
         + "  rule_compiled / compiled   rule"
     ]
     for r in rows:
-        cells = [
-            format(r[f"{n}_ratio"], ".3f") if f"{n}_ratio" in r else r.get(f"{n}_status", "-")[:15]
-            for n in names
-        ]
+        cells = [ratio_cell(r, n, 15) for n in names]
         vs = (
             r["compiled_ms"] / r["rule_compiled_ms"]
             if "rule_compiled_ms" in r and "compiled_ms" in r
@@ -208,10 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     models: list[dict] = []
 
     def save() -> None:
-        (out / "short_k.json").write_text(
-            json.dumps({"env": env, "records": rows, "models": models}, indent=1, default=str)
-        )
-        (out / "short_k.txt").write_text(table(rows, models) + "\n")
+        save_records(out, "short_k", {"env": env, "records": rows, "models": models}, table(rows, models))
 
     jobs = list(SHAPES)
     names = list(MODELS) if args.models else []

@@ -1428,6 +1428,9 @@ def test_derivative_epilogue_sweep_needs_a_gpu_checks_every_variant_and_tabulate
     row.update(torch_ms=0.1, rule_ratio=1.25)
     text = sweep.table([row])
     assert "gelu_tanh" in text and "1.250" in text and "error" in text and "100.0" in text
+    sweep.save_records(tmp_path, "derivative_epilogue", {"records": [row]}, text)  # (what each case writes)
+    assert json.loads((tmp_path / "derivative_epilogue.json").read_text())["records"][0]["model"] == "tiny"
+    assert (tmp_path / "derivative_epilogue.txt").read_text() == text + "\n"
 
 
 def test_short_k_sweep_forces_tiles_the_kernel_takes_and_tabulates(monkeypatch, capsys):

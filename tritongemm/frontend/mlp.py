@@ -67,8 +67,7 @@ def mlp(
         raise ValueError(
             f"mlp: unknown activation {activation!r}; choose one of {list(DERIVATIVE_EPILOGUES)}"
         )
-    input, w1, b1, _ = as_torch_sees(input, w1, b1, None)
-    w2, b2 = as_torch_sees(w2, b2)
+    input, w1, b1, w2, b2 = as_torch_sees(input, w1, b1, w2, b2)
     named = {"input": input, "w1": w1, "b1": b1, "w2": w2, "b2": b2}
     for name, t in named.items():
         if t is not None and not isinstance(t, torch.Tensor):
@@ -123,7 +122,7 @@ def fused_eligible(x: torch.Tensor, tensors: tuple, hidden: int) -> bool:
 
 
 def _fused(input, b1, bias1, b2, bias2, activation: str) -> torch.Tensor:
-    """The op on B operands (``w.mT`` of a Linear's weight, a Conv1D's weight itself)."""
+    """The op on (*, K) ``input``, its B operands ``b1`` (K, H) and ``b2`` (H, N)."""
     k, n = b1.shape[0], b2.shape[1]
     x = input.reshape(-1, k)
     y = mlp_op(x, b1, bias1, b2, bias2, activation)

@@ -314,17 +314,9 @@ def epilogue_partition(
             rows_smem = c_smem.slice(part * ROWS, ROWS)
             if HAS_RESIDUAL:
                 if part + 1 < BLOCK_M // ROWS:  # the next rows' loads in flight under this part's math
+                    row = off_m + (part + 1) * ROWS
                     r_next = residual_rows(
-                        r_ptr,
-                        stride_rm,
-                        stride_rn,
-                        off_m + (part + 1) * ROWS,
-                        off_n,
-                        M,
-                        N,
-                        ROWS,
-                        BLOCK_N,
-                        layout,
+                        r_ptr, stride_rm, stride_rn, row, off_n, M, N, ROWS, BLOCK_N, layout
                     )
             z = rows_smem.load(layout).to(gl.float32)
             if HAS_RESIDUAL:
