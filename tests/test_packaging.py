@@ -205,3 +205,20 @@ def test_every_environment_variable_is_documented():
         read |= set(re.findall(r"TRITONGEMM_[A-Z0-9_]+", path.read_text(encoding="utf-8")))
     assert read, "no TRITONGEMM_ variables found: the scan is broken"
     assert not {name for name in read if f"`{name}`" not in section}
+
+
+@pytest.mark.heavy
+def test_offline_compile_builds_every_kernel_for_sm90(tmp_path):
+    """``tools/offline_compile.py`` compiles every kernel family for sm_90 under the installed Triton
+    (an empty Triton cache: each case goes through the whole pipeline down to ptxas)."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("TRITON_INTERPRET", None)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "offline_compile.py")],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    cases = re.findall(r"^(OK|FAIL) +(\S+)", result.stdout, flags=re.M)
+    failed = [name for status, name in cases if status == "FAIL"]
+    assert result.returncode == 0 and not failed, f"failed: {failed}\n{result.stdout[-4000:]}"
+    families = {name.split("-")[0] for _, name in cases}
+    assert families == {"ptr", "gemv", "streamk", "tma"}, families

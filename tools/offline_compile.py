@@ -93,6 +93,8 @@ def pointer_cases():
         sb_ptr=None,
         SCALING="none",
         MAX_IMPRECISE_ACC=None,
+        SCALE_BLOCK_A=0,  # (block-scaled fp8 only)
+        SCALE_BLOCK_B=0,
     )
     yield (
         "ptr-fp16-128x256x64-s3",
