@@ -1471,3 +1471,44 @@ def test_short_k_sweep_forces_tiles_the_kernel_takes_and_tabulates(monkeypatch, 
     assert "BERT fc1" in text and "1.250" in text and "wrong" in text and "100.0" in text
     assert "1.250" in text.splitlines()[1] and "  1.250" in text  # rule_compiled / compiled = 0.1 / 0.08
     assert "BERT-base prefill" in text and "1.050" in text and "gate" in text
+
+
+def test_fusion_ceiling_sweep_checks_each_call_against_its_own_math_and_multiplies_out(
+    monkeypatch, capsys, tmp_path
+):
+    """The fusion ceiling sweep needs a GPU (it says so and exits 2 without one); on the interpreter
+    each of its four calls -- torch's sequence, cuBLAS's GEMMs alone, ours alone, ours fused -- for a
+    linear layer and a gated block, forward and backward, matches float64 of its own math; its
+    derived ratios multiply out to the fused one, and its table and figure read them."""
+    from benchmarks import sweep_fusion_ceiling as sweep
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert sweep.main(["--out", str(tmp_path)]) == 2
+    assert "GPU" in capsys.readouterr().err
+    monkeypatch.setattr(sweep, "DTYPE", torch.float32)
+    monkeypatch.setattr(sweep.harness, "l2_cache_bytes", lambda device: 1)
+    medians = {"torch": 1.2, "cublas_gemms": 1.0, "gemms": 1.05, "fused": 0.98}
+
+    def fake_rounds(live, row):
+        row.update(timed=sorted(live), **{f"{n}_ms": medians[n] for n in live})
+        row.update({f"{n}_ratio": medians["torch"] / medians[n] for n in live if n != "torch"})
+
+    monkeypatch.setattr(sweep, "timed_rounds", fake_rounds)
+    cpu, gen = torch.device("cpu"), torch.Generator()
+    rows = [
+        sweep.measure_linear("tiny", 24, 40, 16, "gelu", cpu, gen),
+        sweep.measure_block("tiny", 24, 16, 40, "silu", False, cpu, gen),
+        sweep.measure_block("tiny", 24, 16, 40, "silu", True, cpu, gen),
+    ]
+    for row in rows:
+        assert row["timed"] == ["cublas_gemms", "fused", "gemms", "torch"], row
+        assert max(row[f"{n}_rel_err"] for n in ("torch", *sweep.NAMES)) < 1e-5, row
+        assert row["ceiling"] * row["parity"] * row["epilogue"] == pytest.approx(row["fused_ratio"])
+    wrong = sweep.gate(
+        {"zero": lambda x: torch.zeros(3)}, [(torch.ones(3),)], torch.ones(3, dtype=torch.float64), {}
+    )
+    assert wrong == {}, "a wrong call is timed"
+    text = sweep.table(rows)
+    assert "fwd+bwd" in text and "1.200" in text and "1.224" in text
+    sweep.plot(rows, tmp_path / "fusion_ceiling.png", "test")
+    assert (tmp_path / "fusion_ceiling.png").stat().st_size > 0
