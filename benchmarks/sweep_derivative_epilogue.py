@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
@@ -34,7 +33,7 @@ from tritongemm.semantics import DERIVATIVE_EPILOGUES, activation_backward
 
 from . import harness
 from .sweep_fp8_blockwise import checked
-from .sweep_fp8_split_rows import ratio_cell, save_records, timed_rounds
+from .sweep_fp8_split_rows import ratio_cell, save_records, start_on_gpu, timed_rounds
 
 #: (label, M, H: fc1's outputs, hidden: the GEMM's K, activation)
 SHAPES = (
@@ -127,20 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         help="epilogue warps for derivative epilogues (default: launch.gluon.DERIVATIVE_EPILOGUE_WARPS)",
     )
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print(
-            "the derivative epilogue sweep times the warp-specialized kernel: it needs an sm_90 GPU",
-            file=sys.stderr,
-        )
+    started = start_on_gpu(
+        args.out, "the derivative epilogue sweep times the warp-specialized kernel: it needs an sm_90 GPU"
+    )
+    if started is None:
         return 2
+    device, gen, out, env = started
     if args.epilogue_warps is not None:
         launch.gluon.DERIVATIVE_EPILOGUE_WARPS = args.epilogue_warps  # (before any launcher is built)
-    device = torch.device("cuda")
-    gen = torch.Generator(device=device)
-    gen.manual_seed(0)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    env = harness.environment(device)
     rows = []
     for i, shape in enumerate(SHAPES, 1):
         print(f"[{i}/{len(SHAPES)}] {shape[0]} {shape[1]}x{shape[2]}x{shape[3]}", file=sys.stderr, flush=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +31,7 @@ from tritongemm import TileConfig
 
 from . import harness
 from .sweep_fp8_blockwise import checked
-from .sweep_fp8_split_rows import ratio_cell, save_records, timed_rounds
+from .sweep_fp8_split_rows import ratio_cell, save_records, start_on_gpu, timed_rounds
 
 SHAPES = (
     (512, 14336, 4096),
@@ -112,18 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=".", help="folder for epilogue_tiles.json and .txt")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print(
-            "the epilogue tile sweep times the warp-specialized kernel: it needs an sm_90 GPU",
-            file=sys.stderr,
-        )
+    started = start_on_gpu(
+        args.out, "the epilogue tile sweep times the warp-specialized kernel: it needs an sm_90 GPU"
+    )
+    if started is None:
         return 2
-    device = torch.device("cuda")
-    gen = torch.Generator(device=device)
-    gen.manual_seed(0)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    env = harness.environment(device)
+    device, gen, out, env = started
     rows = []
     jobs = [(shape, act) for shape in SHAPES for act in ACTIVATIONS]
     for i, ((m, n, k), act) in enumerate(jobs, 1):

@@ -97,20 +97,24 @@ def plan_of(recipe: str, a, b) -> str:
     return f"{chosen.kernel} {chosen.config.short()}"
 
 
-def checked(impls: dict, sets: list, ref: torch.Tensor, row: dict) -> dict:
+def checked(impls: dict, sets: list, ref: torch.Tensor, row: dict, tol: float = TOL) -> dict:
     """Each implementation's output on the first input set against ``ref`` (its ``_rel_err`` and
-    ``_status`` into ``row``); those within ``TOL``, each a call rotating over ``sets``, to be timed.
-    An implementation that raises (torch may not take a recipe) is recorded, not timed."""
+    ``_status`` into ``row``); those within ``tol``, each a call rotating over ``sets``, to be timed.
+    An implementation that raises (torch may not take a recipe) is recorded, not timed.  An output
+    that is a tuple (a value and its gradients) is compared as one vector, with ``ref`` flattened so."""
     live = {}
     for name, fn in impls.items():
         try:
-            err = relative_error(fn(*sets[0]).double(), ref)
+            out = fn(*sets[0])
+            if isinstance(out, tuple):
+                out = torch.cat([t.double().flatten() for t in out])
+            err = relative_error(out.double(), ref)
         except Exception as exc:
             row[f"{name}_status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
             continue
         row[f"{name}_rel_err"] = err
-        row[f"{name}_status"] = "ok" if err < TOL else "wrong"
-        if err < TOL:
+        row[f"{name}_status"] = "ok" if err < tol else "wrong"
+        if err < tol:
             live[name] = rotating(fn, sets)
     return live
 

@@ -177,6 +177,20 @@ def save_records(out: Path, stem: str, records: dict, text: str) -> None:
     (out / f"{stem}.txt").write_text(text + "\n")
 
 
+def start_on_gpu(out_dir: str, needs: str):
+    """A GPU sweep's start: without CUDA, None after saying what it ``needs``; else the device, a generator
+    seeded 0, the output folder (made) and the environment record."""
+    if not torch.cuda.is_available():
+        print(needs, file=sys.stderr)
+        return None
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(0)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return device, gen, out, harness.environment(device)
+
+
 def time_ms(fn) -> tuple[float, str]:
     """The median time of ``fn`` replayed from a CUDA graph (``do_bench`` where capture fails)."""
     try:
@@ -222,19 +236,14 @@ def main(argv: list[str] | None = None) -> int:
         + ",".join(recipe_name(r, f) for r, f in RECIPES),
     )
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print(
-            "the split-rows sweep times the warp-specialized kernel: it needs an sm_90 GPU", file=sys.stderr
-        )
+    started = start_on_gpu(
+        args.out, "the split-rows sweep times the warp-specialized kernel: it needs an sm_90 GPU"
+    )
+    if started is None:
         return 2
-    device = torch.device("cuda")
+    device, gen, out, env = started
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
-    gen = torch.Generator(device=device)
-    gen.manual_seed(0)
     rows = []
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    env = harness.environment(device)
     recipes = RECIPES
     if args.recipes:
         wanted = args.recipes.split(",")

@@ -42,12 +42,12 @@ import torch.nn.functional as F
 
 import tritongemm
 from tritongemm.semantics import ACTIVATIONS
-from tritongemm.testing import relative_error, tolerance
+from tritongemm.testing import tolerance
 
 from . import harness
-from .gpu_check import rotating
 from .mlp import MLP
-from .sweep_fp8_split_rows import ratio_cell, save_records, timed_rounds
+from .sweep_fp8_blockwise import checked
+from .sweep_fp8_split_rows import ratio_cell, save_records, start_on_gpu, timed_rounds
 
 DTYPE = torch.bfloat16
 #: A linear layer's epilogue: (label, M, N, K, activation); the epilogue suite's widths, and BERT's fc1.
@@ -73,28 +73,17 @@ BLOCKS = tuple(
 NAMES = ("cublas_gemms", "gemms", "fused")
 
 
-def flat(out) -> torch.Tensor:
-    """One float64 vector of an output or a tuple of them (a block's output and gradients)."""
-    parts = out if isinstance(out, (tuple, list)) else (out,)
-    return torch.cat([p.double().flatten() for p in parts])
+def as_ref(out) -> torch.Tensor:
+    """A float64 reference as ``sweep_fp8_blockwise.checked`` compares it: a tensor as it is, a tuple (a
+    block's output and gradients) as one flat vector."""
+    if isinstance(out, tuple):
+        return torch.cat([t.double().flatten() for t in out])
+    return out.double()
 
 
 def gate(impls: dict, sets: list, ref: torch.Tensor, row: dict) -> dict:
-    """Each implementation's output on the first set against ``ref`` (``_rel_err``, ``_status`` into
-    ``row``); those within bf16's tolerance, each a call rotating over ``sets``, to be timed."""
-    tol = tolerance(DTYPE, sets[0][0].device)
-    live = {}
-    for name, fn in impls.items():
-        try:
-            err = relative_error(flat(fn(*sets[0])), ref)
-        except Exception as exc:  # (recorded, not timed)
-            row[f"{name}_status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
-            continue
-        row[f"{name}_rel_err"] = err
-        row[f"{name}_status"] = "ok" if err < tol else "wrong"
-        if err < tol:
-            live[name] = rotating(fn, sets)
-    return live
+    """``checked`` with bf16's tolerance against float64."""
+    return checked(impls, sets, ref, row, tolerance(DTYPE, sets[0][0].device))
 
 
 def derive(row: dict) -> None:
@@ -116,12 +105,13 @@ def measure_linear(label: str, m: int, n: int, k: int, activation: str, device, 
     act = ACTIVATIONS[activation]
     z64 = F.linear(sets[0][0].double(), w.double(), b.double())
     row = {"kind": "linear", "label": label, "m": m, "n": n, "k": k, "activation": activation, "mode": "fwd"}
-    live = gate({"torch": lambda x: act(F.linear(x, w, b))}, sets, flat(act(z64)), row)
-    live |= gate(
-        {"fused": lambda x: tritongemm.linear(x, w, b, activation=activation)}, sets, flat(act(z64)), row
-    )
+    fused = {
+        "torch": lambda x: act(F.linear(x, w, b)),
+        "fused": lambda x: tritongemm.linear(x, w, b, activation=activation),
+    }
+    live = gate(fused, sets, act(z64), row)
     plain = {"cublas_gemms": lambda x: F.linear(x, w, b), "gemms": lambda x: tritongemm.linear(x, w, b)}
-    live |= gate(plain, sets, flat(z64), row)
+    live |= gate(plain, sets, z64, row)
     timed_rounds(live, row)
     derive(row)
     return row
@@ -179,14 +169,14 @@ def measure_block(
     live = gate(
         {"torch": module_call(stock), "fused": module_call(fused)},
         sets,
-        flat(module_call(ref_module)(x, dy)),
+        as_ref(module_call(ref_module)(x, dy)),
         row,
     )
     plain = {
         "cublas_gemms": block_gemms(torch.mm, torch.addmm, backward),
         "gemms": block_gemms(tritongemm.mm, tritongemm.addmm, backward),
     }
-    ref = flat(block_gemms(torch.mm, torch.addmm, backward)(x, dy, *(w.double() for w in weights)))
+    ref = as_ref(block_gemms(torch.mm, torch.addmm, backward)(x, dy, *(w.double() for w in weights)))
     live |= gate(plain, sets, ref, row)
     timed_rounds(live, row)
     derive(row)
@@ -247,15 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=".", help="folder for fusion_ceiling.json, .txt and .png")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("the fusion ceiling sweep times GEMMs against cuBLAS: it needs a CUDA GPU", file=sys.stderr)
+    started = start_on_gpu(
+        args.out, "the fusion ceiling sweep times GEMMs against cuBLAS: it needs a CUDA GPU"
+    )
+    if started is None:
         return 2
-    device = torch.device("cuda")
-    gen = torch.Generator(device=device)
-    gen.manual_seed(0)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    env = harness.environment(device)
+    device, gen, out, env = started
     problems = [(measure_linear, p) for p in LINEARS] + [(measure_block, p) for p in BLOCKS]
     rows = []
     for i, (measure, p) in enumerate(problems, 1):

@@ -30,7 +30,6 @@ import copy
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +38,9 @@ import tritongemm
 from tritongemm import TileConfig
 from tritongemm.testing import relative_error
 
-from . import harness
 from .sweep_epilogue_tiles import TORCH_ACTIVATIONS, linear_inputs
 from .sweep_fp8_blockwise import checked
-from .sweep_fp8_split_rows import ratio_cell, save_records, timed_rounds
+from .sweep_fp8_split_rows import ratio_cell, save_records, start_on_gpu, timed_rounds
 
 #: (what, M, N, K, activation): the MLP's first projection and the attention's, at prefill rows.
 SHAPES = (
@@ -191,15 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=".", help="folder for short_k.json and .txt")
     parser.add_argument("--models", action="store_true", help="also time BERT-base and ViT-B/16 prefill")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("the short-K sweep times the warp-specialized kernel: it needs an sm_90 GPU", file=sys.stderr)
+    started = start_on_gpu(
+        args.out, "the short-K sweep times the warp-specialized kernel: it needs an sm_90 GPU"
+    )
+    if started is None:
         return 2
-    device = torch.device("cuda")
-    gen = torch.Generator(device=device)
-    gen.manual_seed(0)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    env = harness.environment(device)
+    device, gen, out, env = started
     rows: list[dict] = []
     models: list[dict] = []
 
