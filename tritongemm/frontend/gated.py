@@ -69,12 +69,9 @@ def gated_linear(
     """
     check_gated_activation("gated_linear", activation)
     input, w_gate, w_up, b_gate, b_up = as_torch_sees(input, w_gate, w_up, b_gate, b_up)
-    named = {"input": input, "w_gate": w_gate, "w_up": w_up, "b_gate": b_gate, "b_up": b_up}
-    for name, t in named.items():
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"gated_linear(): argument '{name}' must be Tensor, not {type(t).__name__}")
+    checks.check_tensor_args("gated_linear", input=input, w_gate=w_gate, w_up=w_up, b_gate=b_gate, b_up=b_up)
     check_shapes("gated_linear", input, w_gate, w_up)
-    tensors = tuple(t for t in named.values() if t is not None)
+    tensors = tuple(t for t in (input, w_gate, w_up, b_gate, b_up) if t is not None)
     if not is_tracing(input) or any_dtensor(*tensors):
         reason = torch_reason(*tensors)
         if reason is not None:

@@ -68,12 +68,9 @@ def mlp(
             f"mlp: unknown activation {activation!r}; choose one of {list(DERIVATIVE_EPILOGUES)}"
         )
     input, w1, b1, w2, b2 = as_torch_sees(input, w1, b1, w2, b2)
-    named = {"input": input, "w1": w1, "b1": b1, "w2": w2, "b2": b2}
-    for name, t in named.items():
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"mlp(): argument '{name}' must be Tensor, not {type(t).__name__}")
+    checks.check_tensor_args("mlp", input=input, w1=w1, b1=b1, w2=w2, b2=b2)
     check_shapes(input, w1, b1, w2, b2)
-    tensors = tuple(t for t in named.values() if t is not None)
+    tensors = tuple(t for t in (input, w1, b1, w2, b2) if t is not None)
     if not is_tracing(input) or any_dtensor(*tensors):
         reason = torch_reason(*tensors)
         if reason is not None:

@@ -32,6 +32,7 @@ from ..device import interpreter_enabled
 from ..launch import precompile
 from ..planning.call import BLOCK_SCALINGS, SCALE_BLOCK_K, Epilogue, GemmCall, make_request
 from ..planning.eligibility import FP8_DTYPES
+from ..request.checks import check_tensor_args
 from ..semantics import ACTIVATIONS, check_activation
 
 #: Output dtypes the kernels store (an fp8 output is cast from fp32).
@@ -106,12 +107,6 @@ def dequantize(x: torch.Tensor, scale: torch.Tensor, rows: int, cols: int) -> to
     """``x`` (float) times its scales, one per ``rows`` x ``cols`` block (the last blocks may be ragged)."""
     full = scale.repeat_interleave(rows, 0)[: x.shape[0]].repeat_interleave(cols, 1)[:, : x.shape[1]]
     return x * full
-
-
-def _check_types(**tensors) -> None:
-    for name, t in tensors.items():
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"scaled_mm(): argument '{name}' must be Tensor, not {type(t).__name__}")
 
 
 def check_matrices(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -189,7 +184,9 @@ def scaled_mm(
         )
         if fast is not None and not ((a.data_ptr() | b.data_ptr()) & 15):
             return fast(a, b, scale_a, scale_b)
-    _check_types(mat1=a, mat2=b, scale_a=scale_a, scale_b=scale_b, bias=bias, residual=residual, out=out)
+    check_tensor_args(
+        "scaled_mm", mat1=a, mat2=b, scale_a=scale_a, scale_b=scale_b, bias=bias, residual=residual, out=out
+    )
     out_dtype = a.dtype if out_dtype is None else out_dtype
     _check(a, b, scale_a, scale_b, bias, residual, out, out_dtype)
     activation = check_activation("scaled_mm", activation)

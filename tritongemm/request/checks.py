@@ -21,6 +21,13 @@ def shape_str(t: torch.Tensor) -> str:
     return str(tuple(t.shape))
 
 
+def check_tensor_args(fn: str, **named) -> None:
+    """torch's TypeError for an argument that is neither a tensor nor None (a function's optional operands)."""
+    for name, t in named.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}(): argument '{name}' must be Tensor, not {type(t).__name__}")
+
+
 def check_tensors(fn: str, check_device: bool = True, **named) -> None:
     """Same dtype, same device, a dtype and device we run; torch's exception types.
 

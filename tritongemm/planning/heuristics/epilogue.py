@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...device import DeviceInfo
+from ...semantics import DERIVATIVE_EPILOGUES
 from ..configs import TileConfig
 from ..problem import GemmProblem
 from .tiles import tiles_of
@@ -43,7 +44,7 @@ TRANSCENDENTAL = ("gelu", "gelu_tanh", "silu")
 #: besides the math.  They keep the one-consumer tile, whose epilogue warps load R coalesced, a part ahead
 #: and the first part under the mainloop; a ping-pong consumer loads it in the accumulator's layout, in
 #: turn with its math (H100, bf16, 8192 x 4096 x 1024 NN, exact GELU's: 1535 us against 230 us).
-DERIVATIVES = ("relu_grad", "gelu_grad", "gelu_tanh_grad", "silu_grad")
+DERIVATIVES = tuple(DERIVATIVE_EPILOGUES.values())
 #: K up to which any epilogue is worth hiding (12-16 steps of 64, against a store of the whole tile), in
 #: a forward layer's layout (both operands K-major).
 SHORT_K = 1024
