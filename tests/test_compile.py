@@ -159,6 +159,109 @@ def test_compiled_linear_takes_a_short_way_to_the_same_graph(
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_layers_on_operands_tritongemm_lacks_trace_to_torchs_ops(aot_targets):
+    """A converted layer hands torch what tritongemm cannot run (here complex operands) in a trace as it
+    does eagerly: torch's op goes into the graph.  Raising tritongemm's error there would fail
+    ``fullgraph=True`` on a model stock torch compiles."""
+    backend, targets = aot_targets
+    torch.manual_seed(0)
+    dt = torch.complex64
+    stock = torch.nn.Sequential(
+        torch.nn.Linear(16, 32, dtype=dt), torch.nn.Linear(32, 16, bias=False, dtype=dt)
+    )
+    x = torch.randn(5, 16, dtype=dt)
+    with torch.no_grad():
+        ref = stock(x)
+    for precision in (None, "fp8"):  # (fp8: every layer is a Float8Linear)
+        model = tritongemm.nn.convert(copy.deepcopy(stock), precision=precision)
+        targets.clear()
+        torch._dynamo.reset()
+        with torch.no_grad():
+            out = torch.compile(model, backend=backend, fullgraph=True)(x)
+        assert not [t for t in targets if "tritongemm" in t], targets
+        assert targets.count("aten.addmm.default") + targets.count("aten.mm.default") == 2, targets
+        assert torch.equal(out, ref)
+
+    # The functions that hand torch what they cannot run eagerly (with a warning) do so traced too.
+    w1, w2 = torch.randn(32, 16, dtype=dt), torch.randn(16, 32, dtype=dt)
+    for fn, ref in (
+        (lambda x: tritongemm.gated_linear(x, w1, w1), F.silu(x @ w1.mT) * (x @ w1.mT)),
+        (lambda x: tritongemm.mlp(x, w1, None, w2, None, activation="silu"), F.silu(x @ w1.mT) @ w2.mT),
+    ):
+        targets.clear()
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend=backend, fullgraph=True)(x)
+        assert not [t for t in targets if "tritongemm" in t], targets
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # ``tritongemm.linear`` stands in for nothing: traced, it raises what it raises eagerly.
+    with pytest.raises(tritongemm.UnsupportedInputError, match="complex"):
+        tritongemm.linear(x, w1)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="complex"):
+        torch.compile(lambda x: tritongemm.linear(x, w1), backend=backend, fullgraph=True)(x)
+
+
+_NO_INTERPRETER = r"""
+import sys, torch, tritongemm
+from tritongemm.frontend.modules import GatedMLP
+torch.manual_seed(0)
+stock = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+gated = GatedMLP(64, 96, activation="silu")
+x = torch.randn(8, 64)
+models = {"mlp": tritongemm.nn.convert(stock), "fp8": tritongemm.nn.convert(stock, precision="fp8"), "gated": gated}
+refs = {"mlp": stock(x), "fp8": stock(x)}
+with torch.no_grad():
+    for name, model in models.items():
+        ref = refs.get(name)
+        if ref is None:
+            g, u, d = model.gate_proj, model.up_proj, model.down_proj
+            ref = torch.nn.functional.linear(torch.nn.functional.silu(g(x)) * u(x), d.weight)
+        out = torch.compile(model, backend="aot_eager", fullgraph=True)(x)
+        print(name, ((out - ref).norm() / ref.norm()).item())
+    exported = torch.export.export(models["mlp"], (x,))
+    print("ops", sorted({str(n.target) for n in exported.graph.nodes if n.op == "call_function"}))
+    if sys.argv[1:]:
+        torch._inductor.aoti_compile_and_package(exported, package_path=sys.argv[1])
+        torch.save({"x": x, "ref": refs["mlp"]}, sys.argv[2])
+"""
+
+_AOTI_LOAD = r"""
+import sys, torch
+io = torch.load(sys.argv[2])
+y = torch._inductor.aoti_load_package(sys.argv[1])(io["x"])
+print("imported", "tritongemm" in sys.modules, ((y - io["ref"]).norm() / io["ref"].norm()).item())
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("aoti", [False, True], ids=["compile+export", "aoti"])
+def test_converted_models_compile_and_export_where_tritongemm_cannot_run(aoti, tmp_path):
+    """On a CPU without Triton's interpreter tritongemm runs nothing, and a converted model runs torch's
+    ops eagerly; compiled (``fullgraph=True``) and exported, the same, so the exported program holds
+    aten ops only and its AOTInductor package runs in a process that never imports tritongemm."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = [str(tmp_path / "model.pt2"), str(tmp_path / "io.pt")] if aoti else []
+    run = subprocess.run(
+        [sys.executable, "-c", _NO_INTERPRETER, *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in run.stdout.strip().splitlines())
+    for name in ("mlp", "fp8", "gated"):
+        assert float(lines[name]) <= 1e-6, run.stdout
+    assert "tritongemm" not in lines["ops"] and "aten.linear.default" in lines["ops"], lines["ops"]
+    if aoti:
+        load = subprocess.run(
+            [sys.executable, "-c", _AOTI_LOAD, *args], capture_output=True, text=True, env=env, cwd=tmp_path,
+            timeout=300,
+        )  # fmt: skip
+        assert load.returncode == 0, load.stderr[-3000:]
+        imported, err = load.stdout.split()[-2:]
+        assert imported == "False" and float(err) <= 1e-6, load.stdout
+
+
 def test_aten_route_hands_addmm_the_bias_vector(monkeypatch):
     """A Linear's bias reaches the aten route as a view broadcast over the rows; ``addmm`` must get
     the (N,) vector, as F.linear gives it (cuBLAS adds a vector in its epilogue; an (M, N) input

@@ -32,7 +32,7 @@ from ..autograd.gated import gated_op
 from ..launch.gated import GATED_ACTIVATIONS
 from ..request import checks
 from ..request.autocast import as_torch_sees
-from ..request.fallback import torch_reason, warn_device_fallback
+from ..request.fallback import torch_reason, traced_reason, warn_device_fallback
 from ..semantics import ACTIVATIONS
 from . import api
 
@@ -77,6 +77,8 @@ def gated_linear(
         if reason is not None:
             warn_device_fallback("tritongemm.gated_linear", reason, input.device)
             return torch_gated(input, w_gate, w_up, b_gate, b_up, activation)
+    elif traced_reason(*tensors) is not None:  # (a trace: torch's ops in the graph, as eagerly)
+        return torch_gated(input, w_gate, w_up, b_gate, b_up, activation)
     return _gated_linear(input, w_gate, w_up, b_gate, b_up, activation)
 
 

@@ -32,7 +32,7 @@ from ..autograd.function import is_tracing
 from ..autograd.mlp import mlp_op
 from ..request import checks
 from ..request.autocast import as_torch_sees
-from ..request.fallback import torch_reason, warn_device_fallback
+from ..request.fallback import torch_reason, traced_reason, warn_device_fallback
 from ..semantics import ACTIVATIONS, DERIVATIVE_EPILOGUES, SUPPORTED_DTYPES
 from . import api
 
@@ -76,6 +76,8 @@ def mlp(
         if reason is not None:
             warn_device_fallback("tritongemm.mlp", reason, input.device)
             return torch_mlp(input, w1, b1, w2, b2, activation)
+    elif traced_reason(*tensors) is not None:  # (a trace: torch's ops in the graph, as eagerly)
+        return torch_mlp(input, w1, b1, w2, b2, activation)
     if fused_eligible(input, tensors, w1.shape[0]):
         return _fused(input, w1.mT, b1, w2.mT, b2, activation)
     return unfused(input, w1, b1, w2, b2, activation)

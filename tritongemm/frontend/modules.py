@@ -14,7 +14,7 @@ from ..autograd.distributed import is_dtensor, linear_on_shards
 from ..autograd.function import is_tracing
 from ..request import calls, fastpath
 from ..request.autocast import autocast_dtype
-from ..request.fallback import count_fallback, torch_reason
+from ..request.fallback import count_fallback, torch_reason, traced_reason
 from ..semantics import ACTIVATIONS
 from .float8 import WeightCache, float8_linear, float8_unsupported_reason
 from .gated import check_gated_activation, gated_linear, torch_gated
@@ -79,11 +79,14 @@ class Linear(torch.nn.Linear):
             y = linear_on_shards(self._linear, input, weight, bias, self.activation)
             if y is not None:
                 return y
+        tensors = (input, weight) if bias is None else (input, weight, bias)
         if not is_tracing(input) or is_dtensor(input):
-            reason = torch_reason(input, weight) if bias is None else torch_reason(input, weight, bias)
+            reason = torch_reason(*tensors)
             if reason is not None:
                 count_fallback("tritongemm.nn.Linear", reason, (self.fallbacks, Linear.fallbacks), input)
                 return ACTIVATIONS[self.activation](torch_linear(input, weight, bias))
+        elif traced_reason(*tensors) is not None:  # (a trace: torch's op in the graph, as eagerly)
+            return ACTIVATIONS[self.activation](torch_linear(input, weight, bias))
         # ``tritongemm.linear``'s whole way (the lookup above was its door's)
         return calls.linear(input, weight, bias, self.activation, None, None, None, None, None, key)
 
@@ -216,6 +219,8 @@ class Float8Linear(Linear):
             reason = torch_reason(*tensors)
             if reason is not None:
                 return self._torch_forward(input, self.weight, self.bias, reason)
+        elif traced_reason(*tensors) is not None:
+            return ACTIVATIONS[self.activation](torch_linear(input, self.weight, self.bias))
         if float8_unsupported_reason(input, self.weight) is not None:
             return super().forward(input)
         out_dtype = autocast_dtype(input.device) or input.dtype
@@ -312,6 +317,8 @@ class GatedMLP(torch.nn.Module):
             reason = torch_reason(*tensors)
             if reason is not None:
                 return self._torch_forward(x, reason)
+        elif traced_reason(*tensors) is not None:
+            return self.down_proj(torch_gated(x, gate.weight, up.weight, gate.bias, up.bias, self.activation))
         small = x.numel() * gate.out_features < FUSED_MIN_MACS
         if traced:
             # A compiled graph: small, the Linears are the stock model's ops (an aligned Linear traces

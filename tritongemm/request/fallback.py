@@ -172,6 +172,15 @@ def torch_reason(*tensors: torch.Tensor) -> str | None:
     return None
 
 
+def traced_reason(*tensors: torch.Tensor) -> str | None:
+    """``torch_reason`` for a trace's operands (``torch.compile``, ``torch.export``): what their dtypes,
+    layouts and devices decide, which a trace knows.  A door that stands in for torch puts torch's own
+    op in the graph for these, as it calls it eagerly; it neither counts nor warns, since a graph is
+    traced once and run many times."""
+    reason = unsupported_reason(*tensors)
+    return None if reason is None or _autocast_makes_runnable(tensors) else reason
+
+
 # ----------------------------------------------------------------------------------
 # Saying so
 # ----------------------------------------------------------------------------------
