@@ -201,6 +201,37 @@ def test_layers_on_operands_tritongemm_lacks_trace_to_torchs_ops(aot_targets):
         torch.compile(lambda x: tritongemm.linear(x, w1), backend=backend, fullgraph=True)(x)
 
 
+def test_jit_trace_records_torchs_ops():
+    """``torch.jit.trace`` (and the legacy ONNX export built on it) records the ops torch dispatches; a
+    Triton launch is none, so its output would be recorded as a constant.  Converted layers and
+    ``patch()`` trace torch's ops instead, warm fast paths included; the functions raise."""
+    import warnings
+
+    torch.manual_seed(0)
+    stock = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    model = tritongemm.nn.convert(copy.deepcopy(stock))
+    x, x2 = torch.randn(4, 16), torch.randn(4, 16)
+    model(x), model(x)  # (the second call takes the fast path's entry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.jit.trace is deprecated)
+        traced = torch.jit.trace(model, (x,))
+        with tritongemm.patch():
+            patched = torch.jit.trace(stock, (x,))
+        w = torch.randn(16, 8)
+        with pytest.raises(tritongemm.UnsupportedInputError, match="torch.jit.trace"):
+            torch.jit.trace(lambda x: tritongemm.matmul(x, w), (x,))
+        x8, w8, one = x.to(torch.float8_e4m3fn), w.mT.contiguous().to(torch.float8_e4m3fn), torch.ones(())
+        with pytest.raises(tritongemm.UnsupportedInputError, match="torch.jit.trace"):
+            torch.jit.trace(
+                lambda x: tritongemm.scaled_mm(x, w8.mT, one, one, out_dtype=torch.float32), (x8,)
+            )
+    with torch.no_grad():
+        ref = stock(x2)
+    for t in (traced, patched):
+        assert torch.equal(t(x2), ref)  # the same ops as stock's: a constant would not follow x2
+        assert "aten::linear" in str(t.inlined_graph)
+
+
 _NO_INTERPRETER = r"""
 import sys, torch, tritongemm
 from tritongemm.frontend.modules import GatedMLP

@@ -33,7 +33,8 @@ from ..launch import precompile
 from ..planning.call import BLOCK_SCALINGS, SCALE_BLOCK_K, Epilogue, GemmCall, make_request
 from ..planning.eligibility import FP8_DTYPES
 from ..request.checks import check_tensor_args
-from ..semantics import ACTIVATIONS, check_activation
+from ..request.fallback import jit_trace_reason
+from ..semantics import ACTIVATIONS, UnsupportedInputError, check_activation
 
 #: Output dtypes the kernels store (an fp8 output is cast from fp32).
 STORED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -172,6 +173,8 @@ def scaled_mm(
     >>> w8 = w.to(torch.float8_e4m3fn)                       # (N, K), row-major
     >>> y = scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.bfloat16, bias=bias)
     """
+    if jit_trace_reason() is not None:
+        raise UnsupportedInputError(f"scaled_mm: {jit_trace_reason()}")
     if (
         out is None
         and residual is None

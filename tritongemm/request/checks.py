@@ -11,7 +11,7 @@ import warnings
 import torch
 
 from ..semantics import SUPPORTED_DTYPES, UnsupportedInputError
-from .fallback import device_unsupported_reason
+from .fallback import device_unsupported_reason, jit_trace_reason
 
 
 # ----------------------------------------------------------------------------------
@@ -54,6 +54,9 @@ def check_tensors(fn: str, check_device: bool = True, **named) -> None:
         raise UnsupportedInputError(
             f"{fn}: dtype {first.dtype} is not supported; tritongemm runs float16, bfloat16, float32 and float64"
         )
+    reason = jit_trace_reason()
+    if reason is not None:
+        raise UnsupportedInputError(f"{fn}: {reason}")
     if check_device and not _known_runnable(first.device):
         reason = device_unsupported_reason(first.device)
         if reason is not None:
@@ -90,6 +93,7 @@ def check_pair(fn: str, a, b, b_name: str = "other") -> None:
         and not b.is_nested
         and a.device == b.device
         and _known_runnable(a.device)
+        and jit_trace_reason() is None
     ):
         check_tensors(fn, **{"input": a, b_name: b})
 

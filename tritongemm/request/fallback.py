@@ -55,6 +55,19 @@ def unsupported_reason(*tensors: torch.Tensor) -> str | None:
     return device_unsupported_reason(tensors[0].device)
 
 
+#: Why nothing is launched under ``torch.jit.trace``: it records the ops torch dispatches, and a Triton
+#: launch is none, so a traced kernel's output would be recorded as a constant.
+JIT_TRACE_REASON = (
+    "torch.jit.trace records torch's ops, not Triton kernels (torch.export and torch.compile do)"
+)
+_jit_tracing = torch._C._get_tracing_state
+
+
+def jit_trace_reason() -> str | None:
+    """``JIT_TRACE_REASON`` while ``torch.jit.trace`` (or the legacy ONNX export) traces, else None."""
+    return None if _jit_tracing() is None else JIT_TRACE_REASON
+
+
 def device_unsupported_reason(device: torch.device) -> str | None:
     """Why tritongemm cannot run on ``device`` (None when it can)."""
     if device.type == "cuda":
@@ -153,7 +166,10 @@ def torch_reason(*tensors: torch.Tensor) -> str | None:
     doors that stand in for torch (``nn.Linear``, ``patch()``) ask.
 
     In order: what the kernels cannot run (dtype, layout, device), what DTensor operands need
-    (``dtensor_reason``), what no kernel may read (no storage, a lazy negation)."""
+    (``dtensor_reason``), what no kernel may read (no storage, a lazy negation); under
+    ``torch.jit.trace``, every call (``jit_trace_reason``)."""
+    if _jit_tracing() is not None:
+        return JIT_TRACE_REASON
     if _plainly_runnable(tensors):
         return None
     reason = unsupported_reason(*tensors)

@@ -40,6 +40,7 @@ _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _STRIDED = torch.strided
 _functorch_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
+_jit_tracing = torch._C._get_tracing_state  # (a launch under torch.jit.trace is recorded as a constant)
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 BIAS_EPILOGUE = Epilogue(beta=1.0, addend=True)
@@ -60,7 +61,7 @@ def linear_kind(activation: str | None) -> str:
 def lookup(kind: str, x, w, bias) -> tuple:
     """``(None, result)`` when an entry ran ``kind(x, w, bias)``; else ``(key, None)``, where a key
     means: take the whole way, then ``build(kind, key, x, w, bias)``."""
-    if not ENABLED or _functorch_active() or _is_compiling():
+    if not ENABLED or _functorch_active() or _is_compiling() or _jit_tracing() is not None:
         return None, None
     if type(x) not in _PLAIN_TYPES:
         return None, None
