@@ -390,3 +390,30 @@ def test_patched_gradients_match_torch(device):
     assert_close(y, ry)
     for g, r in zip(grads, torch.autograd.grad(ry.sum(), (ra, rb, ri))):
         assert_close(g, r)
+
+
+def test_opened_inside_a_compiled_function_it_routes_the_traced_calls(device, aot_targets):
+    """``with patch():`` in a function ``torch.compile`` traces (``fullgraph=True``), and a function it
+    decorates: the matmul family in the graph is tritongemm's op; nothing is counted, since the graph
+    runs many times for one trace; the routing ends with the block there too."""
+    backend, targets = aot_targets
+    t = _operands(device)
+    a, b, w, bias = t["a"], t["b"], t["w"], t["bias"]
+
+    def inside(a, b):
+        with tritongemm.patch() as stats:
+            y = F.linear(a, w, bias) + a @ b
+        return y.T @ a, stats
+
+    decorated = tritongemm.patch()(lambda a, b: torch.mm(a, b))
+    torch._dynamo.reset()
+    (y, stats) = torch.compile(inside, backend=backend, fullgraph=True)(a, b)
+    ours = [x for x in targets if x.startswith("tritongemm.")]
+    assert len(ours) == 2, targets  # (a @ b and the linear; not y.T @ a, after the block)
+    assert stats.total_served == 0 and stats.total_fallbacks == 0
+    ref = F.linear(a.double(), w.double(), bias.double()) + a.double() @ b.double()
+    assert_close(y, ref.T @ a.double())
+    targets.clear()
+    torch._dynamo.reset()
+    assert_close(torch.compile(decorated, backend=backend, fullgraph=True)(a, b), a.double() @ b.double())
+    assert len([x for x in targets if x.startswith("tritongemm.")]) == 1, targets

@@ -160,6 +160,8 @@ class _TritonGemmMode(TorchFunctionMode):
 
 
 _active = threading.local()  # .mode: this thread's _TritonGemmMode while a patch() is open in it
+#: What a ``patch()`` opened in a traced function returns: it counts nothing.
+_TRACED_STATS = PatchStats()
 
 
 class patch(contextlib.ContextDecorator):
@@ -177,13 +179,21 @@ class patch(contextlib.ContextDecorator):
     served or not (an outer context's counts include its inner ones').
     Contexts are per thread (as torch's function modes are): a context routes
     and counts the calls made in the thread that opened it.
+
+    Opened inside a ``torch.compile``'d function (or one it decorates), it routes the calls Dynamo
+    traces there and counts nothing: a graph is traced once and run many times, and Dynamo cannot
+    trace the counting's locks and thread-local state.  Its stats are then an empty ``PatchStats``.
     """
 
     def __init__(self) -> None:
+        if torch.compiler.is_compiling():  # (see ``_enter_traced``)
+            return
         self.stats = PatchStats()
         self._uses = threading.local()  # .stack: this object's open uses in this thread
 
     def __enter__(self) -> PatchStats:
+        if torch.compiler.is_compiling():
+            return self._enter_traced()
         stack = self._uses.__dict__.setdefault("stack", [])
         mode = getattr(_active, "mode", None)
         owns_mode = mode is None
@@ -198,6 +208,9 @@ class patch(contextlib.ContextDecorator):
         return stats
 
     def __exit__(self, *exc) -> bool:
+        if torch.compiler.is_compiling():
+            self.__dict__["_traced"].pop().__exit__(*exc)
+            return False
         stack = self._uses.stack
         mode, stats, owns_mode = stack.pop()
         # By identity: PatchStats compares by value, and two fresh ones are equal.
@@ -208,6 +221,19 @@ class patch(contextlib.ContextDecorator):
         if stack:  # a recursive use of this object is still open: it is the current one
             self.stats = stack[-1][1]
         return False
+
+    def _recreate_cm(self) -> patch:
+        """The context a decorated call opens: this one, or, where Dynamo traces the call, a fresh one
+        (Dynamo enters only context managers made in the function it traces)."""
+        return patch() if torch.compiler.is_compiling() else self
+
+    def _enter_traced(self) -> PatchStats:
+        """A use Dynamo traces: a mode of its own pushed, routing only (Dynamo traces a function mode's
+        ``__torch_function__`` into the graph); no counts, no thread-local bookkeeping."""
+        mode = _TritonGemmMode()
+        mode.__enter__()
+        self.__dict__.setdefault("_traced", []).append(mode)
+        return _TRACED_STATS
 
 
 __all__ = ["patch", "PatchStats"]
