@@ -12,6 +12,9 @@ an activation, forward also stores the pre-activation ``z`` (only when a
 gradient is needed) and backward applies torch's own activation derivative
 to it: one extra write of M x N in forward instead of recomputing the GEMM.
 
+Forward-mode AD (``torch.autograd.forward_ad``, ``torch.func.jvp``) runs the op's ``jvp`` on the same
+kernels; ``gemm_op`` leaves the activation to torch's op while a dual level is open.
+
 Doors:
 
 * eager code calls ``GemmFunction`` (lowest host overhead); under
@@ -26,6 +29,7 @@ Doors:
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from .. import launch
 from ..planning.call import NO_REQUEST, Epilogue, GemmCall, Request, op_args
@@ -33,6 +37,12 @@ from ..semantics import ACTIVATIONS, activation_backward, dot_precision
 from . import distributed
 
 _functorch_active = torch._C._are_functorch_transforms_active
+
+
+def forward_ad_active() -> bool:
+    """Is a forward-mode AD level open (``torch.autograd.forward_ad.dual_level``)?  Then any operand may
+    carry a tangent, which only the autograd op propagates (a direct launch would drop it)."""
+    return getattr(_forward_ad, "_current_level", -1) >= 0
 
 
 def alloc_out(shape, dtype: torch.dtype, device) -> torch.Tensor:
@@ -97,8 +107,9 @@ def internal_call(dtype: torch.dtype, epilogue: Epilogue, traced: bool) -> GemmC
 
 
 def needs_autograd(call: GemmCall, a, b, addend, residual) -> bool:
-    """Must this call go through the autograd op (a gradient, a trace or a torch.func transform)?"""
-    if _functorch_active() or is_tracing(a):
+    """Must this call go through the autograd op (a gradient, a tangent, a trace or a torch.func
+    transform)?"""
+    if _functorch_active() or is_tracing(a) or forward_ad_active():
         return True
     return torch.is_grad_enabled() and (
         a.requires_grad
@@ -125,7 +136,9 @@ def gemm_op(
 ) -> torch.Tensor:
     """Differentiable ``act(alpha * a @ b + beta * addend) + residual`` on same-batch operands."""
     ep = call.epilogue
-    if ep.activation != "none" and (_functorch_active() or differentiated(a, b, addend)):
+    if ep.activation != "none" and (
+        _functorch_active() or differentiated(a, b, addend) or forward_ad_active()
+    ):
         # Differentiated (or under a torch.func transform, which may differentiate): the GEMM stores z,
         # torch's op computes act(z) from it and differentiates it, twice if asked.  The kernel could
         # store both, but z's stores from the accumulator's layout cost more than the pass over z they
@@ -199,6 +212,32 @@ def backward_gemms(ctx, grad_out, a, b, z):
     return grad_a, grad_b, grad_addend, grad_residual
 
 
+def gemm_tangent(call: GemmCall, a, b, da, db, daddend, dresidual, like: torch.Tensor) -> torch.Tensor:
+    """The forward-mode derivative of ``alpha * a @ b + beta * addend + residual`` (``gemm_op`` keeps an
+    activation out of the op while tangents may flow): ``alpha * (da @ b + a @ db) + beta * daddend +
+    dresidual``, each GEMM on tritongemm's kernels (through the op where a higher derivative needs it).
+    ``like``: the output, whose shape and dtype a tangent with no term takes."""
+    ep = call.epilogue
+    tangent_call = call._replace(epilogue=Epilogue(alpha=ep.alpha))
+    terms = [run(tangent_call, x, y) for x, y in ((da, b), (a, db)) if x is not None and y is not None]
+    if ep.addend and daddend is not None:
+        terms.append(daddend * ep.beta if ep.beta != 1 else daddend)
+    if ep.residual and dresidual is not None:
+        terms.append(dresidual)
+    if not terms:
+        return torch.zeros_like(like)
+    tangent = terms[0]
+    for term in terms[1:]:
+        tangent = tangent + term
+    return tangent.to(like.dtype).expand_as(like)
+
+
+def save_tangent_context(ctx, call: GemmCall, a, b, out) -> None:
+    """What ``jvp`` reads, kept while a dual level is open (it runs right after forward)."""
+    if forward_ad_active():
+        ctx.tangent_context = (call, a, b, out)
+
+
 def gradient_gemm(operand: int, transposed: bool) -> tuple[str, str, bool]:
     """The GEMM that gives operand ``operand``'s gradient (0: A, 1: B) of ``Z = alpha A @ B``:
     (lhs, rhs, flip), the gradient being ``lhs @ rhs``, or its transpose where ``flip``.
@@ -263,12 +302,18 @@ class GemmFunction(torch.autograd.Function):
     def forward(ctx, a, b, addend, residual, call: GemmCall, launcher=None):
         out, preact = _forward(a, b, addend, residual, call, launcher)
         save_context(ctx, call, a, b, preact)
+        save_tangent_context(ctx, call, a, b, out)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         a, b, z = ctx.saved_tensors
         return (*backward_gemms(ctx, grad_out, a, b, z), None, None)
+
+    @staticmethod
+    def jvp(ctx, da, db, daddend, dresidual, *_):
+        call, a, b, out = ctx.__dict__.pop("tangent_context")
+        return gemm_tangent(call, a, b, da, db, daddend, dresidual, out)
 
 
 class GemmTransformFunction(torch.autograd.Function):
@@ -288,11 +333,17 @@ class GemmTransformFunction(torch.autograd.Function):
         a, b, _, _, call = inputs
         ctx.mark_non_differentiable(output[1])
         save_context(ctx, call, a, b, output[1])
+        ctx.tangent_context = (call, a, b, output[0])  # (``torch.func.jvp`` may ask for it)
 
     @staticmethod
     def backward(ctx, grad_out, grad_preact):
         a, b, z = ctx.saved_tensors
         return (*backward_gemms(ctx, grad_out, a, b, z), None)
+
+    @staticmethod
+    def jvp(ctx, da, db, daddend, dresidual, _):
+        call, a, b, out = ctx.tangent_context
+        return gemm_tangent(call, a, b, da, db, daddend, dresidual, out), None
 
     @staticmethod
     def vmap(info, in_dims, a, b, addend, residual, call):

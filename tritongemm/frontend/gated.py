@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..autograd.distributed import any_dtensor
-from ..autograd.function import is_tracing
+from ..autograd.function import forward_ad_active, is_tracing
 from ..autograd.gated import gated_op
 from ..launch.gated import GATED_ACTIVATIONS
 from ..request import checks
@@ -112,6 +112,7 @@ def _gated_linear(input, w_gate, w_up, b_gate, b_up, activation: str) -> torch.T
     if (
         input.dtype not in FUSED_DTYPES
         or _functorch_active()
+        or forward_ad_active()  # (the gated op has no tangent rule; ``linear``'s op has)
         or any_dtensor(input, w_gate, w_up, b_gate, b_up)
     ):
         return unfused(input, w_gate, w_up, b_gate, b_up, activation)

@@ -31,6 +31,7 @@ import torch
 
 from .. import launch
 from ..autograd.fastpath import Entry
+from ..autograd.function import forward_ad_active
 from ..launch import native
 from ..planning.call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall
 from ..semantics import SUPPORTED_DTYPES, fp32_precision
@@ -61,7 +62,13 @@ def linear_kind(activation: str | None) -> str:
 def lookup(kind: str, x, w, bias) -> tuple:
     """``(None, result)`` when an entry ran ``kind(x, w, bias)``; else ``(key, None)``, where a key
     means: take the whole way, then ``build(kind, key, x, w, bias)``."""
-    if not ENABLED or _functorch_active() or _is_compiling() or _jit_tracing() is not None:
+    if (
+        not ENABLED
+        or _functorch_active()
+        or _is_compiling()
+        or _jit_tracing() is not None
+        or forward_ad_active()
+    ):
         return None, None
     if type(x) not in _PLAIN_TYPES:
         return None, None
