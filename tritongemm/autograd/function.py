@@ -29,20 +29,14 @@ Doors:
 from __future__ import annotations
 
 import torch
-from torch.autograd import forward_ad as _forward_ad
 
 from .. import launch
 from ..planning.call import NO_REQUEST, Epilogue, GemmCall, Request, op_args
 from ..semantics import ACTIVATIONS, activation_backward, dot_precision
 from . import distributed
+from .modes import dispatch_mode_active, forward_ad_active
 
 _functorch_active = torch._C._are_functorch_transforms_active
-
-
-def forward_ad_active() -> bool:
-    """Is a forward-mode AD level open (``torch.autograd.forward_ad.dual_level``)?  Then any operand may
-    carry a tangent, which only the autograd op propagates (a direct launch would drop it)."""
-    return getattr(_forward_ad, "_current_level", -1) >= 0
 
 
 def alloc_out(shape, dtype: torch.dtype, device) -> torch.Tensor:
@@ -109,7 +103,7 @@ def internal_call(dtype: torch.dtype, epilogue: Epilogue, traced: bool) -> GemmC
 def needs_autograd(call: GemmCall, a, b, addend, residual) -> bool:
     """Must this call go through the autograd op (a gradient, a tangent, a trace or a torch.func
     transform)?"""
-    if _functorch_active() or is_tracing(a) or forward_ad_active():
+    if _functorch_active() or is_tracing(a) or forward_ad_active() or dispatch_mode_active():
         return True
     return torch.is_grad_enabled() and (
         a.requires_grad
@@ -146,7 +140,7 @@ def gemm_op(
         z = gemm_op(call._replace(epilogue=ep._replace(activation="none", residual=False)), a, b, addend)
         y = ACTIVATIONS[ep.activation](z)
         return y if residual is None else y + residual
-    if is_tracing(a):
+    if is_tracing(a) or (dispatch_mode_active() and not _functorch_active()):  # (the op: ``modes``)
         if distributed.is_dtensor(a):  # DTensor runs the custom op on the shards, by its sharding rule
             return distributed.gemm(_traceable_gemm, call, a, b, addend, residual)
         return _traceable_gemm(call, a, b, addend, residual)
@@ -187,7 +181,9 @@ def backward_gemms(ctx, grad_out, a, b, z):
     # Under create_graph (double backward), a trace or a torch.func transform the
     # gradients must themselves go through the autograd op.  Otherwise launch
     # directly, which saves the autograd.Function bookkeeping per GEMM.
-    direct = not (torch.is_grad_enabled() or is_tracing(grad_out) or _functorch_active())
+    direct = not (
+        torch.is_grad_enabled() or is_tracing(grad_out) or _functorch_active() or dispatch_mode_active()
+    )
 
     def gemm(x, y):
         return run_gemm(grad_call, x, y) if direct else gemm_op(grad_call, x, y)

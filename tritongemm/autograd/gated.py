@@ -38,6 +38,7 @@ from .function import (
     operand_view,
     run_gemm,
 )
+from .modes import dispatch_mode_active, gemm_flops, register_flops
 
 #: dx's second GEMM reads the first's result as its addend: ``dg @ w_gate + 1 * (du @ w_up)``.
 ADD_EPILOGUE = Epilogue(beta=1.0, addend=True)
@@ -76,7 +77,7 @@ def gated_backward(needs, dh, x, w_gate, w_up, g, u, activation: str, row_major=
     dg_du = torch.ops.tritongemm.gated_grad if traced else _gated_grad
     dg, du = dg_du(dh, g, u, activation)
     # Direct launches where nothing traces these GEMMs: no autograd bookkeeping per GEMM.
-    direct = not traced
+    direct = not (traced or dispatch_mode_active())
 
     def gemm(call, a, b, addend=None):
         return run_gemm(call, a, b, addend) if direct else gemm_op(call, a, b, addend)
@@ -146,7 +147,7 @@ class GatedFunction(torch.autograd.Function):
 def gated_op(x, w_gate, w_up, b_gate, b_up, activation: str) -> torch.Tensor:
     """``act(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)`` on 2-D ``x``, differentiable where needed."""
     save = needs_grad(x, w_gate, w_up, b_gate, b_up)
-    if is_tracing(x):
+    if is_tracing(x) or dispatch_mode_active():  # (the op: ``modes``)
         return torch.ops.tritongemm.gated(x, w_gate, w_up, b_gate, b_up, activation, save)[0]
     if save:
         return GatedFunction.apply(x, w_gate, w_up, b_gate, b_up, activation)
@@ -213,6 +214,9 @@ _GATED_OP.register_fake(_gated_fake)
 _GATED_OP.register_autograd(_gated_op_backward, setup_context=_gated_setup_context)
 _GATED_GRAD_OP = torch.library.custom_op("tritongemm::gated_grad", _gated_grad_op, mutates_args=())
 _GATED_GRAD_OP.register_fake(_gated_grad_fake)
+register_flops(
+    [torch.ops.tritongemm.gated], lambda x, *args, out_shape, **_: 2 * gemm_flops(x, out_shape=out_shape)
+)
 
 
 __all__ = ["GatedFunction", "gated_backward", "gated_forward", "gated_op", "needs_grad"]

@@ -28,6 +28,7 @@ from ..planning.plan import compiled_reason
 from ..semantics import ACTIVATIONS, dot_precision
 from . import tuned
 from .function import alloc_out, backward_gemms, save_context
+from .modes import gemm_flops, register_flops
 
 
 def _resolve_precision(call: GemmCall, a: torch.Tensor) -> GemmCall:
@@ -256,6 +257,7 @@ TUNED_OP.register_fake(_gemm_tuned_fake)
 _GEMM_OP = torch.library.custom_op("tritongemm::gemm", _gemm, mutates_args=())
 _GEMM_OP.register_fake(_gemm_extern_fake)
 _GEMM_OP.register_autograd(_op_backward, setup_context=_setup_context)
+register_flops([torch.ops.tritongemm.gemm, torch.ops.tritongemm.gemm_extern], gemm_flops)
 if hasattr(_GEMM_OP, "register_torch_dispatch"):
     _GEMM_OP.register_torch_dispatch(FunctionalTensorMode, _decompose_when_functional)
     # What a triton_op records: the kernels its body may launch (AOTAutograd's cache key hashes them).

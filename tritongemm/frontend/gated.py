@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from ..autograd.distributed import any_dtensor
-from ..autograd.function import forward_ad_active, is_tracing
+from ..autograd.function import is_tracing
 from ..autograd.gated import gated_op
+from ..autograd.modes import forward_ad_active
 from ..launch.gated import GATED_ACTIVATIONS
 from ..request import checks
 from ..request.autocast import as_torch_sees

@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from ..autograd.distributed import any_dtensor
-from ..autograd.function import forward_ad_active, is_tracing
+from ..autograd.function import is_tracing
 from ..autograd.mlp import mlp_op
+from ..autograd.modes import dispatch_mode_active, forward_ad_active
 from ..request import checks
 from ..request.autocast import as_torch_sees
 from ..request.fallback import torch_reason, traced_reason, warn_device_fallback
@@ -112,7 +113,13 @@ def fused_eligible(x: torch.Tensor, tensors: tuple, hidden: int) -> bool:
     return (
         torch.is_grad_enabled()
         and any(t.requires_grad for t in tensors)
-        and not (is_tracing(x) or _functorch_active() or forward_ad_active() or any_dtensor(*tensors))
+        and not (
+            is_tracing(x)
+            or _functorch_active()
+            or forward_ad_active()
+            or dispatch_mode_active()
+            or any_dtensor(*tensors)
+        )
         and x.shape[-1] > 0  # (K = 0: torch's exact empty sum, ``linear``'s)
         and x.dtype in SUPPORTED_DTYPES
         and all(t.dtype == x.dtype and t.device == x.device for t in tensors)

@@ -28,6 +28,7 @@ import torch
 
 from .. import launch
 from ..autograd.function import alloc_out
+from ..autograd.modes import dispatch_mode_active, gemm_flops, register_flops
 from ..device import interpreter_enabled
 from ..launch import precompile
 from ..planning.call import BLOCK_SCALINGS, SCALE_BLOCK_K, Epilogue, GemmCall, make_request
@@ -181,6 +182,7 @@ def scaled_mm(
         and config is None
         and bias is None
         and not torch.compiler.is_compiling()
+        and not dispatch_mode_active()
     ):
         fast = launch.PLANS.entries.get(
             _fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation)
@@ -197,7 +199,7 @@ def scaled_mm(
         raise ValueError(
             f"scaled_mm(): out_dtype must be bf16, fp16, fp32 or a float8 dtype, got {out_dtype}"
         )
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or (dispatch_mode_active() and config is None):  # (``autograd.modes``)
         scaling_of(a, b, scale_a, scale_b)  # (at trace time; an eager call checks in run_scaled_mm)
         y = _scaled_mm_op(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
         return y if out is None else out.copy_(y)
@@ -306,6 +308,9 @@ def _scaled_mm_op(
     """``scaled_mm`` as one op of a compiled graph (checked at trace time, by ``scaled_mm``)."""
     precompile.wait()  # (its kernel may be compiling since the trace: ``_scaled_mm_fake``)
     return run_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
+
+
+register_flops([torch.ops.tritongemm.scaled_mm], gemm_flops)
 
 
 @_scaled_mm_op.register_fake

@@ -31,7 +31,7 @@ import torch
 
 from .. import launch
 from ..autograd.fastpath import Entry
-from ..autograd.function import forward_ad_active
+from ..autograd.modes import dispatch_mode_active, forward_ad_active
 from ..launch import native
 from ..planning.call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall
 from ..semantics import SUPPORTED_DTYPES, fp32_precision
@@ -68,6 +68,7 @@ def lookup(kind: str, x, w, bias) -> tuple:
         or _is_compiling()
         or _jit_tracing() is not None
         or forward_ad_active()
+        or dispatch_mode_active()
     ):
         return None, None
     if type(x) not in _PLAIN_TYPES:
