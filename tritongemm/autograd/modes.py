@@ -15,11 +15,13 @@ import torch
 from torch.autograd import forward_ad as _forward_ad
 
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
+if not hasattr(_forward_ad, "_current_level"):  # (a torch that counts no levels: none is seen open)
+    _forward_ad = type("NoLevels", (), {"_current_level": -1})
 
 
 def forward_ad_active() -> bool:
     """Is a forward-mode AD level open?"""
-    return getattr(_forward_ad, "_current_level", -1) >= 0
+    return _forward_ad._current_level >= 0
 
 
 def dispatch_mode_active() -> bool:

@@ -31,7 +31,7 @@ import torch
 
 from .. import launch
 from ..autograd.fastpath import Entry
-from ..autograd.modes import dispatch_mode_active, forward_ad_active
+from ..autograd.modes import _dispatch_stack_len, _forward_ad
 from ..launch import native
 from ..planning.call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall
 from ..semantics import SUPPORTED_DTYPES, fp32_precision
@@ -62,13 +62,14 @@ def linear_kind(activation: str | None) -> str:
 def lookup(kind: str, x, w, bias) -> tuple:
     """``(None, result)`` when an entry ran ``kind(x, w, bias)``; else ``(key, None)``, where a key
     means: take the whole way, then ``build(kind, key, x, w, bias)``."""
+    # (``autograd.modes``' questions inlined: this runs on every call)
     if (
         not ENABLED
         or _functorch_active()
         or _is_compiling()
         or _jit_tracing() is not None
-        or forward_ad_active()
-        or dispatch_mode_active()
+        or _forward_ad._current_level >= 0
+        or _dispatch_stack_len()
     ):
         return None, None
     if type(x) not in _PLAIN_TYPES:
