@@ -209,7 +209,9 @@ class patch(contextlib.ContextDecorator):
 
     def __exit__(self, *exc) -> bool:
         if torch.compiler.is_compiling():
-            self.__dict__["_traced"].pop().__exit__(*exc)
+            *open_, mode = self._traced
+            self._traced = tuple(open_)
+            mode.__exit__(*exc)
             return False
         stack = self._uses.stack
         mode, stats, owns_mode = stack.pop()
@@ -232,7 +234,7 @@ class patch(contextlib.ContextDecorator):
         ``__torch_function__`` into the graph); no counts, no thread-local bookkeeping."""
         mode = _TritonGemmMode()
         mode.__enter__()
-        self.__dict__.setdefault("_traced", []).append(mode)
+        self._traced = (*getattr(self, "_traced", ()), mode)  # (a tuple: what Dynamo traces in every release)
         return _TRACED_STATS
 
 
