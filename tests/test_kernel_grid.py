@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import grid_cases
 
 import tritongemm
@@ -31,6 +32,7 @@ from tritongemm.testing import (
     assert_close,
     assert_matches_reference,
     make_operands,
+    random_tensor,
     shape_id,
 )
 
@@ -234,3 +236,35 @@ def test_matmul_index64_on_gpu(device):
         ref = a[rows].double() @ b.double()
         scale = a[rows].double().abs() @ b.double().abs()
         assert_close(out[rows], ref, scale=scale, dtype=torch.float16, what=f"rows {rows}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["addmm", "linear-residual", "gated-train"])
+def test_epilogue_operands_past_2_31_elements_on_gpu(case, device):
+    """An addend, residual or saved gated half past 2^31 elements, on the kernels the heuristic picks for
+    them (the TMA and warp-specialized ones on sm_90, whose epilogues read and write those by pointer):
+    the rows on both sides of the 32-bit boundary and the last rows are right (32-bit offsets wrapped
+    there, an illegal address)."""
+    m, n, k = 65536, 40960, 64  # 2.7e9 outputs: about 5.4 GB in bf16 a tensor
+    dt = torch.bfloat16
+    boundary = 2**31 // n
+    rows = [0, boundary - 1, boundary, boundary + 1, m - 1]
+    x = random_tensor((m, k), dt, device)
+    w = random_tensor((n, k), dt, device)
+    if case == "addmm":
+        c = random_tensor((m, n), dt, device)
+        out = tritongemm.addmm(c, x, w.T, beta=0.5)
+        ref = 0.5 * c[rows].double() + x[rows].double() @ w.double().T
+    elif case == "linear-residual":
+        r = random_tensor((m, n), dt, device)
+        out = tritongemm.linear(x, w, activation="gelu", residual=r)
+        ref = F.gelu(x[rows].double() @ w.double().T) + r[rows].double()
+    else:
+        x.requires_grad_(True)
+        out = tritongemm.gated_linear(x, w, w.flip(0))  # (the saved gate and up halves, 5.4 GB each)
+        out.backward(torch.ones_like(out))
+        xr = x.detach()[rows].double().requires_grad_(True)
+        ref = F.silu(xr @ w.double().T) * (xr @ w.flip(0).double().T)
+        ref.backward(torch.ones_like(ref))
+        assert_close(x.grad[rows], xr.grad, dtype=dt, what="dx")
+    assert_close(out[rows], ref.detach(), dtype=dt, what=case)

@@ -49,8 +49,10 @@ def gated_kernel(
 ):
     """One tile of ``h`` (and of ``g``, ``u`` with SAVE, which share h's strides).  W's are (N, K)."""
     pid_m, pid_n = grouped_tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # 64-bit offsets: h, g, u and the weights may pass 2^31 elements (8192 x 262144), where 32-bit ones
+    # wrap; the pointers are computed once and then advanced, so the wider arithmetic costs nothing.
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
     # The weights are read as K x N tiles (W^T), as nn.Linear's weight is used.

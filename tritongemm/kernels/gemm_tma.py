@@ -157,8 +157,9 @@ def gemm_tma_kernel(
             DOT_PRECISION,
             UPCAST_OPERANDS,
         )
-        offs_m = off_m + tl.arange(0, BLOCK_M)
-        offs_n = off_n + tl.arange(0, BLOCK_N)
+        # 64-bit: D, R and Z are read and written by pointer, and past 2^31 elements 32-bit offsets wrap.
+        offs_m = (off_m + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_n = (off_n + tl.arange(0, BLOCK_N)).to(tl.int64)
         acc = finish_tile(acc, offs_m, offs_n, out, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT)
         store_tile(c_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
     if STREAM_K:
@@ -201,8 +202,8 @@ def gemm_tma_kernel(
                 BLOCK_N,
             )
             if finished:
-                offs_m = off_m + tl.arange(0, BLOCK_M)
-                offs_n = off_n + tl.arange(0, BLOCK_N)
+                offs_m = (off_m + tl.arange(0, BLOCK_M)).to(tl.int64)  # (64-bit: see above)
+                offs_n = (off_n + tl.arange(0, BLOCK_N)).to(tl.int64)
                 acc = finish_tile(
                     acc, offs_m, offs_n, out, HAS_ALPHA, ADDEND, ACTIVATION, HAS_RESIDUAL, STORE_PREACT
                 )

@@ -119,8 +119,10 @@ def finish_tile(
     BLOCK_N: gl.constexpr = acc.shape[1]
     offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
     offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
-    rows = gl.expand_dims(offs_m, 1)
-    cols = gl.expand_dims(offs_n, 0)
+    # 64-bit offsets for the (M, N) operands read or written by pointer: past 2^31 elements (a 65536 x
+    # 40960 residual) 32-bit ones wrap; one wide multiply-add an element either way.
+    rows = gl.expand_dims(offs_m.to(gl.int64), 1)
+    cols = gl.expand_dims(offs_n.to(gl.int64), 0)
     mask = (rows < M) & (cols < N)
     if SCALING == "tensorwise":
         acc = acc * (gl.load(sa_ptr) * gl.load(sb_ptr))
@@ -244,8 +246,8 @@ def gated_epilogue(
     if STORE_PREACT:
         c2_smem.store(acc.to(c2_desc.dtype))
         offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
-        rows = gl.expand_dims(offs_m, 1)
-        cols = gl.expand_dims(offs_n, 0)
+        rows = gl.expand_dims(offs_m.to(gl.int64), 1)  # (64-bit: ``finish_tile``'s reason)
+        cols = gl.expand_dims(offs_n.to(gl.int64), 0)
         u_ptrs = z_ptr + rows * stride_zm + cols * stride_zn
         gl.store(u_ptrs, acc2.to(z_ptr.dtype.element_ty), mask=(rows < M) & (cols < N))
     h = activate(acc, GATED, c_desc.dtype.primitive_bitwidth) * acc2
@@ -263,8 +265,8 @@ def residual_rows(
     """R's ``ROWS`` x ``BLOCK_N`` block at (row0, off_n), in ``layout`` (coalesced), zero outside (M, N)."""
     offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    rows = gl.expand_dims(offs_m, 1)
-    cols = gl.expand_dims(offs_n, 0)
+    rows = gl.expand_dims(offs_m.to(gl.int64), 1)  # (64-bit: ``finish_tile``'s reason)
+    cols = gl.expand_dims(offs_n.to(gl.int64), 0)
     return gl.load(r_ptr + rows * stride_rm + cols * stride_rn, mask=(rows < M) & (cols < N), other=0.0)
 
 
