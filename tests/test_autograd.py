@@ -90,7 +90,13 @@ FORWARD_AD_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(FORWARD_AD_CASES))
+#: The default run's forward-AD cases (one of each epilogue and door); the rest run in the slow tier.
+FORWARD_AD_FAST = {"matmul", "addmm", "linear", "linear-gelu-residual", "gated_linear", "mlp"}
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in FORWARD_AD_FAST else pytest.param(n, marks=pytest.mark.slow) for n in FORWARD_AD_CASES]
+)
 def test_forward_ad_gradcheck(name, device):
     """Forward-mode AD (dual tensors, ``torch.func.jvp``): each function's tangents against finite
     differences, through the op's ``jvp`` on tritongemm's kernels."""
