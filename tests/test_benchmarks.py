@@ -1512,3 +1512,38 @@ def test_fusion_ceiling_sweep_checks_each_call_against_its_own_math_and_multipli
     assert "fwd+bwd" in text and "1.200" in text and "1.224" in text
     sweep.plot(rows, tmp_path / "fusion_ceiling.png", "test")
     assert (tmp_path / "fusion_ceiling.png").stat().st_size > 0
+
+
+def test_streamk_fixup_sweep_checks_before_timing_and_rates_against_cublas(monkeypatch, capsys, tmp_path):
+    """The Stream-K fix-up sweep needs a GPU (it says so and exits 2 without one); on the interpreter a
+    row checks each call against float64 first (a wrong one is not timed, unless the fix-up is skipped,
+    whose results are wrong by design), rates the timed ones against cuBLAS's and the copy rate, and
+    its table reads them."""
+    from benchmarks import sweep_streamk_fixup as sweep
+    from tritongemm import TileConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert sweep.main(["--out", str(tmp_path)]) == 2
+    assert "GPU" in capsys.readouterr().err
+    monkeypatch.setattr(sweep, "DTYPE", torch.float32)
+    medians = {"torch": 2.0, "rule": 2.5, "sk": 1.6, "zero": 1.0}
+
+    def fake_rounds(live, row):
+        row.update(timed=sorted(live), **{f"{n}_ms": medians[n] for n in live})
+        row.update({f"{n}_ratio": medians["torch"] / medians[n] for n in live if n != "torch"})
+
+    monkeypatch.setattr(sweep, "timed_rounds", fake_rounds)
+    real_calls = sweep.calls
+    monkeypatch.setattr(
+        sweep, "calls", lambda cfgs: {**real_calls(cfgs), "zero": lambda a, b: torch.zeros(1)}
+    )
+    configs = {"sk": TileConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2, stream_k=True)}
+    cpu, gen = torch.device("cpu"), torch.Generator()
+    row = sweep.measure(24, 40, 64, cpu, gen, configs, True, copy_rate=100.0, budget_bytes=1)
+    assert row["timed"] == ["rule", "sk", "torch"] and row["zero_status"] == "wrong", row
+    assert max(row[f"{n}_rel_err"] for n in ("rule", "sk")) < 1e-5, row
+    assert row["sk_ratio"] == pytest.approx(1.25) and row["torch_pct_copy"] > 0
+    unchecked = sweep.measure(24, 40, 64, cpu, gen, configs, False, copy_rate=100.0, budget_bytes=1)
+    assert "zero" in unchecked["timed"], "with the fix-up skipped nothing is gated"
+    text = sweep.table([row], skipped=False)
+    assert "1.250" in text and "wrong" in text and "24x40x64" in text
