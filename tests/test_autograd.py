@@ -276,3 +276,21 @@ def test_forward_records_transposed_operands(device):
     tritongemm.linear(x, lin.weight, lin.bias).sum().backward()
     assert lin.weight.grad.is_contiguous()
     assert_close(lin.weight.grad, torch.ones(5, 17, dtype=torch.float64, device=device).mT @ x.double())
+
+
+def test_func_forward_mode_transforms(device):
+    """``torch.func.jvp``, ``jacfwd`` and ``hessian`` (forward over reverse) through ``linear`` with a
+    fused activation: the op's ``jvp`` in functorch's form, against torch's in float64."""
+    x, v = random_tensor((5, 16), F64, device), random_tensor((5, 16), F64, device)
+    w, b = random_tensor((8, 16), F64, device), random_tensor((8,), F64, device)
+
+    def ours(x):
+        return tritongemm.linear(x, w, b, activation="gelu")
+
+    def theirs(x):
+        return F.gelu(F.linear(x, w, b))
+
+    assert_close(torch.func.jvp(ours, (x,), (v,))[1], torch.func.jvp(theirs, (x,), (v,))[1])
+    assert_close(torch.func.jacfwd(ours)(x[0]), torch.func.jacfwd(theirs)(x[0]))
+    hess = [torch.func.hessian(lambda x, f=f: f(x).sum())(x[0]) for f in (ours, theirs)]
+    assert_close(hess[0], hess[1], scale=hess[1].abs() + 1)

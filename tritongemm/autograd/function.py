@@ -208,11 +208,12 @@ def backward_gemms(ctx, grad_out, a, b, z):
     return grad_a, grad_b, grad_addend, grad_residual
 
 
-def gemm_tangent(call: GemmCall, a, b, da, db, daddend, dresidual, like: torch.Tensor) -> torch.Tensor:
+def gemm_tangent(call: GemmCall, a, b, like: tuple, da, db, daddend, dresidual) -> torch.Tensor:
     """The forward-mode derivative of ``alpha * a @ b + beta * addend + residual`` (``gemm_op`` keeps an
     activation out of the op while tangents may flow): ``alpha * (da @ b + a @ db) + beta * daddend +
     dresidual``, each GEMM on tritongemm's kernels (through the op where a higher derivative needs it).
-    ``like``: the output, whose shape and dtype a tangent with no term takes."""
+    ``like``: the output's (shape, dtype), which the tangent takes."""
+    shape, dtype = like
     ep = call.epilogue
     tangent_call = call._replace(epilogue=Epilogue(alpha=ep.alpha))
     terms = [run(tangent_call, x, y) for x, y in ((da, b), (a, db)) if x is not None and y is not None]
@@ -221,17 +222,18 @@ def gemm_tangent(call: GemmCall, a, b, da, db, daddend, dresidual, like: torch.T
     if ep.residual and dresidual is not None:
         terms.append(dresidual)
     if not terms:
-        return torch.zeros_like(like)
+        return a.new_zeros(shape, dtype=dtype)
     tangent = terms[0]
     for term in terms[1:]:
         tangent = tangent + term
-    return tangent.to(like.dtype).expand_as(like)
+    return tangent.to(dtype).expand(shape)
 
 
 def save_tangent_context(ctx, call: GemmCall, a, b, out) -> None:
-    """What ``jvp`` reads, kept while a dual level is open (it runs right after forward)."""
+    """What ``jvp`` reads, kept while a dual level is open (it runs right after forward).  The output's
+    shape and dtype, not the output: the context holding its own output would make a reference cycle."""
     if forward_ad_active():
-        ctx.tangent_context = (call, a, b, out)
+        ctx.tangent_context = (call, a, b, (out.shape, out.dtype))
 
 
 def gradient_gemm(operand: int, transposed: bool) -> tuple[str, str, bool]:
@@ -308,8 +310,7 @@ class GemmFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, da, db, daddend, dresidual, *_):
-        call, a, b, out = ctx.__dict__.pop("tangent_context")
-        return gemm_tangent(call, a, b, da, db, daddend, dresidual, out)
+        return gemm_tangent(*ctx.__dict__.pop("tangent_context"), da, db, daddend, dresidual)
 
 
 class GemmTransformFunction(torch.autograd.Function):
@@ -329,7 +330,7 @@ class GemmTransformFunction(torch.autograd.Function):
         a, b, _, _, call = inputs
         ctx.mark_non_differentiable(output[1])
         save_context(ctx, call, a, b, output[1])
-        ctx.tangent_context = (call, a, b, output[0])  # (``torch.func.jvp`` may ask for it)
+        ctx.tangent_context = (call, a, b, (output[0].shape, output[0].dtype))  # (``torch.func.jvp``'s)
 
     @staticmethod
     def backward(ctx, grad_out, grad_preact):
@@ -338,8 +339,7 @@ class GemmTransformFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, da, db, daddend, dresidual, _):
-        call, a, b, out = ctx.tangent_context
-        return gemm_tangent(call, a, b, da, db, daddend, dresidual, out), None
+        return gemm_tangent(*ctx.tangent_context, da, db, daddend, dresidual), None
 
     @staticmethod
     def vmap(info, in_dims, a, b, addend, residual, call):
