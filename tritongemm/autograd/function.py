@@ -34,7 +34,7 @@ from .. import launch
 from ..planning.call import NO_REQUEST, Epilogue, GemmCall, Request, op_args
 from ..semantics import ACTIVATIONS, activation_backward, dot_precision
 from . import distributed
-from .modes import _dispatch_stack_len, _forward_ad, dispatch_mode_active, forward_ad_active
+from .modes import dispatch_mode_active, dispatch_stack_len, forward_ad_active, forward_ad_state
 
 _functorch_active = torch._C._are_functorch_transforms_active
 
@@ -103,7 +103,7 @@ def internal_call(dtype: torch.dtype, epilogue: Epilogue, traced: bool) -> GemmC
 def needs_autograd(call: GemmCall, a, b, addend, residual) -> bool:
     """Must this call go through the autograd op (a gradient, a tangent, a trace or a torch.func
     transform)?"""
-    if _functorch_active() or is_tracing(a) or _forward_ad._current_level >= 0 or _dispatch_stack_len():
+    if _functorch_active() or is_tracing(a) or forward_ad_state._current_level >= 0 or dispatch_stack_len():
         return True
     return torch.is_grad_enabled() and (
         a.requires_grad

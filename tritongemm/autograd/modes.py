@@ -12,22 +12,22 @@
 from __future__ import annotations
 
 import torch
-from torch.autograd import forward_ad as _forward_ad
+from torch.autograd import forward_ad as forward_ad_state
 
-_dispatch_stack_len = torch._C._len_torch_dispatch_stack
-if not hasattr(_forward_ad, "_current_level"):  # (a torch that counts no levels: none is seen open)
-    _forward_ad = type("NoLevels", (), {"_current_level": -1})
+dispatch_stack_len = torch._C._len_torch_dispatch_stack
+if not hasattr(forward_ad_state, "_current_level"):  # (a torch that counts no levels: none is seen open)
+    forward_ad_state = type("NoLevels", (), {"_current_level": -1})
 
 
 def forward_ad_active() -> bool:
     """Is a forward-mode AD level open?"""
-    return _forward_ad._current_level >= 0
+    return forward_ad_state._current_level >= 0
 
 
 def dispatch_mode_active() -> bool:
     """Is a ``TorchDispatchMode`` on the stack?  (About 40 ns; fake and functional tensors, which also
     run under one, take the traced way before this is asked.)"""
-    return _dispatch_stack_len() > 0
+    return dispatch_stack_len() > 0
 
 
 def register_flops(ops, formula) -> None:
@@ -50,4 +50,11 @@ def gemm_flops(a_shape, *_, out_shape, **__) -> int:
     return count
 
 
-__all__ = ["dispatch_mode_active", "forward_ad_active", "gemm_flops", "register_flops"]
+__all__ = [
+    "dispatch_mode_active",
+    "dispatch_stack_len",
+    "forward_ad_active",
+    "forward_ad_state",
+    "gemm_flops",
+    "register_flops",
+]

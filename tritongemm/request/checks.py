@@ -11,7 +11,7 @@ import warnings
 import torch
 
 from ..semantics import SUPPORTED_DTYPES, UnsupportedInputError
-from .fallback import _jit_tracing, device_unsupported_reason, jit_trace_reason
+from .fallback import device_unsupported_reason, jit_trace_reason, jit_tracing_state
 
 
 # ----------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def check_pair(fn: str, a, b, b_name: str = "other") -> None:
         and not b.is_nested
         and a.device == b.device
         and _known_runnable(a.device)
-        and _jit_tracing() is None  # (``jit_trace_reason``, inlined: every call asks)
+        and jit_tracing_state() is None  # (``jit_trace_reason``, inlined: every call asks)
     ):
         check_tensors(fn, **{"input": a, b_name: b})
 

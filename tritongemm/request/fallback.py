@@ -60,12 +60,12 @@ def unsupported_reason(*tensors: torch.Tensor) -> str | None:
 JIT_TRACE_REASON = (
     "torch.jit.trace records torch's ops, not Triton kernels (torch.export and torch.compile do)"
 )
-_jit_tracing = torch._C._get_tracing_state
+jit_tracing_state = torch._C._get_tracing_state
 
 
 def jit_trace_reason() -> str | None:
     """``JIT_TRACE_REASON`` while ``torch.jit.trace`` (or the legacy ONNX export) traces, else None."""
-    return None if _jit_tracing() is None else JIT_TRACE_REASON
+    return None if jit_tracing_state() is None else JIT_TRACE_REASON
 
 
 def device_unsupported_reason(device: torch.device) -> str | None:
@@ -168,7 +168,7 @@ def torch_reason(*tensors: torch.Tensor) -> str | None:
     In order: what the kernels cannot run (dtype, layout, device), what DTensor operands need
     (``dtensor_reason``), what no kernel may read (no storage, a lazy negation); under
     ``torch.jit.trace``, every call (``jit_trace_reason``)."""
-    if _jit_tracing() is not None:
+    if jit_tracing_state() is not None:
         return JIT_TRACE_REASON
     if _plainly_runnable(tensors):
         return None

@@ -31,17 +31,17 @@ import torch
 
 from .. import launch
 from ..autograd.fastpath import Entry
-from ..autograd.modes import _dispatch_stack_len, _forward_ad
+from ..autograd.modes import dispatch_stack_len, forward_ad_state
 from ..launch import native
 from ..planning.call import NO_REQUEST, PLAIN_EPILOGUE, Epilogue, GemmCall
 from ..semantics import SUPPORTED_DTYPES, fp32_precision
 from .autocast import _any_autocast, autocast_cast, autocast_dtype
+from .fallback import jit_tracing_state  # (a launch under torch.jit.trace is recorded as a constant)
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _STRIDED = torch.strided
 _functorch_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
-_jit_tracing = torch._C._get_tracing_state  # (a launch under torch.jit.trace is recorded as a constant)
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 BIAS_EPILOGUE = Epilogue(beta=1.0, addend=True)
@@ -67,9 +67,9 @@ def lookup(kind: str, x, w, bias) -> tuple:
         not ENABLED
         or _functorch_active()
         or _is_compiling()
-        or _jit_tracing() is not None
-        or _forward_ad._current_level >= 0
-        or _dispatch_stack_len()
+        or jit_tracing_state() is not None
+        or forward_ad_state._current_level >= 0
+        or dispatch_stack_len()
     ):
         return None, None
     if type(x) not in _PLAIN_TYPES:
