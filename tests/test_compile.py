@@ -232,6 +232,32 @@ def test_jit_trace_records_torchs_ops():
         assert "aten::linear" in str(t.inlined_graph)
 
 
+def test_compiled_forward_mode_ad_and_vmap_through_a_converted_model(aot_targets):
+    """``torch.func.jvp`` and ``vmap`` of a converted model inside ``torch.compile``: a traced GEMM under
+    them is torch's ops, which carry tangents and batch.  The op has no forward-mode rule, and torch's
+    custom-op autograd runs inputs that carry only a tangent below autograd: the tangent through it was
+    silently zero.  (A dual level opened inside the compiled function is not seen while Dynamo traces:
+    there the op raises torch's error for a missing ``jvp``.)"""
+    backend, targets = aot_targets
+    torch.manual_seed(0)
+    stock = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    model = tritongemm.nn.convert(copy.deepcopy(stock))
+    x, v = torch.randn(4, 16), torch.randn(4, 16)
+
+    def jvp(m):
+        return lambda x, v: torch.func.jvp(m, (x,), (v,))[1]
+
+    def batched(m):
+        return lambda x, v: torch.func.vmap(m)(x.view(2, 2, 16))
+
+    for transform in (jvp, batched):
+        torch._dynamo.reset()
+        targets.clear()
+        got = torch.compile(transform(model), backend=backend, fullgraph=True)(x, v)
+        torch.testing.assert_close(got, transform(stock)(x, v), rtol=1e-4, atol=1e-4)
+        assert not [t for t in targets if "tritongemm" in t], (transform.__name__, targets)
+
+
 _NO_INTERPRETER = r"""
 import sys, torch, tritongemm
 from tritongemm.frontend.modules import GatedMLP

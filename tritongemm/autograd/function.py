@@ -34,6 +34,7 @@ from .. import launch
 from ..planning.call import NO_REQUEST, Epilogue, GemmCall, Request, op_args
 from ..semantics import ACTIVATIONS, activation_backward, dot_precision
 from . import distributed
+from .aten import aten_ops
 from .modes import dispatch_mode_active, dispatch_stack_len, forward_ad_active, forward_ad_state
 
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -143,6 +144,9 @@ def gemm_op(
     if is_tracing(a) or (dispatch_mode_active() and not _functorch_active()):  # (the op: ``modes``)
         if distributed.is_dtensor(a):  # DTensor runs the custom op on the shards, by its sharding rule
             return distributed.gemm(_traceable_gemm, call, a, b, addend, residual)
+        if _functorch_active() or forward_ad_active():
+            # Traced under a transform or dual level: torch's ops carry tangents (a custom op's are dropped).
+            return aten_ops(call, a, b, addend, residual)[0]
         return _traceable_gemm(call, a, b, addend, residual)
     if _functorch_active():
         return GemmTransformFunction.apply(a, b, addend, residual, call)[0]

@@ -25,8 +25,9 @@ from ..launch import precompile
 from ..launch.keys import layout
 from ..planning.call import GemmCall, from_op_args
 from ..planning.plan import compiled_reason
-from ..semantics import ACTIVATIONS, dot_precision
+from ..semantics import dot_precision
 from . import tuned
+from .aten import aten_ops
 from .function import alloc_out, backward_gemms, save_context
 from .modes import gemm_flops, register_flops
 
@@ -177,28 +178,6 @@ def _hand_to_aten(chosen, call: GemmCall, a: torch.Tensor, route: str) -> bool:
         return False
     out_dtype = call.out_dtype or a.dtype
     return compiled_reason(chosen, call.request, a.dtype, out_dtype, call.epilogue.activation) is None
-
-
-def aten_ops(call: GemmCall, a, b, addend, residual) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op in aten ops, as the stock model has them: Inductor lowers and fuses these itself."""
-    ep = call.epilogue
-    if ep.addend and a.dim() == 2:
-        if addend.dim() == 2 and addend.stride(0) == 0:
-            # A bias broadcast over the rows: addmm takes the vector itself, as F.linear's bias, and
-            # cuBLAS adds it in its epilogue.  Given the (M, N) view, aten copies it into the output
-            # first and adds it as beta * C (H100, BERT-base compiled: 73 copies, 0.84 of stock).
-            addend = addend.select(0, 0)
-        z = torch.addmm(addend, a, b, beta=ep.beta, alpha=ep.alpha)  # (F.linear with a bias: addmm)
-    else:
-        z = torch.mm(a, b) if a.dim() == 2 else torch.matmul(a, b)
-        if ep.alpha != 1.0:
-            z = z * ep.alpha
-        if ep.addend:
-            z = z + (addend if ep.beta == 1.0 else ep.beta * addend)
-    y = ACTIVATIONS[ep.activation](z)
-    if residual is not None:
-        y = y + residual
-    return y, (z if ep.store_preact else y.new_empty(0))
 
 
 def aten_tuned(a, b, addend=None, residual=None, **values) -> torch.Tensor:
