@@ -28,13 +28,13 @@ import torch
 
 from .. import launch
 from ..autograd.function import alloc_out
-from ..autograd.modes import dispatch_mode_active, gemm_flops, register_flops
+from ..autograd.modes import dispatch_mode_active, dispatch_stack_len, gemm_flops, register_flops
 from ..device import interpreter_enabled
 from ..launch import precompile
 from ..planning.call import BLOCK_SCALINGS, SCALE_BLOCK_K, Epilogue, GemmCall, make_request
 from ..planning.eligibility import FP8_DTYPES
 from ..request.checks import check_tensor_args
-from ..request.fallback import jit_trace_reason
+from ..request.fallback import JIT_TRACE_REASON, jit_tracing_state
 from ..semantics import ACTIVATIONS, UnsupportedInputError, check_activation
 
 #: Output dtypes the kernels store (an fp8 output is cast from fp32).
@@ -174,15 +174,15 @@ def scaled_mm(
     >>> w8 = w.to(torch.float8_e4m3fn)                       # (N, K), row-major
     >>> y = scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.bfloat16, bias=bias)
     """
-    if jit_trace_reason() is not None:
-        raise UnsupportedInputError(f"scaled_mm: {jit_trace_reason()}")
+    if jit_tracing_state() is not None:  # (``jit_trace_reason``, inlined: every call asks)
+        raise UnsupportedInputError(f"scaled_mm: {JIT_TRACE_REASON}")
     if (
         out is None
         and residual is None
         and config is None
         and bias is None
         and not torch.compiler.is_compiling()
-        and not dispatch_mode_active()
+        and not dispatch_stack_len()  # (``autograd.modes.dispatch_mode_active``, inlined)
     ):
         fast = launch.PLANS.entries.get(
             _fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation)
