@@ -323,13 +323,14 @@ def test_aten_route_hands_addmm_the_bias_vector(monkeypatch):
     """A Linear's bias reaches the aten route as a view broadcast over the rows; ``addmm`` must get
     the (N,) vector, as F.linear gives it (cuBLAS adds a vector in its epilogue; an (M, N) input
     is first copied into the output)."""
+    from tritongemm.autograd import aten
     from tritongemm.autograd.ops import aten_ops
     from tritongemm.planning.call import Epilogue, GemmCall
 
     seen = []
     real = torch.addmm
-    monkeypatch.setattr(
-        torch, "addmm", lambda c, a, b, **kw: (seen.append(tuple(c.shape)), real(c, a, b, **kw))[1]
+    monkeypatch.setattr(  # (the route calls torch's addmm bound at import: patch() replaces torch.addmm)
+        aten, "_addmm", lambda c, a, b, **kw: (seen.append(tuple(c.shape)), real(c, a, b, **kw))[1]
     )
     a, w, bias = torch.randn(6, 4), torch.randn(5, 4), torch.randn(5)
     call = GemmCall(Epilogue("none", 1.0, 1.0, True, False))

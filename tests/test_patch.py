@@ -423,3 +423,98 @@ def test_opened_inside_a_compiled_function_it_routes_the_traced_calls(device):
     torch._dynamo.reset()
     assert_close(torch.compile(decorated, backend=backend, fullgraph=True)(a, b), a.double() @ b.double())
     assert len([x for x in targets if x.startswith("tritongemm.")]) == 1, targets
+
+
+def _torch_namespaces():
+    """What the block may change, by (namespace, name): torch's, ``Tensor``'s and ``F``'s attributes."""
+    return {
+        (space, name): value
+        for space, ns in (("torch", torch), ("Tensor", torch.Tensor), ("F", F))
+        for name, value in vars(ns).items()
+    }
+
+
+ROUTED = {("torch", n) for n in ("matmul", "mm", "bmm", "addmm", "baddbmm")} | {("F", "linear")}
+ROUTED |= {("Tensor", n) for n in ("matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", "baddbmm")}
+
+
+def test_only_the_matmul_family_is_replaced_and_torch_comes_back(device):
+    """No function mode sees the block's other calls (one cost 1-3 us of host time for every view,
+    add and ``.shape`` of a model, not only its GEMMs); the matmul family's callables are replaced,
+    and torch's own are back after the block, however it ends."""
+    before = _torch_namespaces()
+    with tritongemm.patch():
+        inside = _torch_namespaces()
+        assert torch._C._len_torch_function_stack() == 0
+    assert {k for k in inside if inside[k] is not before.get(k)} == ROUTED
+    with pytest.raises(ValueError, match="inside"):
+        with tritongemm.patch(), tritongemm.patch():
+            raise ValueError("raised inside the block")
+    after = _torch_namespaces()
+    assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
+
+
+def test_a_fallback_through_torchs_own_python_is_counted_once(device, plans):
+    """``Tensor.__rmatmul__`` is Python that calls ``torch.matmul``: its fallback reaches torch without
+    being routed, or counted, a second time."""
+    ia, ib = (torch.randint(-3, 4, shape, device=device, dtype=torch.int32) for shape in ((5, 7), (7, 3)))
+    with tritongemm.patch() as stats:
+        out = ib.__rmatmul__(ia)
+    assert stats.total_served == 0 and len(plans) == 0
+    assert sum(stats.fallbacks.values()) == 1 and all(op == "matmul" for op, _ in stats.fallbacks)
+    assert torch.equal(out, ia.long().mm(ib.long()).int())
+
+
+def test_a_thread_without_a_patch_runs_torch_while_another_keeps_one_open(device, plans):
+    """The callables are replaced process-wide, the routing is per thread: a thread without a
+    ``patch()`` runs torch's, uncounted, and the last thread to close one puts torch's back."""
+    t = _operands(device)
+    opened, release = threading.Event(), threading.Event()
+
+    def holder():
+        with tritongemm.patch() as stats:
+            opened.set()
+            assert release.wait(60)
+            out = torch.mm(t["a"], t["b"])  # (still routed here after the main thread's block closed)
+        return stats, out
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(holder)
+        assert opened.wait(60)
+        assert torch.mm is not torch._C._VariableFunctions.mm  # (the other thread's block is open)
+        mine = [torch.mm(t["a"], t["b"]), t["a"] @ t["b"], F.linear(t["a"], t["w"])]
+        assert len(plans) == 0
+        with tritongemm.patch() as own:
+            t["a"] @ t["b"]
+        assert own.served == {"matmul": 1} and len(plans) == 1
+        release.set()
+        stats, out = held.result()
+    assert stats.served == {"mm": 1} and stats.total_fallbacks == 0 and len(plans) == 2
+    assert torch.mm is torch._C._VariableFunctions.mm and "mm" not in vars(torch.Tensor)
+    ref = t["a"].double() @ t["b"].double()
+    for y, r in zip([*mine, out], [ref, ref, F.linear(t["a"].double(), t["w"].double()), ref]):
+        assert_close(y, r)
+
+
+def test_a_function_compiled_inside_the_block_routes_its_calls_until_it_closes(device):
+    """``torch.compile`` traced inside an open ``patch()``: the graph holds tritongemm's op; after the
+    block, Dynamo's guards see torch's functions back and the next call traces torch's ops."""
+    targets: list[str] = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    t = _operands(device)
+    fn = torch.compile(lambda a, b, w: torch.mm(a, b) + F.linear(a, w), backend=backend, fullgraph=True)
+    torch._dynamo.reset()
+    with tritongemm.patch() as stats:
+        y = fn(t["a"], t["b"], t["w"])
+    assert len([x for x in targets if x.startswith("tritongemm.")]) == 2, targets
+    assert stats.total_served == 0 and stats.total_fallbacks == 0  # (a graph is traced once, run often)
+    targets.clear()
+    y2 = fn(t["a"], t["b"], t["w"])
+    assert targets and not [x for x in targets if x.startswith("tritongemm.")], targets
+    ref = t["a"].double() @ t["b"].double() + F.linear(t["a"].double(), t["w"].double())
+    assert_close(y, ref)
+    assert_close(y2, ref)

@@ -8,6 +8,11 @@ import torch
 from ..planning.call import GemmCall
 from ..semantics import ACTIVATIONS
 
+# torch's own functions, bound here: ``patch()`` replaces ``torch.mm`` and the rest of the matmul
+# family while open, and a GEMM this module hands to aten must not be routed back to tritongemm.
+_VF = torch._C._VariableFunctions
+_addmm, _mm, _matmul = _VF.addmm, _VF.mm, _VF.matmul
+
 
 def aten_ops(call: GemmCall, a, b, addend, residual) -> tuple[torch.Tensor, torch.Tensor]:
     """The op in aten ops, as the stock model has them: Inductor lowers and fuses these itself."""
@@ -18,9 +23,9 @@ def aten_ops(call: GemmCall, a, b, addend, residual) -> tuple[torch.Tensor, torc
             # cuBLAS adds it in its epilogue.  Given the (M, N) view, aten copies it into the output
             # first and adds it as beta * C (H100, BERT-base compiled: 73 copies, 0.84 of stock).
             addend = addend.select(0, 0)
-        z = torch.addmm(addend, a, b, beta=ep.beta, alpha=ep.alpha)  # (F.linear with a bias: addmm)
+        z = _addmm(addend, a, b, beta=ep.beta, alpha=ep.alpha)  # (F.linear with a bias: addmm)
     else:
-        z = torch.mm(a, b) if a.dim() == 2 else torch.matmul(a, b)
+        z = _mm(a, b) if a.dim() == 2 else _matmul(a, b)
         if ep.alpha != 1.0:
             z = z * ep.alpha
         if ep.addend:

@@ -1,9 +1,18 @@
 """``patch()``: run torch's matmul family on tritongemm inside a ``with`` block.
 
-Implemented as a ``TorchFunctionMode``, so it sees every spelling of a call
-(``torch.matmul``, ``Tensor.matmul``, ``a @ b``, ``F.linear`` inside
-``nn.Linear`` ...) and is undone exactly on exit.  Calls tritongemm cannot
-serve go to torch and are counted with the reason.
+While a ``patch()`` is open (in any thread), the matmul family's callables -- ``torch.matmul``,
+``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``F.linear`` and the ``Tensor`` methods behind ``a @ b``,
+``a.mm(b)`` ... -- are replaced by thin wrappers; torch's own are put back when the last one closes.
+A wrapper serves a call in a thread that has a ``patch()`` open, and hands any other call to torch's
+function untouched.  Calls tritongemm cannot serve go to torch and are counted with the reason.
+
+Why not a ``TorchFunctionMode``, which would also see references taken before the block: a mode
+is called for every torch function and ``Tensor`` method of the block, a ``view`` or a ``.shape``
+as much as a matmul, and that Python call cost 1-3 us each (CPU-measured): whole host-bound models
+ran 0.65-0.88 of their stock speed under it.  The wrappers cost nothing outside the matmul family.
+A function saved before the block opened (``from torch import matmul``) is torch's and stays so.
+Inside a function ``torch.compile`` traces, an opened ``patch()`` pushes such a mode, which Dynamo
+traces into the graph once.
 """
 
 from __future__ import annotations
@@ -64,22 +73,24 @@ def _rmatmul(a, b, **kwargs):
     return api.matmul(b, a, **kwargs)
 
 
-# torch function -> (our op name, our implementation, names of its tensor positional args)
-_ROUTES = {
-    torch.matmul: ("matmul", api.matmul, 2),
-    torch.Tensor.matmul: ("matmul", api.matmul, 2),
-    torch.Tensor.__matmul__: ("matmul", api.matmul, 2),
-    torch.Tensor.__rmatmul__: ("matmul", _rmatmul, 2),
-    torch.mm: ("mm", api.mm, 2),
-    torch.Tensor.mm: ("mm", api.mm, 2),
-    torch.bmm: ("bmm", api.bmm, 2),
-    torch.Tensor.bmm: ("bmm", api.bmm, 2),
-    torch.addmm: ("addmm", api.addmm, 3),
-    torch.Tensor.addmm: ("addmm", api.addmm, 3),
-    torch.baddbmm: ("baddbmm", api.baddbmm, 3),
-    torch.Tensor.baddbmm: ("baddbmm", api.baddbmm, 3),
-    F.linear: ("linear", api.linear, 2),
-}
+#: What ``patch()`` replaces: (owner, attribute, our op name, our function, tensor positional args).
+_TARGETS = (
+    (torch, "matmul", "matmul", api.matmul, 2),
+    (torch.Tensor, "matmul", "matmul", api.matmul, 2),
+    (torch.Tensor, "__matmul__", "matmul", api.matmul, 2),
+    (torch.Tensor, "__rmatmul__", "matmul", _rmatmul, 2),
+    (torch, "mm", "mm", api.mm, 2),
+    (torch.Tensor, "mm", "mm", api.mm, 2),
+    (torch, "bmm", "bmm", api.bmm, 2),
+    (torch.Tensor, "bmm", "bmm", api.bmm, 2),
+    (torch, "addmm", "addmm", api.addmm, 3),
+    (torch.Tensor, "addmm", "addmm", api.addmm, 3),
+    (torch, "baddbmm", "baddbmm", api.baddbmm, 3),
+    (torch.Tensor, "baddbmm", "baddbmm", api.baddbmm, 3),
+    (F, "linear", "linear", api.linear, 2),
+)
+# torch's callables (bound at import, before any patch() opened) -> (op name, our function, tensor args)
+_ROUTES = {getattr(owner, name): (op, impl, n) for owner, name, op, impl, n in _TARGETS}
 # Keyword arguments our functions take with torch's meaning.
 _KWARGS = {
     "matmul": set(),
@@ -115,51 +126,125 @@ def _route(op: str, args: tuple, kwargs: dict, n_tensors: int) -> str | None:
 _FAST_IMPLS = (api.matmul, api.mm, api.linear, api.addmm)
 
 
-class _TritonGemmMode(TorchFunctionMode):
-    """One per thread, however many ``patch()`` contexts are open in it.
+def _fast_call(counting: tuple, op: str, impl, args: tuple, kwargs: dict):
+    """A repeated call's result from its fast-path entry (made by a call that passed every check),
+    or None."""
+    if impl not in _FAST_IMPLS or len(args) < 2:
+        return None
+    y = None
+    if op == "addmm":  # torch.addmm(input, mat1, mat2): GPT-2's Conv1D, input a bias
+        if len(args) == 3 and not kwargs:
+            _, y = fastpath.lookup(op, args[1], args[2], args[0])
+    else:
+        bias = args[2] if len(args) == 3 and op == "linear" else kwargs.get("bias")
+        if len(args) + len(kwargs) == 2 + (bias is not None) and (len(args) == 2 or op == "linear"):
+            _, y = fastpath.lookup(op, args[0], args[1], bias)
+    if y is not None:
+        for stats in counting:
+            stats._count(op, None)
+    return y
 
-    Every open context of the thread counts each call once (``counting``);
-    nesting a context adds a counter, not a second mode, so no call is routed
-    (or counted) twice.  ``counting`` is replaced, never mutated, so a call
-    being counted meanwhile sees a consistent tuple.
-    """
+
+def _serve(counting: tuple, func, route: tuple, args: tuple, kwargs: dict):
+    """One call of torch's ``func``: on tritongemm (``route``'s function) where it can, else torch's."""
+    op, impl, n_tensors = route
+    y = _fast_call(counting, op, impl, args, kwargs)
+    if y is not None:
+        return y
+    reason = _route(op, args, kwargs, n_tensors)
+    if not torch.compiler.is_compiling():  # counted in eager mode; a compiled graph is traced once
+        for stats in counting:
+            stats._count(op, reason)
+    if reason is not None:
+        if isinstance(args[0], torch.Tensor):
+            warn_device_fallback("tritongemm.patch()", reason, args[0].device)
+        return func(*args, **kwargs)
+    return impl(*args, **kwargs)
+
+
+class _Router:
+    """A thread's open ``patch()`` uses: every one counts each call once (``counting``); nesting a
+    use adds a counter, not a second router, so no call is routed (or counted) twice.  ``counting``
+    is replaced, never mutated, so a call being counted meanwhile sees a consistent tuple."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.counting: tuple[PatchStats, ...] = ()
+
+
+_active = threading.local()  # .router: this thread's _Router while a patch() is open in it
+
+
+def _wrapper(func, route: tuple):
+    """What stands for torch's ``func`` while a ``patch()`` is open somewhere: it serves the calls of
+    threads with one open and passes the others to ``func``."""
+
+    def routed(*args, **kwargs):
+        router = getattr(_active, "router", None)
+        if router is None:
+            return func(*args, **kwargs)
+        if torch.compiler.is_compiling():  # (Dynamo traces this once; the graph holds what it chose)
+            return _serve(router.counting, func, route, args, kwargs)
+        y = _fast_call(router.counting, route[0], route[1], args, kwargs)
+        if y is not None:
+            return y
+        # The torch calls made while serving this one are torch's (as inside a mode's handler): a
+        # fallback's own Python (``Tensor.__rmatmul__`` calls ``torch.matmul``) must not be routed
+        # and counted again.
+        _active.router = None
+        try:
+            return _serve(router.counting, func, route, args, kwargs)
+        finally:
+            _active.router = router
+
+    routed.__name__ = getattr(func, "__name__", "routed")
+    routed.__qualname__ = getattr(func, "__qualname__", routed.__name__)
+    routed.__doc__ = getattr(func, "__doc__", None)
+    routed.__wrapped__ = func
+    return routed
+
+
+#: (owner, attribute, torch's callable or None where the owner only inherits it, the wrapper)
+_REPLACEMENTS = tuple(
+    (owner, name, vars(owner).get(name), _wrapper(getattr(owner, name), (op, impl, n)))
+    for owner, name, op, impl, n in _TARGETS
+)
+_installed = 0  # open eager patch() uses, all threads together
+_install_lock = threading.Lock()
+
+
+def _install() -> None:
+    global _installed
+    with _install_lock:
+        if _installed == 0:
+            for owner, name, _, wrapper in _REPLACEMENTS:
+                setattr(owner, name, wrapper)
+        _installed += 1
+
+
+def _uninstall() -> None:
+    global _installed
+    with _install_lock:
+        _installed -= 1
+        if _installed == 0:
+            for owner, name, own, _ in _REPLACEMENTS:
+                if own is None:
+                    delattr(owner, name)  # (the owner inherits torch's again: the Tensor methods)
+                else:
+                    setattr(owner, name, own)
+
+
+class _TritonGemmMode(TorchFunctionMode):
+    """The routing of a ``patch()`` opened where Dynamo traces: a function mode, which Dynamo traces
+    into the graph (it cannot trace the replacement of torch's functions while it runs)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         route = _ROUTES.get(func)
         if route is None:
             return func(*args, **kwargs)
-        op, impl, n_tensors = route
-        if impl in _FAST_IMPLS and len(args) >= 2:
-            # A repeated call: its fast-path entry was made by a call that passed every check.
-            y = None
-            if op == "addmm":  # torch.addmm(input, mat1, mat2): GPT-2's Conv1D, input a bias
-                if len(args) == 3 and not kwargs:
-                    _, y = fastpath.lookup(op, args[1], args[2], args[0])
-            else:
-                bias = args[2] if len(args) == 3 and op == "linear" else kwargs.get("bias")
-                if len(args) + len(kwargs) == 2 + (bias is not None) and (len(args) == 2 or op == "linear"):
-                    _, y = fastpath.lookup(op, args[0], args[1], bias)
-            if y is not None:
-                for stats in self.counting:
-                    stats._count(op, None)
-                return y
-        reason = _route(op, args, kwargs, n_tensors)
-        if not torch.compiler.is_compiling():  # counted in eager mode; a compiled graph is traced once
-            for stats in self.counting:
-                stats._count(op, reason)
-        if reason is not None:
-            if isinstance(args[0], torch.Tensor):
-                warn_device_fallback("tritongemm.patch()", reason, args[0].device)
-            return func(*args, **kwargs)
-        return impl(*args, **kwargs)
+        return _serve((), func, route, args, kwargs)
 
 
-_active = threading.local()  # .mode: this thread's _TritonGemmMode while a patch() is open in it
 #: What a ``patch()`` opened in a traced function returns: it counts nothing.
 _TRACED_STATS = PatchStats()
 
@@ -195,15 +280,15 @@ class patch(contextlib.ContextDecorator):
         if torch.compiler.is_compiling():
             return self._enter_traced()
         stack = self._uses.__dict__.setdefault("stack", [])
-        mode = getattr(_active, "mode", None)
-        owns_mode = mode is None
-        if owns_mode:
-            mode = _TritonGemmMode()
-            mode.__enter__()
-            _active.mode = mode
+        router = getattr(_active, "router", None)
+        owns_router = router is None
+        if owns_router:
+            router = _Router()
+            _install()
+            _active.router = router
         stats = PatchStats()
-        mode.counting = (*mode.counting, stats)
-        stack.append((mode, stats, owns_mode))
+        router.counting = (*router.counting, stats)
+        stack.append((router, stats, owns_router))
         self.stats = stats
         return stats
 
@@ -214,12 +299,12 @@ class patch(contextlib.ContextDecorator):
             mode.__exit__(*exc)
             return False
         stack = self._uses.stack
-        mode, stats, owns_mode = stack.pop()
+        router, stats, owns_router = stack.pop()
         # By identity: PatchStats compares by value, and two fresh ones are equal.
-        mode.counting = tuple(s for s in mode.counting if s is not stats)
-        if owns_mode:
-            _active.mode = None
-            mode.__exit__(*exc)
+        router.counting = tuple(s for s in router.counting if s is not stats)
+        if owns_router:
+            _active.router = None
+            _uninstall()
         if stack:  # a recursive use of this object is still open: it is the current one
             self.stats = stack[-1][1]
         return False
