@@ -457,12 +457,12 @@ def test_only_the_matmul_family_is_replaced_and_torch_comes_back(device):
 def test_a_fallback_through_torchs_own_python_is_counted_once(device, plans):
     """``Tensor.__rmatmul__`` is Python that calls ``torch.matmul``: its fallback reaches torch without
     being routed, or counted, a second time."""
-    ia, ib = (torch.randint(-3, 4, shape, device=device, dtype=torch.int32) for shape in ((5, 7), (7, 3)))
+    ca, cb = (random_tensor(shape, DT, device).to(torch.complex64) for shape in ((5, 7), (7, 3)))
     with tritongemm.patch() as stats:
-        out = ib.__rmatmul__(ia)
+        out = cb.__rmatmul__(ca)
     assert stats.total_served == 0 and len(plans) == 0
     assert sum(stats.fallbacks.values()) == 1 and all(op == "matmul" for op, _ in stats.fallbacks)
-    assert torch.equal(out, ia.long().mm(ib.long()).int())
+    torch.testing.assert_close(out, (ca.to(torch.complex128) @ cb.to(torch.complex128)).to(out.dtype))
 
 
 def test_a_thread_without_a_patch_runs_torch_while_another_keeps_one_open(device, plans):
@@ -518,3 +518,37 @@ def test_a_function_compiled_inside_the_block_routes_its_calls_until_it_closes(d
     ref = t["a"].double() @ t["b"].double() + F.linear(t["a"].double(), t["w"].double())
     assert_close(y, ref)
     assert_close(y2, ref)
+
+
+# A process whose first Dynamo trace happens inside a patch() block, then one after it.
+_FIRST_TRACE_INSIDE = """
+import torch, tritongemm
+a = torch.randn(8, 8, device="cuda" if torch.cuda.is_available() else "cpu")
+seen = []
+def backend(gm, example_inputs):
+    seen.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+    return gm.forward
+with tritongemm.patch():
+    torch.compile(lambda x: torch.mm(x, x) + 2, backend=backend, fullgraph=True)(a)
+torch.compile(lambda x: torch.mm(x, x) + 1, backend=backend, fullgraph=True)(a)
+print(repr(seen))
+"""
+
+
+@pytest.mark.heavy
+def test_a_first_trace_inside_the_block_leaves_torchs_functions_known_to_dynamo(device):
+    """Dynamo learns which callables are torch's by looking them up by name, once per process: done
+    inside a block, it learned the wrappers (a traced ``torch.mm`` became an opaque call of one).  The
+    tables are built before the first block replaces anything."""
+    import ast
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _FIRST_TRACE_INSIDE], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    inside, after = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    assert not [t for t in inside + after if t.startswith("<function ")], (inside, after)
+    assert any(t.startswith("tritongemm.") for t in inside), inside
+    assert any("built-in method mm" in t for t in after), after

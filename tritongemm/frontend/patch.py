@@ -199,7 +199,6 @@ def _wrapper(func, route: tuple):
     routed.__name__ = getattr(func, "__name__", "routed")
     routed.__qualname__ = getattr(func, "__qualname__", routed.__name__)
     routed.__doc__ = getattr(func, "__doc__", None)
-    routed.__wrapped__ = func
     return routed
 
 
@@ -212,10 +211,24 @@ _installed = 0  # open eager patch() uses, all threads together
 _install_lock = threading.Lock()
 
 
+def _prime_torch_tables() -> None:
+    """Build the tables torch fills once, lazily, by looking its functions up by name (Dynamo's rules
+    for which callables are torch's in-graph functions; ``torch.overrides``' list), before the names
+    point at the wrappers: built inside a block, they would hold the wrappers and miss torch's own for
+    the rest of the process (a later ``torch.compile`` of ``torch.mm`` put a wrapper in its graph)."""
+    torch.overrides.get_overridable_functions()
+    try:
+        from torch._dynamo import trace_rules
+    except ImportError:  # (a torch without Dynamo builds no such table)
+        return
+    trace_rules.get_torch_obj_rule_map()
+
+
 def _install() -> None:
     global _installed
     with _install_lock:
         if _installed == 0:
+            _prime_torch_tables()
             for owner, name, _, wrapper in _REPLACEMENTS:
                 setattr(owner, name, wrapper)
         _installed += 1
