@@ -1547,3 +1547,17 @@ def test_streamk_fixup_sweep_checks_before_timing_and_rates_against_cublas(monke
     assert "zero" in unchecked["timed"], "with the fix-up skipped nothing is gated"
     text = sweep.table([row], skipped=False)
     assert "1.250" in text and "wrong" in text and "24x40x64" in text
+
+
+@pytest.mark.skipif(not tritongemm.interpreter_enabled(), reason="runs the kernels on Triton's interpreter")
+def test_fp8_swap_sweep_smoke(tmp_path):
+    """The transposed-problem sweep's smoke run: both ways of ours and the pointer tiles of the
+    transposed problem checked against float64, the summary written."""
+    from benchmarks import sweep_fp8_swap
+
+    assert sweep_fp8_swap.main(["--smoke", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "fp8_swap.json").read_text())["records"]
+    impls = {r["impl"] for r in records}
+    assert {"default", "default swapped"} <= impls and any(i.startswith("ptr ") for i in impls)
+    assert all(r["status"] == "ok" and r["rel_err"] < sweep_fp8_swap.TOL for r in records), records
+    assert "ours transposed" in (tmp_path / "fp8_swap.txt").read_text()
