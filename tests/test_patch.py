@@ -530,25 +530,43 @@ def backend(gm, example_inputs):
     return gm.forward
 with tritongemm.patch():
     torch.compile(lambda x: torch.mm(x, x) + 2, backend=backend, fullgraph=True)(a)
+    def square(x):
+        return torch.mm(x, x)
+    inside = torch.jit.script(square)  # (TorchScript's builtins, learned here)
 torch.compile(lambda x: torch.mm(x, x) + 1, backend=backend, fullgraph=True)(a)
+def square_plus_one(x):
+    return torch.mm(x, x) + 1
+after = torch.jit.script(square_plus_one)
+assert torch.equal(inside(a), torch.mm(a, a)) and "aten::mm" in str(after.graph), after.graph
 print(repr(seen))
 """
 
 
 @pytest.mark.heavy
-def test_a_first_trace_inside_the_block_leaves_torchs_functions_known_to_dynamo(device):
-    """Dynamo learns which callables are torch's by looking them up by name, once per process: done
-    inside a block, it learned the wrappers (a traced ``torch.mm`` became an opaque call of one).  The
-    tables are built before the first block replaces anything."""
+def test_a_first_trace_inside_the_block_leaves_torchs_functions_known_to_dynamo(device, tmp_path):
+    """Dynamo (and TorchScript) learn which callables are torch's by looking them up by name, once per
+    process: done inside a block, Dynamo learned the wrappers (a traced ``torch.mm`` became an opaque
+    call of one).  The tables are built before the first block replaces anything, and a function
+    scripted inside a block calls torch's op."""
     import ast
     import subprocess
     import sys
 
-    run = subprocess.run(
-        [sys.executable, "-c", _FIRST_TRACE_INSIDE], capture_output=True, text=True, timeout=600
-    )
+    script = tmp_path / "first_trace_inside.py"  # (a file: TorchScript reads its functions' source)
+    script.write_text(_FIRST_TRACE_INSIDE)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     inside, after = ast.literal_eval(run.stdout.strip().splitlines()[-1])
     assert not [t for t in inside + after if t.startswith("<function ")], (inside, after)
     assert any(t.startswith("tritongemm.") for t in inside), inside
     assert any("built-in method mm" in t for t in after), after
+
+
+def test_routed_callables_pickle_as_torchs_own(device):
+    """A reference to ``torch.matmul`` (or ``F.linear``, ``Tensor.mm``) pickled inside a block loads as
+    torch's own outside it, as one pickled outside does."""
+    import pickle
+
+    with tritongemm.patch():
+        saved = pickle.dumps((torch.matmul, F.linear, torch.Tensor.mm, torch.Tensor.__rmatmul__))
+    assert pickle.loads(saved) == (torch.matmul, F.linear, torch.Tensor.mm, torch.Tensor.__rmatmul__)

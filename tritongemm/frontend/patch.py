@@ -174,7 +174,7 @@ class _Router:
 _active = threading.local()  # .router: this thread's _Router while a patch() is open in it
 
 
-def _wrapper(func, route: tuple):
+def _wrapper(func, route: tuple, where: tuple[str, str]):
     """What stands for torch's ``func`` while a ``patch()`` is open somewhere: it serves the calls of
     threads with one open and passes the others to ``func``."""
 
@@ -196,15 +196,26 @@ def _wrapper(func, route: tuple):
         finally:
             _active.router = router
 
-    routed.__name__ = getattr(func, "__name__", "routed")
-    routed.__qualname__ = getattr(func, "__qualname__", routed.__name__)
+    # Named where it stands (``torch.matmul``, ``torch.Tensor.mm``, ``torch.nn.functional.linear``):
+    # pickle saves a function by that name, which loads torch's own again outside a block.
+    routed.__module__, routed.__qualname__ = where
+    routed.__name__ = where[1].rsplit(".", 1)[-1]
     routed.__doc__ = getattr(func, "__doc__", None)
     return routed
 
 
 #: (owner, attribute, torch's callable or None where the owner only inherits it, the wrapper)
 _REPLACEMENTS = tuple(
-    (owner, name, vars(owner).get(name), _wrapper(getattr(owner, name), (op, impl, n)))
+    (
+        owner,
+        name,
+        vars(owner).get(name),
+        _wrapper(
+            getattr(owner, name),
+            (op, impl, n),
+            ("torch", f"Tensor.{name}") if owner is torch.Tensor else (owner.__name__, name),
+        ),
+    )  # fmt: skip
     for owner, name, op, impl, n in _TARGETS
 )
 _installed = 0  # open eager patch() uses, all threads together
@@ -212,11 +223,18 @@ _install_lock = threading.Lock()
 
 
 def _prime_torch_tables() -> None:
-    """Build the tables torch fills once, lazily, by looking its functions up by name (Dynamo's rules
-    for which callables are torch's in-graph functions; ``torch.overrides``' list), before the names
-    point at the wrappers: built inside a block, they would hold the wrappers and miss torch's own for
-    the rest of the process (a later ``torch.compile`` of ``torch.mm`` put a wrapper in its graph)."""
+    """Build the tables torch fills once, lazily, by looking its functions up by name, before those
+    names point at the wrappers: Dynamo's rules for which callables are torch's in-graph functions,
+    TorchScript's builtins, ``torch.overrides``' list.  Built inside a block, they would hold the
+    wrappers and miss torch's own for the rest of the process (a ``torch.compile`` traced inside one
+    took a wrapper for ``torch.mm``).  TorchScript also learns each wrapper as the aten op it stands
+    for, so a function scripted inside a block calls torch's (script never ran on tritongemm)."""
     torch.overrides.get_overridable_functions()
+    jit_builtins = getattr(torch.jit, "_builtins", None)
+    if hasattr(jit_builtins, "_register_builtin"):
+        for owner, name, _, wrapper in _REPLACEMENTS:
+            if owner is not torch.Tensor:
+                jit_builtins._register_builtin(wrapper, f"aten::{name}")
     try:
         from torch._dynamo import trace_rules
     except ImportError:  # (a torch without Dynamo builds no such table)
