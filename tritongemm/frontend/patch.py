@@ -215,7 +215,7 @@ _REPLACEMENTS = tuple(
             (op, impl, n),
             ("torch", f"Tensor.{name}") if owner is torch.Tensor else (owner.__name__, name),
         ),
-    )  # fmt: skip
+    )
     for owner, name, op, impl, n in _TARGETS
 )
 _installed = 0  # open eager patch() uses, all threads together
