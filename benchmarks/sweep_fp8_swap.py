@@ -3,7 +3,7 @@
 With M = 16-256 rows, a 64-row wgmma tile (the warp-specialized kernel's least) is mostly empty, and
 the pointer kernel's narrow tiles read the activations once per column tile.  Computed transposed,
 the weight's N rows fill the wgmma's 64- or 128-row side and the few tokens become a 16-256 wide tile
-(CUTLASS and TensorRT-LLM do so for decode).  Both ``torch._scaled_mm`` and ``tritongemm.scaled_mm``
+(a common trick for decode).  Both ``torch._scaled_mm`` and ``tritongemm.scaled_mm``
 take the transposed call as it is: ``a' = w`` (N, K) row-major, ``b' = x.t()`` column-major, the
 scales swapped (rowwise: ``scale_a'`` (N, 1), ``scale_b'`` (1, M)), the (N, M) result read as its
 transpose.  This times, per problem and recipe, the heuristic's plan both ways, torch both ways, and
