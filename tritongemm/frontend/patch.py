@@ -147,10 +147,13 @@ def _fast_call(counting: tuple, op: str, impl, args: tuple, kwargs: dict):
 
 def _serve(counting: tuple, func, route: tuple, args: tuple, kwargs: dict):
     """One call of torch's ``func``: on tritongemm (``route``'s function) where it can, else torch's."""
+    y = _fast_call(counting, route[0], route[1], args, kwargs)
+    return _serve_whole_way(counting, func, route, args, kwargs) if y is None else y
+
+
+def _serve_whole_way(counting: tuple, func, route: tuple, args: tuple, kwargs: dict):
+    """``_serve`` for a call with no fast-path entry: checked, counted, and served or handed to torch."""
     op, impl, n_tensors = route
-    y = _fast_call(counting, op, impl, args, kwargs)
-    if y is not None:
-        return y
     reason = _route(op, args, kwargs, n_tensors)
     if not torch.compiler.is_compiling():  # counted in eager mode; a compiled graph is traced once
         for stats in counting:
@@ -192,7 +195,7 @@ def _wrapper(func, route: tuple, where: tuple[str, str]):
         # and counted again.
         _active.router = None
         try:
-            return _serve(router.counting, func, route, args, kwargs)
+            return _serve_whole_way(router.counting, func, route, args, kwargs)
         finally:
             _active.router = router
 
