@@ -39,8 +39,9 @@ GRAD_TOL = 2
 
 @pytest.fixture(autouse=True)
 def fused_at_any_size(monkeypatch):
-    """These shapes are far below ``GatedMLP``'s host-bound threshold: test the gated kernel's path."""
+    """These shapes are far below ``GatedMLP``'s host-bound thresholds: test the gated kernel's path."""
     monkeypatch.setattr(tritongemm.frontend.modules, "FUSED_MIN_MACS", 0)
+    monkeypatch.setattr(tritongemm.nn.GatedMLP, "compiled_min_outputs", 0)
 
 
 def test_small_gated_mlps_run_their_linears(device, monkeypatch):
@@ -551,9 +552,9 @@ def test_transformers_llama_mlp_is_fused(device, hidden_act):
 # ----------------------------------------------------------------------------------
 def test_compiled_mlp_is_the_gated_op_for_inference_and_its_linears_for_training(device, aot_targets):
     """aot_eager (the CPU interpreter too), no graph break: a converted MLP without gradients is
-    ``tritongemm::gated``; with them, its three Linears (Inductor fuses the product and its gradient
-    into their neighbours, which beat the gated kernel's backward).  The function ``gated_linear``
-    keeps the op both ways, through ``tritongemm::gated_grad``."""
+    ``tritongemm::gated_extern``; with them, its three Linears (Inductor fuses the product and its
+    gradient into their neighbours, which beat the gated kernel's backward).  The function
+    ``gated_linear`` keeps the differentiable op ``tritongemm::gated``, and ``tritongemm::gated_grad``."""
     backend, seen = aot_targets
     model = tritongemm.nn.convert(nn.Sequential(LlamaMLP(HIDDEN, INTER, bias=True))).to(device)
     mlp = model[0]
@@ -564,7 +565,7 @@ def test_compiled_mlp_is_the_gated_op_for_inference_and_its_linears_for_training
     with torch.no_grad():
         out = torch.compile(model, backend=backend, fullgraph=True)(x)
         assert_close(out, model(x).double(), tol=tol)
-    assert "tritongemm.gated.default" in seen, seen
+    assert "tritongemm.gated_extern.default" in seen and "tritongemm.gated.default" not in seen, seen
 
     seen.clear()
     torch._dynamo.reset()
@@ -592,23 +593,28 @@ def test_compiled_mlp_is_the_gated_op_for_inference_and_its_linears_for_training
     assert_close(xf.grad, ref_x.grad.double(), tol=tol)
 
 
-def test_compiled_small_mlp_traces_its_linears(device, monkeypatch):
-    """Below ``FUSED_MIN_MACS`` a compiled GatedMLP is its three Linears, as in eager: in a compiled graph
-    they become the ops Inductor fuses around, where the gated op would be one opaque call."""
+def test_compiled_small_mlp_traces_its_linears(device):
+    """Below ``compiled_min_outputs`` elements of h a compiled GatedMLP is its three Linears: in a
+    compiled graph they become the ops Inductor fuses around, where the gated op would be one opaque
+    call; from it, the gated op.  Eager's threshold (``FUSED_MIN_MACS``, 0 here) does not apply."""
     seen = []
 
     def backend(gm, example_inputs):
         seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
         return gm.forward
 
-    monkeypatch.setattr(tritongemm.frontend.modules, "FUSED_MIN_MACS", 3 * HIDDEN * INTER + 1)
-    torch._dynamo.reset()
     model = tritongemm.nn.convert(nn.Sequential(LlamaMLP(HIDDEN, INTER, bias=True))).to(device)
-    assert type(model[0]) is tritongemm.nn.GatedMLP
+    mlp = model[0]
+    assert type(mlp) is tritongemm.nn.GatedMLP
     x = random_tensor((3, HIDDEN), torch.float32, device)
-    out = torch.compile(model, backend=backend, fullgraph=True)(x)
-    assert seen and not any("gated" in t for t in seen), seen
-    assert_close(out, model(x).double(), tol=2 * tolerance(torch.float32, device))
+    for threshold, fused in ((3 * INTER + 1, False), (3 * INTER, True)):
+        mlp.compiled_min_outputs = threshold
+        seen.clear()
+        torch._dynamo.reset()
+        with torch.no_grad():
+            out = torch.compile(model, backend=backend, fullgraph=True)(x)
+        assert seen and any("gated" in t for t in seen) == fused, (threshold, seen)
+        assert_close(out, model(x).double(), tol=2 * tolerance(torch.float32, device))
 
 
 @pytest.mark.gpu
@@ -635,6 +641,12 @@ def test_gated_op_opcheck(device):
     """torch.library's own checks of ``tritongemm::gated``: schema, fake kernel, autograd registration."""
     x, w_gate, w_up, b_gate, b_up = _operands((6,), 5, 8, torch.float32, device, True)
     torch.library.opcheck(torch.ops.tritongemm.gated.default, (x, w_gate, w_up, b_gate, b_up, "silu", True))
+    # (no autograd kernel: a graph calls it only where nothing requires grad)
+    x, w_gate, w_up, b_gate, b_up = (t.detach() for t in (x, w_gate, w_up, b_gate, b_up))
+    torch.library.opcheck(
+        torch.ops.tritongemm.gated_extern.default, (x, w_gate, w_up, b_gate, b_up, "gelu_tanh")
+    )
+    torch.library.opcheck(torch.ops.tritongemm.gated_extern.default, (x, w_gate, w_up, None, None, "silu"))
     g, u = random_tensor((6, 5), torch.float32, device), random_tensor((6, 5), torch.float32, device)
     dh = random_tensor((6, 5), torch.float32, device)
     torch.library.opcheck(torch.ops.tritongemm.gated_grad.default, (dh, g, u, "gelu"))

@@ -15,8 +15,9 @@ differentiable / traceable ``function.gemm_op`` where a trace needs it).
 Doors, as for the GEMM (``function``): eager code calls ``GatedFunction``; a ``torch.compile`` /
 ``torch.export`` trace calls the op ``torch.ops.tritongemm.gated`` (a fake kernel and this module's
 backward registered as its autograd), whose elementwise backward is the op
-``torch.ops.tritongemm.gated_grad``.  Both ops stay whole in a compiled graph: Inductor calls them
-as it calls any extern kernel.  ``torch.func`` transforms never reach here (``frontend.gated``
+``torch.ops.tritongemm.gated_grad``; where nothing needs a gradient, the op
+``torch.ops.tritongemm.gated_extern`` (h alone, no autograd).  The ops stay whole in a compiled
+graph: Inductor calls them as it calls any extern kernel.  ``torch.func`` transforms never reach here (``frontend.gated``
 takes the unfused path for them).
 """
 
@@ -147,7 +148,9 @@ class GatedFunction(torch.autograd.Function):
 def gated_op(x, w_gate, w_up, b_gate, b_up, activation: str) -> torch.Tensor:
     """``act(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)`` on 2-D ``x``, differentiable where needed."""
     save = needs_grad(x, w_gate, w_up, b_gate, b_up)
-    if is_tracing(x) or dispatch_mode_active():  # (the op: ``modes``)
+    if is_tracing(x) or dispatch_mode_active():  # (the ops: ``modes``)
+        if not save:
+            return torch.ops.tritongemm.gated_extern(x, w_gate, w_up, b_gate, b_up, activation)
         return torch.ops.tritongemm.gated(x, w_gate, w_up, b_gate, b_up, activation, save)[0]
     if save:
         return GatedFunction.apply(x, w_gate, w_up, b_gate, b_up, activation)
@@ -183,6 +186,23 @@ def _gated_fake(x, w_gate, w_up, b_gate, b_up, activation, save):
     return h, g, u
 
 
+def _gated_extern(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    b_gate: torch.Tensor | None,
+    b_up: torch.Tensor | None,
+    activation: str,
+) -> torch.Tensor:
+    """``tritongemm::gated_extern``: h alone, where nothing will differentiate it."""
+    precompile.wait()
+    return gated_forward(x, w_gate, w_up, b_gate, b_up, activation, save=False)[0]
+
+
+def _gated_extern_fake(x, w_gate, w_up, b_gate, b_up, activation):
+    return _gated_fake(x, w_gate, w_up, b_gate, b_up, activation, False)[0]
+
+
 def _gated_setup_context(ctx, inputs, output):
     x, w_gate, w_up, _, _, activation, _ = inputs
     ctx.activation = activation
@@ -214,8 +234,19 @@ _GATED_OP.register_fake(_gated_fake)
 _GATED_OP.register_autograd(_gated_op_backward, setup_context=_gated_setup_context)
 _GATED_GRAD_OP = torch.library.custom_op("tritongemm::gated_grad", _gated_grad_op, mutates_args=())
 _GATED_GRAD_OP.register_fake(_gated_grad_fake)
+# What a compiled inference graph calls, once per MLP and step: as ``ops.gemm_extern``, on a plain
+# ``Library`` with no autograd kernel, so the dispatcher calls ``_gated_extern`` directly.  Behind
+# ``custom_op``'s Python autograd and backend wrappers the call cost about 0.1 ms of host time more
+# than the two GEMMs and the pass it replaces, which lost on host-bound graphs (compile.md).
+_LIB = torch.library.Library("tritongemm", "FRAGMENT")
+_LIB.define(
+    "gated_extern(Tensor x, Tensor w_gate, Tensor w_up, Tensor? b_gate, Tensor? b_up, str activation) -> Tensor"
+)
+_LIB.impl("gated_extern", _gated_extern, "CompositeExplicitAutograd")
+torch.library.register_fake("tritongemm::gated_extern", _gated_extern_fake)
 register_flops(
-    [torch.ops.tritongemm.gated], lambda x, *args, out_shape, **_: 2 * gemm_flops(x, out_shape=out_shape)
+    [torch.ops.tritongemm.gated, torch.ops.tritongemm.gated_extern],
+    lambda x, *args, out_shape, **_: 2 * gemm_flops(x, out_shape=out_shape),
 )
 
 

@@ -254,6 +254,12 @@ class Float8Linear(Linear):
 #: 4096: 1.05).  Under CUDA graph capture host time is not replayed: fused at any size.  A compiled
 #: graph keeps the same threshold (its mode, and so whether CUDA graphs replay it, is not known while tracing).
 FUSED_MIN_MACS = 2**32
+#: In a compiled graph the gated kernel is one opaque call, with host time of its own, where the stock
+#: graph has two GEMMs and one fused pass; its GPU saving grows with ``h``'s size (tokens x intermediate
+#: width), its host time does not.  Below this many elements of ``h`` a compiled ``GatedMLP`` traces its
+#: three Linears (H100, compiled default mode, bf16 prefill, ÷ compiled stock: the gated op read 0.81
+#: and 0.85 at 8.4M and 14.7M elements, 1.04 and 1.02 at 33.6M and 58.7M: compile.md).
+COMPILED_FUSED_MIN_OUTPUTS = 2**25
 
 
 def _hooked(module: torch.nn.Module) -> bool:
@@ -280,7 +286,14 @@ class GatedMLP(torch.nn.Module):
     hooks run.  Inputs tritongemm cannot run go to torch's ops, counted by reason in ``fallbacks`` as
     ``Linear`` counts them.
     ``convert`` makes these from the models' own MLPs (``from_module``).
+
+    Under ``torch.compile``, inference with fewer than ``compiled_min_outputs`` elements of ``h`` traces
+    the three Linears (a class attribute, ``COMPILED_FUSED_MIN_OUTPUTS``; set it to 0 on an instance or
+    the class to keep the gated kernel at every size, the better choice under CUDA graphs
+    (``mode="reduce-overhead"``), which replay no host time).
     """
+
+    compiled_min_outputs: int = COMPILED_FUSED_MIN_OUTPUTS
 
     #: Reasons inputs were handed to torch instead, summed over all instances (as ``Linear.fallbacks``).
     fallbacks: Counter = Counter()
@@ -319,15 +332,16 @@ class GatedMLP(torch.nn.Module):
                 return self._torch_forward(x, reason)
         elif traced_reason(*tensors) is not None:
             return self.down_proj(torch_gated(x, gate.weight, up.weight, gate.bias, up.bias, self.activation))
-        small = x.numel() * gate.out_features < FUSED_MIN_MACS
         if traced:
             # A compiled graph: small, the Linears are the stock model's ops (an aligned Linear traces
             # to aten), which Inductor fuses around, where the gated op would be one opaque call with
             # host time of its own.  Training, at any size: Inductor fuses the product and its
             # gradient into the GEMMs' neighbours, and the gated kernel's backward lost to that (H100,
             # Llama-3-8B layers, a compiled training step: 0.955 of stock's with it).
+            small = x.numel() * gate.out_features < self.compiled_min_outputs * gate.in_features
             unfused = small or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
         else:
+            small = x.numel() * gate.out_features < FUSED_MIN_MACS
             # Host-bound: the Linears' fast paths (C++ key and backward node) cost less per call.
             unfused = small and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
         if unfused:
