@@ -1561,3 +1561,61 @@ def test_fp8_swap_sweep_smoke(tmp_path):
     assert {"default", "default swapped"} <= impls and any(i.startswith("ptr ") for i in impls)
     assert all(r["status"] == "ok" and r["rel_err"] < sweep_fp8_swap.TOL for r in records), records
     assert "ours transposed" in (tmp_path / "fp8_swap.txt").read_text()
+
+
+def test_compiled_llama_sweep_needs_a_gpu_builds_its_variants_and_tabulates(monkeypatch, capsys):
+    """The compiled Llama sweep needs a GPU (it says so and exits 2 without one); its variants are stock,
+    an A/A copy, convert's rule, the gated op forced and the MLP left unfused; kernels are classed by name;
+    its table reads a row's ratios, a gated-out variant and the GPU-time split."""
+    from torch import nn
+
+    from benchmarks import sweep_compiled_llama as sweep
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert sweep.main(["--out", "unused"]) == 2
+    assert "GPU" in capsys.readouterr().err
+
+    class MLP(nn.Module):  # (transformers' LlamaMLP, which the sweep's models hold)
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = (
+                nn.Linear(8, 16),
+                nn.Linear(8, 16),
+                nn.Linear(16, 8),
+            )
+            self.act_fn = nn.SiLU()
+
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    models = sweep.variants(nn.Sequential(MLP()))
+    assert list(models) == list(sweep.VARIANTS)
+    gated = {
+        name: [m for m in v.modules() if isinstance(m, tritongemm.nn.GatedMLP)] for name, v in models.items()
+    }
+    assert not gated["stock"] and not gated["stock copy"] and not gated["convert unfused"]
+    assert gated["convert"][0].compiled_min_outputs == tritongemm.nn.GatedMLP.compiled_min_outputs > 0
+    assert gated["convert gated"][0].compiled_min_outputs == 0
+    assert models["stock copy"][0].gate_proj.weight is not models["stock"][0].gate_proj.weight
+    assert type(models["convert unfused"][0].gate_proj) is tritongemm.nn.Linear
+
+    names = {
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": "gemm",
+        "gemm_gluon_kernel": "gemm",
+        "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>": "gemm",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16": "attention",
+        "triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy": "attention",
+        "triton_red_fused__to_copy_add_embedding_mean_mul_pow_rsqrt_view_7": "other",
+        "Memset (Device)": "other",
+    }
+    assert {n: sweep.kernel_class(n) for n in names} == names
+    row = {"model": "8B-wide, 2 layers", "tokens": 4096, "h_elements": 4096 * 14336, "stock ms": 8.0}
+    row.update({"stock copy ms": 8.0, "convert ms": 7.5, "convert gated ms": 7.5, "convert unfused ms": 8.2})
+    row.update({"stock host ms": 2.0, "convert host ms": 2.1})
+    row["stock gpu"] = {"gemm": 6.0, "attention": 1.0, "other": 0.5}
+    text = sweep.table([row])
+    assert (
+        "1.067" in text and "0.976" in text and "58.7" in text and "1.071" in text and "2.000 / 2.100" in text
+    )
+    row.pop("convert unfused ms")
+    assert "gate" in sweep.table([row])
