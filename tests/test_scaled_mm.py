@@ -1051,6 +1051,33 @@ def test_gpu_repeated_calls_read_each_calls_tensors(device, scaling):
     check(ours, a, b, scale_a, scale_b, torch.bfloat16)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_gpu_the_compiled_graphs_op_repeats_its_first_calls_launch(device, scaling, monkeypatch):
+    """``tritongemm::scaled_mm``, as a compiled graph calls it every step: its first call with a signature
+    takes the full path, later ones the launcher it kept (not planned again), each reading its own
+    operands; a bias or a residual takes the full path every call."""
+    from tritongemm.frontend import scaled
+
+    full = []
+    real = scaled.run_scaled_mm
+    monkeypatch.setattr(scaled, "run_scaled_mm", lambda *args, **kw: full.append(1) or real(*args, **kw))
+    tritongemm.clear_plan_cache()
+    m, n, k = 48, 256, 512
+    op = torch.ops.tritongemm.scaled_mm.default
+    for i in range(3):
+        a, b = operands(m, n, k, (E4M3, E4M3), device)
+        scale_a, scale_b = make_scales(scaling, m, n, device)
+        check(op(a, b, scale_a, scale_b, None, torch.bfloat16, False, "none", None), a, b, scale_a, scale_b,
+              torch.bfloat16)  # fmt: skip
+        assert len(full) == 1, (i, full)
+    bias = random_tensor((n,), torch.bfloat16, device)
+    for _ in range(2):
+        check(op(a, b, scale_a, scale_b, bias, torch.bfloat16, False, "none", None), a, b, scale_a, scale_b,
+              torch.bfloat16, bias=bias)  # fmt: skip
+    assert len(full) == 3
+
+
 def test_explain_gives_scaled_mms_plan_for_fp8_operands():
     a = torch.empty(4096, 4096, dtype=E4M3, device="meta")
     w = torch.empty(4096, 4096, dtype=E4M3, device="meta")

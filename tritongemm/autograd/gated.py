@@ -150,7 +150,7 @@ def gated_op(x, w_gate, w_up, b_gate, b_up, activation: str) -> torch.Tensor:
     save = needs_grad(x, w_gate, w_up, b_gate, b_up)
     if is_tracing(x) or dispatch_mode_active():  # (the ops: ``modes``)
         if not save:
-            return torch.ops.tritongemm.gated_extern(x, w_gate, w_up, b_gate, b_up, activation)
+            return torch.ops.tritongemm.gated_extern.default(x, w_gate, w_up, b_gate, b_up, activation)
         return torch.ops.tritongemm.gated(x, w_gate, w_up, b_gate, b_up, activation, save)[0]
     if save:
         return GatedFunction.apply(x, w_gate, w_up, b_gate, b_up, activation)

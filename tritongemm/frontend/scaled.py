@@ -305,7 +305,19 @@ def _scaled_mm_op(
     activation: str,
     residual: torch.Tensor | None,
 ) -> torch.Tensor:
-    """``scaled_mm`` as one op of a compiled graph (checked at trace time, by ``scaled_mm``)."""
+    """``tritongemm::scaled_mm``: ``scaled_mm`` as one op of a compiled graph (checked at trace time, by
+    ``scaled_mm``).  A graph makes the same call every step: from the second, the launcher the first
+    kept (``_remember``), as a repeated eager call takes it.
+
+    (A ``custom_op``, not a plain ``Library`` op as ``gemm_extern`` is, though its two Python wrappers
+    cost host time every call: ``Float8Linear`` calls it inside its ``autograd.Function``, where torch
+    2.11's Dynamo fails on a plain op's result, "assert subgraph_vt.is_tensor()".)"""
+    if bias is None and residual is None:
+        fast = launch.PLANS.entries.get(
+            _fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation)
+        )
+        if fast is not None and not ((a.data_ptr() | b.data_ptr()) & 15):
+            return fast(a, b, scale_a, scale_b)
     precompile.wait()  # (its kernel may be compiling since the trace: ``_scaled_mm_fake``)
     return run_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
 
