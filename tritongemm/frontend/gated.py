@@ -7,7 +7,8 @@ product in one kernel (``launch.gated``), differentiable (``autograd.gated``).
 Where it runs:
 
 * the fused kernel, for float16, bfloat16 and float32 operands of one dtype on a device tritongemm
-  runs (eager, or as the op ``tritongemm::gated`` in a ``torch.compile`` / ``torch.export`` graph);
+  runs (eager, or as the op ``tritongemm::gated``, or ``gated_extern`` where nothing needs a gradient,
+  in a ``torch.compile`` / ``torch.export`` graph);
 * tritongemm's ``linear`` twice, the activation in the gate's epilogue, then the product
   (``unfused``): float64 (the fused kernel has no fp64 variant), DTensor operands (``linear`` has
   their sharding rule) and ``torch.func`` transforms;
