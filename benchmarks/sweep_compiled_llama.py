@@ -69,20 +69,10 @@ def kernel_class(name: str) -> str:
 
 
 def _model(cfg, device):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from .models import _llama
 
     _, hidden, inter, layers, heads, kv, _, _ = cfg
-    config = LlamaConfig(
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        vocab_size=VOCAB,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(config).to(device, torch.bfloat16).eval()
+    return _llama(hidden, inter, layers, heads, kv, VOCAB)().to(device, torch.bfloat16).eval()
 
 
 def variants(stock) -> dict:

@@ -186,15 +186,8 @@ def _gated_fake(x, w_gate, w_up, b_gate, b_up, activation, save):
     return h, g, u
 
 
-def _gated_extern(
-    x: torch.Tensor,
-    w_gate: torch.Tensor,
-    w_up: torch.Tensor,
-    b_gate: torch.Tensor | None,
-    b_up: torch.Tensor | None,
-    activation: str,
-) -> torch.Tensor:
-    """``tritongemm::gated_extern``: h alone, where nothing will differentiate it."""
+def _gated_extern(x, w_gate, w_up, b_gate, b_up, activation: str) -> torch.Tensor:
+    """``tritongemm::gated_extern`` (its schema: below): h alone, where nothing will differentiate it."""
     precompile.wait()
     return gated_forward(x, w_gate, w_up, b_gate, b_up, activation, save=False)[0]
 
