@@ -201,7 +201,8 @@ def scaled_mm(
         )
     if torch.compiler.is_compiling() or (dispatch_mode_active() and config is None):  # (``autograd.modes``)
         scaling_of(a, b, scale_a, scale_b)  # (at trace time; an eager call checks in run_scaled_mm)
-        y = _scaled_mm_op(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
+        op = torch.ops.tritongemm.scaled_mm.default
+        y = op(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
         return y if out is None else out.copy_(y)
     return run_scaled_mm(
         a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual, out, config
@@ -293,25 +294,12 @@ def _remember(call, a, b, scale_a, scale_b, target, out_dtype, use_fast_accum, a
     launch.PLANS.remember(key, run)
 
 
-@torch.library.custom_op("tritongemm::scaled_mm", mutates_args=())
 def _scaled_mm_op(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    scale_a: torch.Tensor,
-    scale_b: torch.Tensor,
-    bias: torch.Tensor | None,
-    out_dtype: torch.dtype,
-    use_fast_accum: bool,
-    activation: str,
-    residual: torch.Tensor | None,
+    a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual
 ) -> torch.Tensor:
-    """``tritongemm::scaled_mm``: ``scaled_mm`` as one op of a compiled graph (checked at trace time, by
-    ``scaled_mm``).  A graph makes the same call every step: from the second, the launcher the first
-    kept (``_remember``), as a repeated eager call takes it.
-
-    (A ``custom_op``, not a plain ``Library`` op as ``gemm_extern`` is, though its two Python wrappers
-    cost host time every call: ``Float8Linear`` calls it inside its ``autograd.Function``, where torch
-    2.11's Dynamo fails on a plain op's result, "assert subgraph_vt.is_tensor()".)"""
+    """``tritongemm::scaled_mm`` (its schema: below): ``scaled_mm`` as one op of a compiled graph (checked at
+    trace time, by ``scaled_mm``).  A graph makes the same call every step: from the second, the
+    launcher the first kept (``_remember``), as a repeated eager call takes it."""
     if bias is None and residual is None:
         fast = launch.PLANS.entries.get(
             _fast_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, activation)
@@ -322,15 +310,25 @@ def _scaled_mm_op(
     return run_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
 
 
-register_flops([torch.ops.tritongemm.scaled_mm], gemm_flops)
-
-
-@_scaled_mm_op.register_fake
 def _scaled_mm_fake(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual):
     # A trace: start compiling the kernel the op's first call will launch (``launch.precompile``).
     args = (a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual)
     precompile.attempt("scaled_mm", _precompile, *args)
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+# Defined on a plain ``Library``, as ``autograd.ops``' ``gemm_extern``: the dispatcher calls
+# ``_scaled_mm_op`` directly, where a ``custom_op`` ran it behind two Python wrappers (its autograd and
+# backend kernels) on every call of a compiled graph.  It has no autograd, as ``torch._scaled_mm`` has
+# none (``Float8Linear`` calls it inside its own ``autograd.Function``).
+_LIB = torch.library.Library("tritongemm", "FRAGMENT")
+_LIB.define(
+    "scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, ScalarType out_dtype, "
+    "bool use_fast_accum, str activation, Tensor? residual) -> Tensor"
+)
+_LIB.impl("scaled_mm", _scaled_mm_op, "CompositeExplicitAutograd")
+torch.library.register_fake("tritongemm::scaled_mm", _scaled_mm_fake)
+register_flops([torch.ops.tritongemm.scaled_mm], gemm_flops)
 
 
 def _precompile(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, activation, residual) -> None:
