@@ -87,7 +87,7 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, scaling: str) -> tuple[torch.T
 def quantize_torch(x: torch.Tensor, dtype: torch.dtype, scaling: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize`` by torch's ops, on any device (the kernels give the same bits: the same maxima, the
     division rounded the same, NaN kept; a NaN or inf input comes out NaN)."""
-    limit = FP8_MAX[dtype]
+    limit = torch.finfo(dtype).max  # (FP8_MAX's: a float global would be a symbol under dynamic shapes)
     if scaling in BLOCK_ROWS:
         return _block_quantize(x, dtype, BLOCK_ROWS[scaling])
     amax = (x.abs().amax(dim=1, keepdim=True) if scaling == "rowwise" else x.abs().amax()).float()
@@ -98,7 +98,7 @@ def quantize_torch(x: torch.Tensor, dtype: torch.dtype, scaling: str) -> tuple[t
 def _block_quantize(x: torch.Tensor, dtype: torch.dtype, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize`` with a scale per ``rows`` x ``BLOCK_COLS`` block, by torch's ops (x padded with
     zeros to whole blocks, which leaves every block's maximum as it is)."""
-    limit = FP8_MAX[dtype]
+    limit = torch.finfo(dtype).max
     r, c = x.shape
     rb, cb = -(-r // rows), -(-c // BLOCK_COLS)
     blocks = torch.nn.functional.pad(x.float(), (0, cb * BLOCK_COLS - c, 0, rb * rows - r))
@@ -308,6 +308,13 @@ def float8_linear(
     lead = x.shape[:-1]
     if torch.compiler.is_compiling():
         cache = None
+        # Compared here, before the Function is traced, a symbolic K (dynamic shapes) becomes the
+        # weight's; compared only inside it, it is specialized there, which torch 2.11's Dynamo cannot trace.
+        if x.shape[-1] != weight.shape[1]:
+            raise RuntimeError(
+                f"mat1 and mat2 shapes cannot be multiplied ({x.shape[:-1].numel()}x{x.shape[-1]} and "
+                f"{weight.shape[1]}x{weight.shape[0]})"
+            )
     y = _Float8Linear.apply(x, weight, bias, recipe, out_dtype, cache, fast_accum)
     return y.reshape(*lead, weight.shape[0])
 
