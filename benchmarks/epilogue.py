@@ -33,7 +33,10 @@ implementation's output -- with backward also the gradients of x, W and b -- on 
 last copy is compared with float64 of the same math on the same inputs (relative Frobenius error,
 the harness's gate tolerance), and a wrong one is recorded ``failed_gate`` and never timed; then a
 case's three implementations are timed with ``do_bench`` in ``--rounds`` interleaved rounds, the
-order reversed every other round.
+order reversed every other round (``ms``).  On a GPU the timed call replays a CUDA graph of the step, one graph
+per input copy: a backward at a few hundred tokens takes the host about as long to issue as the GPU
+to run, and issued eagerly the GPU would idle inside the timed call.  ``host_us`` is the eager step's
+host time.
 
 One row per (case, dtype, implementation), in the results schema: ``group`` "<width> <epilogue>
 <mode>", e.g. "llama3-8b up bias+gelu fwd", ``case`` "<width> <epilogue> M=<m> <mode>", ``x`` = ``m``
@@ -335,13 +338,13 @@ def prepare(
             x, residual, grad = rotation.next()
             impl.fn(ep, x, w, b, residual).backward(grad)
 
-        return harness.Prepared(row, step, leaves, torch.enable_grad)
+        return harness.Prepared(row, step, leaves, torch.enable_grad, graphs=len(sets))
 
     def step():
         x, residual, _ = rotation.next()
         impl.fn(ep, x, w, b, residual)
 
-    return harness.Prepared(row, step, None, torch.no_grad)
+    return harness.Prepared(row, step, None, torch.no_grad, graphs=len(sets))
 
 
 def measure_case(
@@ -375,7 +378,8 @@ def measure_case(
     # The float64 references are the largest tensors of a case: not kept while timing; the steps
     # hold the weights and inputs, freed with ``slots`` once timed.
     del refs, weights, sets
-    return runner.timed_rows(slots, device, rounds, warmup_ms, rep_ms, REFERENCE_NOTE)
+    graphs = "; " + harness.GRAPHS_NOTE if device.type == "cuda" else ""
+    return runner.timed_rows(slots, device, rounds, warmup_ms, rep_ms, REFERENCE_NOTE + graphs)
 
 
 def run_epilogue(

@@ -362,6 +362,44 @@ class Prepared:
     leaves: list | None
     grad_mode: Callable[[], Any]
     samples: list = field(default_factory=list)
+    #: On a GPU, time ``step`` replayed from CUDA graphs, one per input set it rotates through (this
+    #: many): the GPU's time alone, where issuing the eager step takes about as long as running it (a
+    #: backward at a few hundred tokens: a late launch leaves the GPU idle inside the timed call).
+    graphs: int = 0
+    replay: Callable[[], Any] | None = None
+
+
+#: The ``message`` of rows timed from CUDA-graph replays (``Prepared.graphs``).
+GRAPHS_NOTE = "ms from CUDA-graph replays of the step (host_us: the eager step's)"
+
+
+def captured(
+    step: Callable[[], Any], copies: int, leaves: Sequence[torch.Tensor] | None
+) -> Callable[[], Any]:
+    """``step`` recorded into ``copies`` CUDA graphs, one per input set its rotation hands out, and a
+    function that replays them in turn.  The leaves' gradients are set to None before each capture, so
+    each graph writes gradients of its own rather than accumulating into another's."""
+
+    def clear() -> None:
+        for t in leaves or ():
+            t.grad = None
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # (capture wants a warm-up off the default stream)
+        for _ in range(copies):
+            clear()
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for _ in range(copies):
+        clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        graphs.append(graph)
+    rotation = Rotation([(g,) for g in graphs])
+    return lambda: rotation.next()[0].replay()
 
 
 def prepare(
@@ -408,9 +446,12 @@ def time_round(prepared: Prepared, device: torch.device, warmup_ms: float, rep_m
     """Add one round of timings to ``prepared``; a finished error row if timing fails."""
     try:
         with prepared.grad_mode():
-            prepared.samples += time_samples(
-                prepared.step, device, warmup_ms, rep_ms, grad_to_none=prepared.leaves
-            )
+            step, leaves = prepared.step, prepared.leaves
+            if prepared.graphs and device.type == "cuda":
+                if prepared.replay is None:
+                    prepared.replay = captured(prepared.step, prepared.graphs, prepared.leaves)
+                step, leaves = prepared.replay, None
+            prepared.samples += time_samples(step, device, warmup_ms, rep_ms, grad_to_none=leaves)
     except Exception as exc:
         return {**prepared.row, "status": ERROR, "message": "timing: " + _short_error(exc)}
     return None

@@ -26,7 +26,10 @@ output -- with backward also the input's and every parameter's gradient -- on th
 copy is compared with torch's (relative Frobenius error, the harness's library tolerance: both sides
 round to bf16), and a wrong one is recorded ``failed_gate`` and never timed; then a case's three
 implementations are timed with ``do_bench`` in ``--rounds`` interleaved rounds, the order reversed
-every other round.
+every other round (``ms``).  On a GPU the timed call replays a CUDA graph of the step, one graph
+per input copy: a backward at a few hundred tokens takes the host about as long to issue as the GPU
+to run, and issued eagerly the GPU would idle inside the timed call.  ``host_us`` is the eager step's
+host time.
 
 One row per (case, implementation), in the results schema: ``group`` "<model> fwd" / "<model>
 fwd+bwd", ``case`` "<model> M=<m> fwd", ``x`` = ``m`` the tokens, ``n`` the intermediate and ``k``
@@ -348,12 +351,12 @@ def prepare(
             x, grad = rotation.next()
             module(x).backward(grad)
 
-        return harness.Prepared(row, step, leaves, torch.enable_grad)
+        return harness.Prepared(row, step, leaves, torch.enable_grad, graphs=len(sets))
 
     def step():
         module(rotation.next()[0])
 
-    return harness.Prepared(row, step, None, torch.no_grad)
+    return harness.Prepared(row, step, None, torch.no_grad, graphs=len(sets))
 
 
 def measure_case(
@@ -387,7 +390,8 @@ def measure_case(
         on_step(f"{case.label} {impl.name}")
         slots.append(prepare(case, impl, stock, sets, refs, device, dtype))
     del stock, sets, refs  # the steps hold the weights and inputs, freed with ``slots`` once timed
-    return runner.timed_rows(slots, device, rounds, warmup_ms, rep_ms)
+    note = harness.GRAPHS_NOTE if device.type == "cuda" else None
+    return runner.timed_rows(slots, device, rounds, warmup_ms, rep_ms, note)
 
 
 def run_mlp(

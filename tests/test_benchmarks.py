@@ -1619,3 +1619,39 @@ def test_compiled_llama_sweep_needs_a_gpu_builds_its_variants_and_tabulates(monk
     )
     row.pop("convert unfused ms")
     assert "gate" in sweep.table([row])
+
+
+@pytest.mark.gpu
+def test_captured_steps_replay_the_eager_steps_work_on_current_inputs():
+    """The epilogue and mlp suites time fwd+bwd from CUDA-graph replays (``harness.captured``): each
+    graph must compute what the eager step does, on what its inputs hold when it is replayed, and
+    write gradients of its own."""
+    from tritongemm.testing import random_tensor, relative_error, tolerance
+
+    w = random_tensor((256, 128), torch.bfloat16, "cuda").requires_grad_()
+    sets = [
+        (
+            random_tensor((64, 128), torch.bfloat16, "cuda").requires_grad_(),
+            random_tensor((64, 256), torch.bfloat16, "cuda"),
+        )
+        for _ in range(2)
+    ]
+    rotation = harness.Rotation(sets)
+
+    def step():
+        x, g = rotation.next()
+        tritongemm.linear(x, w, activation="gelu").backward(g)
+
+    replay = harness.captured(step, len(sets), [w, *(s[0] for s in sets)])
+    graph_grad = w.grad  # (the last graph's: captured with no gradient before it)
+    x, g = sets[1]
+    with torch.no_grad():
+        x.copy_(random_tensor(x.shape, x.dtype, "cuda"))  # new values after capture
+    graph_grad.zero_()
+    replay()  # the first set's graph, then the second's
+    replay()
+    torch.cuda.synchronize()
+    w64 = w.detach().double().requires_grad_()
+    torch.nn.functional.gelu(x.detach().double() @ w64.t()).backward(g.double())
+    assert w.grad is graph_grad
+    assert relative_error(graph_grad, w64.grad) <= tolerance(torch.bfloat16, "cuda")
