@@ -290,8 +290,28 @@ print("imported", "tritongemm" in sys.modules, ((y - io["ref"]).norm() / io["ref
 """
 
 
+#: torch 2.11's AOTInductor loader crashes on the H100 image (the CUDA build with a GPU), on stock models'
+#: packages too; the same wheel on a CPU machine loads them.
+_AOTI_LOADER_CRASHES = torch.__version__.startswith("2.11.") and torch.cuda.is_available()
+
+
 @pytest.mark.heavy
-@pytest.mark.parametrize("aoti", [False, True], ids=["compile+export", "aoti"])
+@pytest.mark.parametrize(
+    "aoti",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                _AOTI_LOADER_CRASHES,
+                strict=True,
+                reason="loading the package segfaults in torch 2.11's _load_aoti with a GPU present "
+                "(benchmarks/results/h100/sweeps/aoti_load.txt)",
+            ),
+        ),
+    ],
+    ids=["compile+export", "aoti"],
+)
 def test_converted_models_compile_and_export_where_tritongemm_cannot_run(aoti, tmp_path):
     """On a CPU without Triton's interpreter tritongemm runs nothing, and a converted model runs torch's
     ops eagerly; compiled (``fullgraph=True``) and exported, the same, so the exported program holds
