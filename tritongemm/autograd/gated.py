@@ -28,7 +28,7 @@ import torch
 from ..launch import gated as gated_launch
 from ..launch import precompile
 from ..launch.gated_grad import gated_grad
-from ..planning.call import PLAIN_EPILOGUE, Epilogue
+from ..planning.call import Epilogue, plain_epilogue
 from .function import (
     alloc_out,
     gemm_op,
@@ -83,7 +83,7 @@ def gated_backward(needs, dh, x, w_gate, w_up, g, u, activation: str, row_major=
     def gemm(call, a, b, addend=None):
         return run_gemm(call, a, b, addend) if direct else gemm_op(call, a, b, addend)
 
-    plain = internal_call(dh.dtype, PLAIN_EPILOGUE, traced)
+    plain = internal_call(dh.dtype, plain_epilogue(), traced)
     dx = dw_gate = dw_up = None
     if needs_x:
         # (x's gradient is not put in x's layout as the weights' are: it flows into the reshape

@@ -23,18 +23,17 @@ from __future__ import annotations
 
 import torch
 
-from ..planning.call import PLAIN_EPILOGUE, Epilogue
+from ..planning.call import Epilogue, plain_epilogue
 from ..semantics import ACTIVATIONS, DERIVATIVE_EPILOGUES
 from .function import alloc_out, gradient_gemm, internal_call, is_transposed_view, operand_view, run_gemm
-
-#: The forward GEMMs' epilogue with a bias: ``a @ b + 1 * bias`` (the bias a stride-0 (M, N) view).
-BIAS_EPILOGUE = Epilogue(beta=1.0, addend=True)
 
 
 def _layer(x: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ b + bias`` on tritongemm's kernels, no autograd."""
     m, n = x.shape[0], b.shape[1]
-    call = internal_call(x.dtype, PLAIN_EPILOGUE if bias is None else BIAS_EPILOGUE, False)
+    call = internal_call(
+        x.dtype, plain_epilogue(bias is not None), False
+    )  # (the bias a stride-0 (M, N) view)
     out = alloc_out((m, n), x.dtype, x.device)
     return run_gemm(call, x, b, None if bias is None else bias.expand(m, n), out=out)
 
@@ -59,7 +58,7 @@ def mlp_backward(needs, dy, x, b1, b2, z, h, activation: str, transposed=(False,
             "run its layers one by one instead"
         )
     needs_x, needs_b1, needs_bias1, needs_b2, needs_bias2 = needs[:5]
-    plain = internal_call(dy.dtype, PLAIN_EPILOGUE, False)
+    plain = internal_call(dy.dtype, plain_epilogue(), False)
     grad_b1 = grad_b2 = grad_x = None
 
     def weight_grad(grad_out, inp, is_transposed: bool):

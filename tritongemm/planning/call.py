@@ -83,6 +83,15 @@ class GemmCall(NamedTuple):
 
 
 PLAIN_EPILOGUE = Epilogue()
+
+
+def plain_epilogue(bias: bool = False) -> Epilogue:
+    """``PLAIN_EPILOGUE``, or with ``bias`` ``a @ b + 1 * bias``, built from literals: for code Dynamo
+    traces, where under dynamic shapes a float read off a module-level object becomes a symbol that
+    the trace then restarts to specialize."""
+    return Epilogue("none", 1.0, 1.0, True) if bias else Epilogue("none", 1.0, 0.0)
+
+
 NO_REQUEST = Request()
 
 
@@ -145,6 +154,7 @@ __all__ = [
     "GemmCall",
     "NO_REQUEST",
     "PLAIN_EPILOGUE",
+    "plain_epilogue",
     "Request",
     "from_op_args",
     "make_request",

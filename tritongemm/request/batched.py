@@ -14,7 +14,7 @@ import math
 import torch
 
 from ..autograd.function import run
-from ..planning.call import PLAIN_EPILOGUE, Epilogue, GemmCall, make_request
+from ..planning.call import Epilogue, GemmCall, make_request, plain_epilogue
 from ..planning.configs import TileConfig
 from ..semantics import fp32_precision
 from . import checks
@@ -40,7 +40,7 @@ def epilogue_of(activation: str, alpha: float, beta: float, addend, residual) ->
     # torch's rule: beta=0 ignores the addend's values, NaN and Inf included (the kernel never reads it).
     reads_addend = addend is not None and beta != 0
     if activation == "none" and alpha == 1.0 and not reads_addend and residual is None:
-        return PLAIN_EPILOGUE
+        return plain_epilogue()
     return Epilogue(activation, alpha, beta, reads_addend, residual is not None)
 
 
@@ -72,7 +72,7 @@ def batched_gemm(
         and a.dim() == 2
         and b.dim() == 2
     ):  # the common case, kept short: one matrix product, nothing to broadcast, fold or check
-        call = gemm_call(a, PLAIN_EPILOGUE, out_dtype, config, pipeline, decomposition)
+        call = gemm_call(a, plain_epilogue(), out_dtype, config, pipeline, decomposition)
         operands, folded, result_shape = (a, b), False, None
     else:
         m, k = a.shape[-2:]
