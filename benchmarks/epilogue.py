@@ -33,10 +33,10 @@ implementation's output -- with backward also the gradients of x, W and b -- on 
 last copy is compared with float64 of the same math on the same inputs (relative Frobenius error,
 the harness's gate tolerance), and a wrong one is recorded ``failed_gate`` and never timed; then a
 case's three implementations are timed with ``do_bench`` in ``--rounds`` interleaved rounds, the
-order reversed every other round (``ms``).  On a GPU the timed call replays a CUDA graph of the step, one graph
-per input copy: a backward at a few hundred tokens takes the host about as long to issue as the GPU
-to run, and issued eagerly the GPU would idle inside the timed call.  ``host_us`` is the eager step's
-host time.
+order reversed every other round (``ms``).  On a GPU the timed call replays a CUDA graph of the
+step, one graph per input copy: a backward at a few hundred tokens takes the host about as long to
+issue as the GPU to run, and issued eagerly the GPU would idle inside the timed call.  ``host_us``
+is the eager step's host time.
 
 One row per (case, dtype, implementation), in the results schema: ``group`` "<width> <epilogue>
 <mode>", e.g. "llama3-8b up bias+gelu fwd", ``case`` "<width> <epilogue> M=<m> <mode>", ``x`` = ``m``

@@ -31,9 +31,7 @@ from .function import alloc_out, gradient_gemm, internal_call, is_transposed_vie
 def _layer(x: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ b + bias`` on tritongemm's kernels, no autograd."""
     m, n = x.shape[0], b.shape[1]
-    call = internal_call(
-        x.dtype, plain_epilogue(bias is not None), False
-    )  # (the bias a stride-0 (M, N) view)
+    call = internal_call(x.dtype, plain_epilogue(bias is not None), False)  # (a bias: a stride-0 (M, N) view)
     out = alloc_out((m, n), x.dtype, x.device)
     return run_gemm(call, x, b, None if bias is None else bias.expand(m, n), out=out)
 
