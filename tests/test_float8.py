@@ -154,6 +154,22 @@ def test_fp8_layer_compiles_without_graph_breaks():
     assert x.grad is not None
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_fp8_layer_raises_linears_error_for_a_wrong_input_width(compiled):
+    """The error ``nn.Linear`` raises (type and words, the shapes in them), eager and compiled."""
+    device = device_for_kernels()
+    linear = torch.nn.Linear(32, 48).to(device)
+    layer = tnn.convert(torch.nn.Linear(32, 48).to(device), precision="fp8")
+    x = torch.randn(2, 8, 31, device=device)
+    with pytest.raises(RuntimeError) as expected:
+        linear(x)
+    torch._dynamo.reset()
+    run = torch.compile(layer, backend="aot_eager", fullgraph=True) if compiled else layer
+    with pytest.raises(RuntimeError) as got:
+        run(x)
+    assert str(expected.value) in str(got.value)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_gpu_fp8_layer_runs_the_warp_specialized_kernel(plans, recipe):

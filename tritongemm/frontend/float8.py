@@ -306,15 +306,16 @@ def float8_linear(
     ``cache``: the layer's ``WeightCache`` (eager only; a compiled graph quantizes in the graph).
     ``fast_accum``: the forward GEMM's accumulation (the gradients' is always precise)."""
     lead = x.shape[:-1]
+    # F.linear's error, checked before the Function: traced with dynamic shapes, this makes a symbolic K
+    # the weight's here; compared only inside the Function, it is specialized there, which torch 2.11's
+    # Dynamo cannot trace.
+    if x.shape[-1] != weight.shape[1]:
+        raise RuntimeError(
+            f"mat1 and mat2 shapes cannot be multiplied ({lead.numel()}x{x.shape[-1]} and "
+            f"{weight.shape[1]}x{weight.shape[0]})"
+        )
     if torch.compiler.is_compiling():
         cache = None
-        # Compared here, before the Function is traced, a symbolic K (dynamic shapes) becomes the
-        # weight's; compared only inside it, it is specialized there, which torch 2.11's Dynamo cannot trace.
-        if x.shape[-1] != weight.shape[1]:
-            raise RuntimeError(
-                f"mat1 and mat2 shapes cannot be multiplied ({x.shape[:-1].numel()}x{x.shape[-1]} and "
-                f"{weight.shape[1]}x{weight.shape[0]})"
-            )
     y = _Float8Linear.apply(x, weight, bias, recipe, out_dtype, cache, fast_accum)
     return y.reshape(*lead, weight.shape[0])
 
