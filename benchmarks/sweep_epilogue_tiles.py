@@ -4,11 +4,12 @@ A transcendental activation (GELU, tanh-GELU, SiLU) in a linear layer's epilogue
 that run it a few microseconds a tile.  The heuristic's one-consumer 128 x 128 tile hands whole tiles
 to epilogue warps, but with Stream-K it finishes the streamed tiles itself; two ping-pong consumers
 run each one's epilogue under the other's mainloop (``planning/heuristics/epilogue.py``).  Per shape
-and activation this times torch's ``F.linear`` then its activation, ``tritongemm.linear`` with the
-heuristic's plan, and the tiles forced: one consumer with and without Stream-K, ping-pong, and the
-cooperative 128 x 256 tile staged in halves.
+and epilogue (an activation, none, or a residual add: the epilogue that reads a tensor) this times
+torch's ``F.linear`` then its activation or add, ``tritongemm.linear`` with the heuristic's plan, and
+the tiles forced: one consumer with and without Stream-K, ping-pong, and the cooperative 128 x 256
+tile staged in halves.
 
-Run from the repository root on the GPU machine (about two minutes):
+Run from the repository root on the GPU machine (about three minutes):
 
     python -m benchmarks.sweep_epilogue_tiles --out DIR      # DIR/epilogue_tiles.json and .txt
 
@@ -40,7 +41,8 @@ SHAPES = (
     (1000, 18944, 3584),
     (2048, 14336, 4096),
 )
-ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu")
+#: The epilogues: bias + an activation, or (``residual``) bias + a residual add, no activation.
+ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "residual")
 DTYPE = torch.bfloat16
 TILES = {
     "one128x128": TileConfig(128, 128, 64, 8, 4, 6, kernel="gluon_ws"),
@@ -50,39 +52,48 @@ TILES = {
 }
 TORCH_ACTIVATIONS = {
     "none": lambda y: y,
+    "residual": lambda y: y,
     "gelu": F.gelu,
     "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
     "silu": F.silu,
 }
 
 
-def linear_inputs(m: int, n: int, k: int, device, gen) -> list[tuple]:
-    """(x, w, b) sets of a linear layer in DTYPE, random, in as many copies as rotate past the L2."""
-    copies = harness.copies_to_exceed_l2(2 * (m * k + n * k + n), harness.l2_cache_bytes(device))
+def linear_inputs(m: int, n: int, k: int, device, gen, residual: bool = False) -> list[tuple]:
+    """(x, w, b, r) sets of a linear layer in DTYPE (r the residual, or None), random, in as many copies
+    as rotate past the L2."""
+    size = m * k + n * k + n + m * n * residual
+    copies = harness.copies_to_exceed_l2(2 * size, harness.l2_cache_bytes(device))
     sets = []
     for _ in range(copies):
         x = torch.randn(m, k, device=device, generator=gen).to(DTYPE)
         w = (torch.randn(n, k, device=device, generator=gen) / k**0.5).to(DTYPE)
         b = torch.randn(n, device=device, generator=gen).to(DTYPE)
-        sets.append((x, w, b))
+        r = torch.randn(m, n, device=device, generator=gen).to(DTYPE) if residual else None
+        sets.append((x, w, b, r))
     return sets
 
 
 def measure(m: int, n: int, k: int, activation: str, device, gen) -> dict:
-    sets = linear_inputs(m, n, k, device, gen)
+    residual = activation == "residual"
+    sets = linear_inputs(m, n, k, device, gen, residual)
     act = TORCH_ACTIVATIONS[activation]
-    x, w, b = (t.double() for t in sets[0])
-    ref = act(F.linear(x, w, b))
-    fused = None if activation == "none" else activation
+    x, w, b, r = (None if t is None else t.double() for t in sets[0])
+    ref = act(F.linear(x, w, b)) + (r if residual else 0)
+    fused = None if activation in ("none", "residual") else activation
 
     def ours(config=None):
-        return lambda x, w, b: tritongemm.linear(x, w, b, activation=fused, config=config)
+        return lambda x, w, b, r: tritongemm.linear(x, w, b, activation=fused, residual=r, config=config)
 
-    impls = {"torch": lambda x, w, b: act(F.linear(x, w, b)), "rule": ours()}
+    def stock(x, w, b, r):
+        y = act(F.linear(x, w, b))
+        return y if r is None else y + r
+
+    impls = {"torch": stock, "rule": ours()}
     impls.update({name: ours(cfg) for name, cfg in TILES.items()})
     row = {"m": m, "n": n, "k": k, "activation": activation}
-    x, w, b = sets[0]
-    chosen = tritongemm.explain(x, w.t(), bias=b, activation=fused)
+    x, w, b, r = sets[0]
+    chosen = tritongemm.explain(x, w.t(), bias=b, residual=r, activation=fused)
     row["rule_plan"] = f"{chosen.kernel} {chosen.config.short()}"
     timed_rounds(checked(impls, sets, ref, row), row)
     return row

@@ -1399,11 +1399,20 @@ def test_epilogue_tiles_sweep_forces_tiles_the_kernel_takes_and_tabulates(monkey
         cfg.validate(h100, 2)
         reason = warp_specialized_unsupported_reason(cfg, a, b, c, bf16, bf16, h100, False)
         assert reason is None or "Gluon" in reason or "Triton" in reason, (name, reason)
-    assert set(sweep.ACTIVATIONS) >= {"none", "gelu", "gelu_tanh", "silu"}
+    assert set(sweep.ACTIVATIONS) >= {"none", "gelu", "gelu_tanh", "silu", "residual"}
     row = {"m": 8, "n": 16, "k": 32, "activation": "gelu", "rule_plan": "gluon_ws 128x128 pingpong"}
     row.update(torch_ms=0.1, rule_ratio=1.25, one128x128sk_status="wrong")
     text = sweep.table([row])
     assert "gelu" in text and "1.250" in text and "wrong" in text and "100.0" in text and "pingpong" in text
+    # The gate of each epilogue on the interpreter (timing is the GPU's: not here).
+    monkeypatch.setattr(sweep, "TILES", {})
+    monkeypatch.setattr(sweep.harness, "l2_cache_bytes", lambda device: 1)
+    timed = []
+    monkeypatch.setattr(sweep, "timed_rounds", lambda live, row: timed.append(sorted(live)))
+    for epilogue in ("gelu", "residual"):
+        measured = sweep.measure(16, 32, 64, epilogue, torch.device("cpu"), torch.Generator().manual_seed(0))
+        assert measured["torch_status"] == measured["rule_status"] == "ok", measured
+    assert timed == [["rule", "torch"]] * 2
 
 
 def test_derivative_epilogue_sweep_needs_a_gpu_checks_every_variant_and_tabulates(
