@@ -212,13 +212,14 @@ def input_set_bytes(case: Case, dtype: torch.dtype) -> int:
 
 
 class Rotation:
-    """Hands out the input sets in turn, so consecutive calls read different memory."""
+    """Hands out the input sets (or the graphs captured on them) in turn, so consecutive calls read
+    different memory."""
 
-    def __init__(self, sets: Sequence[tuple]):
+    def __init__(self, sets: Sequence[Any]):
         self.sets = list(sets)
         self.index = 0
 
-    def next(self) -> tuple:
+    def next(self) -> Any:
         s = self.sets[self.index]
         self.index = (self.index + 1) % len(self.sets)
         return s
@@ -398,8 +399,8 @@ def captured(
         with torch.cuda.graph(graph):
             step()
         graphs.append(graph)
-    rotation = Rotation([(g,) for g in graphs])
-    return lambda: rotation.next()[0].replay()
+    rotation = Rotation(graphs)
+    return lambda: rotation.next().replay()
 
 
 def prepare(
