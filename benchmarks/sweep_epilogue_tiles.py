@@ -9,7 +9,7 @@ torch's ``F.linear`` then its activation or add, ``tritongemm.linear`` with the 
 the tiles forced: one consumer with and without Stream-K, ping-pong, and the cooperative 128 x 256
 tile staged in halves.
 
-Run from the repository root on the GPU machine (about three minutes):
+Run from the repository root on the GPU machine (about ten minutes):
 
     python -m benchmarks.sweep_epilogue_tiles --out DIR      # DIR/epilogue_tiles.json and .txt
 

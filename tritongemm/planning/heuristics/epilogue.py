@@ -20,8 +20,10 @@ one-consumer tile (with the heuristic's Stream-K where it takes it) against ping
 * 512 x 4096 x 14336 (128 tiles, under one wave): 0.94 / 0.96 / 0.95 against 0.90 / 0.99 / 0.97,
   so the rule leaves it.
 
-Without an activation the one-consumer tile stays at long K (ping-pong: 0.93 against 0.97 at 512 x
-14336, 0.95 against 0.98 at 1000 x 14336).  At a short K (``SHORT_K``) every tile's epilogue, even a
+A residual add keeps the one-consumer tile: 1.01 / 1.03 at 512 / 1000 x 14336 x 4096 against
+ping-pong's 0.96 / 0.98 (``sweeps/epilogue_tiles_residual.txt``).  Without an activation the
+one-consumer tile stays at long K (ping-pong: 0.93 against 0.97 at 512 x 14336, 0.95 against 0.98 at
+1000 x 14336).  At a short K (``SHORT_K``) every tile's epilogue, even a
 plain store, is a large share of its mainloop, and ping-pong hides it there too: against cuBLAS, one
 consumer -> ping-pong, 0.96 -> 0.99 at 8192 x 3072 x 768, 0.98 -> 1.01 at 8192 x 2304 x 768, 0.94 ->
 0.95 at 8192 x 768 x 768, 0.95 -> 0.98 at 12608 x 2304 x 768 (``sweeps/short_k.txt``).  The cooperative 128 x 256 tile staged in halves reads 1.02-1.05 at
