@@ -461,8 +461,12 @@ def build_variants(
 ) -> list[Variant]:
     """stock, convert, patch (not for the captured decode: there the variants are torch.compile of stock
     and of the converted model), the sabotaged check when asked, and torch.compile of stock and of the
-    converted model, in each of ``compile_modes``, for the ``compiled`` workloads.  ``eager=False``
-    keeps stock and the compiled variants only."""
+    converted model, in each of ``compile_modes``, for the ``compiled`` workloads.  ``eager=False`` (the
+    compiled view) keeps stock and the compiled variants only, and adds an A/A control per mode: a
+    second compiled copy of stock, timed against the first like the converted model.  Where a model is
+    host-bound, two compiled copies of one program read several percent apart from round to round; the
+    control's spread, measured in the same run, says how far apart the converted model may read from
+    stock without any difference in what they run."""
     import tritongemm
 
     converted = tritongemm.nn.convert(shared_copy(stock))
@@ -495,6 +499,16 @@ def build_variants(
                     note=conv_note,
                 )
             )
+            if not eager:
+                variants.append(
+                    Variant(
+                        compiled_name("compile+copy", mode),
+                        "control",
+                        torch.compile(shared_copy(stock), **options),
+                        base,
+                        note="A/A control: a second compiled copy of stock",
+                    )
+                )
     return variants
 
 
@@ -990,6 +1004,7 @@ def _describe(variant: str, workload: str) -> str:
         "sabotaged": "nn.Linear dropping K/8 (gate check)",
         "compile": "torch.compile(model)",
         "compile+convert": "torch.compile(tritongemm.nn.convert(model))",
+        "compile+copy": "torch.compile(a copy of model)",
     }[variant]
     if mode:
         what = what[:-1] + f", mode={mode!r})"
@@ -1261,7 +1276,7 @@ def fig_models(df, compiled_view: bool = False):
     d = df[(df["suite"] == SUITE) & (df["status"] == harness.OK) & df["speedup_vs_baseline"].notna()]
     d = d[~d["impl"].isin(["stock", "sabotaged"])]
     if compiled_view:
-        d = d[d["impl"].str.startswith("compile+convert")]
+        d = d[d["impl"].str.startswith(("compile+convert", "compile+copy"))]
     if d.empty:
         return None
     models = list(dict.fromkeys(d["model"]))
@@ -1273,6 +1288,9 @@ def fig_models(df, compiled_view: bool = False):
         "compile+convert": "#d62728",
         "compile+convert:reduce-overhead": "#ff7f0e",
         "compile+convert:max-autotune-no-cudagraphs": "#9467bd",
+        "compile+copy": "#c7c7c7",
+        "compile+copy:reduce-overhead": "#c7c7c7",
+        "compile+copy:max-autotune-no-cudagraphs": "#c7c7c7",
     }
     fig = Figure(figsize=(max(7.0, 2.2 * len(models) * 2), 4.8), layout="constrained")
     ax = fig.subplots()
@@ -1315,7 +1333,7 @@ def fig_models(df, compiled_view: bool = False):
     ax.legend(fontsize=8)
     gpu = df["env_gpu"].dropna().iloc[0] if "env_gpu" in df.columns and df["env_gpu"].notna().any() else ""
     if compiled_view:
-        title = "torch.compile of the converted model ÷ of stock, per mode"
+        title = "torch.compile of the converted model ÷ of stock, per mode (grey: a copy of stock, the A/A control)"
     else:
         title = "Whole models: tritongemm against stock" + (
             " (compile+convert against compile)" if "compile+convert" in variants else ", eager"

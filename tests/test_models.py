@@ -522,7 +522,8 @@ def test_real_model_families_pass_the_gate(family, workloads, device):
 
 def test_compiled_view_builds_each_mode_against_its_own_baseline():
     """``--compile-modes``: stock, then per mode torch.compile of stock and of the converted model,
-    the converted one timed against stock compiled in the same mode."""
+    the converted one timed against stock compiled in the same mode, and beside it the A/A control (a
+    second compiled copy of stock, of stock's own modules) against the same baseline."""
     stock = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
     variants = models.build_variants(
         stock, "infer", compile=True, compile_modes=models.COMPILE_MODES, eager=False
@@ -532,8 +533,14 @@ def test_compiled_view_builds_each_mode_against_its_own_baseline():
     for mode in models.COMPILE_MODES:
         base = models.compiled_name("compile", mode)
         (conv,) = [v for v in variants if v.name == models.compiled_name("compile+convert", mode)]
-        assert base in names and conv.baseline == base
+        (copy,) = [v for v in variants if v.name == models.compiled_name("compile+copy", mode)]
+        assert base in names and conv.baseline == base and copy.baseline == base
         assert "mode=" in models._describe(conv.name, "infer") or mode == "default"
+        assert "mode=" in models._describe(copy.name, "infer") or mode == "default"
+        assert not any(isinstance(m, tritongemm.nn.Linear) for m in copy.module.modules())
+        assert any(isinstance(m, tritongemm.nn.Linear) for m in conv.module.modules())
+    eager_view = models.build_variants(stock, "infer", compile=True)
+    assert not any(v.name.startswith("compile+copy") for v in eager_view)
 
 
 def test_compiled_view_runs_each_mode_alone_and_keeps_one_stock_row(monkeypatch):
