@@ -188,7 +188,9 @@ def main() -> int:
            "triton": triton.__version__}  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "longk_atomic.json"), "w") as f:  # a record a line
-        f.write(f'{{"env": {json.dumps(env)}, "records": [\n' + ",\n".join(map(json.dumps, records)) + "\n]}\n")
+        f.write(
+            f'{{"env": {json.dumps(env)}, "records": [\n' + ",\n".join(map(json.dumps, records)) + "\n]}\n"
+        )
     with open(os.path.join(args.out, "longk_atomic.txt"), "w") as f:
         f.write(f"# {__doc__.splitlines()[0]}\n# {env}\n" + "\n".join(lines) + "\n")
     return 0
