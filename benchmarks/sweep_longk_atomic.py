@@ -127,17 +127,18 @@ def operands(m, n, k, layout, copies, device, dtype):
     return sets
 
 
-def _alloc(size, alignment, stream):  # device-side descriptors' scratch (Triton asks for an allocator)
-    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
+def _alloc(size, alignment, stream):  # scratch Triton may ask for on the GPU
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=".", help="folder for longk_atomic.json and .txt")
     p.add_argument("--smoke", action="store_true", help="CPU interpreter: one tiny problem")
-    args = p.parse_args()
-    triton.set_allocator(_alloc)
+    args = p.parse_args(argv)
     smoke = args.smoke
+    if not smoke:
+        triton.set_allocator(_alloc)  # (process-wide: left alone in the smoke run, which tests call)
     if not smoke and not torch.cuda.is_available():
         print("needs a CUDA GPU (or --smoke with TRITON_INTERPRET=1)", file=sys.stderr)
         return 2

@@ -1335,6 +1335,18 @@ def test_fp8_rows_sweep_smoke(tmp_path):
 
 
 @pytest.mark.skipif(not tritongemm.interpreter_enabled(), reason="runs the kernels on Triton's interpreter")
+def test_longk_atomic_sweep_smoke(tmp_path):
+    """The atomic split-K sweep's smoke run: its kernel, four slices adding into one workspace, is checked
+    against float64 on both layouts of B (the interpreter has no TMA reduction: the "red" variant)."""
+    from benchmarks import sweep_longk_atomic
+
+    assert sweep_longk_atomic.main(["--smoke", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "longk_atomic.json").read_text())["records"]
+    assert {r["layout"] for r in records} == {"NN", "NT"}
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-5 for r in records), records
+
+
+@pytest.mark.skipif(not tritongemm.interpreter_enabled(), reason="runs the kernels on Triton's interpreter")
 def test_fp8_blockwise_sweep_smoke(tmp_path):
     """The block-scaled sweep's smoke run checks ours (and the alternative config) on every recipe."""
     from benchmarks import sweep_fp8_blockwise
