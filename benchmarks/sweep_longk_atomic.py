@@ -15,9 +15,10 @@ Run from the repository root on the GPU machine (about two minutes):
 
 Method: bf16, the long-K shapes of ``sweep_longk.py``, both layouts of B; each config's output is first
 compared with the float64 product (relative error < 1e-2, else not timed); then
-``triton.testing.do_bench`` medians (L2 flushed), the inputs rotated over copies totalling more than
-twice the L2, the workspace's zeroing and the conversion included in the timed call; cuBLAS
-(``torch.matmul``) is timed before and after each shape's configs, its median the reference.
+``triton.testing.do_bench`` medians (L2 flushed), the inputs rotated over copies that together exceed
+twice the L2 (``testing.rotation_copies``), the workspace's zeroing and the conversion included in the
+timed call; cuBLAS (``torch.matmul``) is timed before and after each shape's configs, its median the
+reference.
 Ratio = cuBLAS us / ours (> 1: faster).
 """
 
@@ -33,7 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
+from tritongemm.testing import make_matrix, relative_error, rotation_copies
+
 from .gpu_check import rotating
+from .harness import l2_cache_bytes
 
 SHAPES = ((256, 256, 131072), (256, 256, 65536), (512, 512, 65536), (1024, 1024, 32768),
           (512, 512, 16384), (1024, 1024, 16384), (256, 1024, 65536), (1024, 256, 65536))  # fmt: skip
@@ -114,17 +118,16 @@ def configs(m, n, sms, smoke=False):
 
 
 def operands(m, n, k, layout, copies, device, dtype):
+    """``copies`` random (A, B) sets; B in ``layout``'s second letter ("T": the (K, N) view of a row-major
+    (N, K) weight)."""
     gen = torch.Generator(device=device).manual_seed(m * 7 + n * 3 + k)
-    sets = []
-    for _ in range(copies):
-        a = torch.randn(m, k, device=device, dtype=dtype, generator=gen)
-        b = (
-            torch.randn(n, k, device=device, dtype=dtype, generator=gen).t()
-            if layout == "NT"
-            else torch.randn(k, n, device=device, dtype=dtype, generator=gen)
+    return [
+        (
+            make_matrix(m, k, "N", dtype, device, generator=gen),
+            make_matrix(k, n, layout[1], dtype, device, generator=gen),
         )
-        sets.append((a, b))
-    return sets
+        for _ in range(copies)
+    ]
 
 
 def _alloc(size, alignment, stream):  # scratch Triton may ask for on the GPU
@@ -149,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     records, lines = [], []
     for m, n, k in ((64, 96, 512),) if smoke else SHAPES:
         for layout in ("NN", "NT"):
-            copies = 1 if smoke else max(2, -(-120 * 2**20 // ((m * k + k * n) * 2)))
+            copies = (
+                1 if smoke else rotation_copies((m * k + k * n) * 2, l2_cache_bytes(torch.device(device)))
+            )
             sets = operands(m, n, k, layout, copies, device, dtype)
             ref = sets[0][0].double() @ sets[0][1].double()
             ws = torch.zeros(m, n, device=device, dtype=torch.float32)
@@ -162,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # a config the device or this Triton cannot build
                     rows.append({"config": cfg, "status": f"error: {type(exc).__name__}"})
                     continue
-                err = ((got - ref).norm() / ref.norm()).item()
+                err = relative_error(got, ref)
                 if not err < 1e-2:
                     rows.append({"config": cfg, "status": "wrong", "rel_err": err})
                     continue

@@ -82,14 +82,15 @@ class GemmCall(NamedTuple):
     precision: str = "ieee"
 
 
-PLAIN_EPILOGUE = Epilogue()
-
-
 def plain_epilogue(bias: bool = False) -> Epilogue:
-    """``PLAIN_EPILOGUE``, or with ``bias`` ``a @ b + 1 * bias``, built from literals: for code Dynamo
-    traces, where under dynamic shapes a float read off a module-level object becomes a symbol that
-    the trace then restarts to specialize."""
+    """``a @ b``, or with ``bias`` ``a @ b + 1 * bias``, built from literals: for code Dynamo traces,
+    where under dynamic shapes a float read off a module-level object (``PLAIN_EPILOGUE``) becomes a
+    symbol that the trace then restarts to specialize."""
     return Epilogue("none", 1.0, 1.0, True) if bias else Epilogue("none", 1.0, 0.0)
+
+
+#: ``plain_epilogue()`` made once, for the eager hot path.
+PLAIN_EPILOGUE = plain_epilogue()
 
 
 NO_REQUEST = Request()
